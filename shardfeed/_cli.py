@@ -1,0 +1,49 @@
+"""`shardfeed` command line: one subcommand per job, each in its own module.
+
+Separation of concerns: this module only parses the subcommand name and
+hands over; each subcommand module defines `add_arguments(parser)` and
+`run(args) -> int`. Modules are imported lazily so `shardfeed launch` does not
+pay for importing TensorFlow in the launcher process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS = {
+    "demo": ("shardfeed._demo", "train the main job on built-in data, then compare with model.fit"),
+    "bench": ("shardfeed._bench", "benchmark shardfeed.fit against model.fit and the compute floor"),
+    "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),
+    "plan": ("shardfeed._memplan", "print per-rank rows, bytes, steps and memory fit"),
+    "split": ("shardfeed._split", "write a dataset as per-rank shard files plus a manifest"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(prog="shardfeed", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules: dict[str, object] = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if not err.name or not err.name.startswith(module_name.rsplit(".", 1)[0]):
+                raise
+            continue  # subcommand not shipped in this build
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub_parser)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

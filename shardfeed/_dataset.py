@@ -1,0 +1,272 @@
+"""`ShardedResidentDataset`: rows resident on the replicas' devices, cut into steps.
+
+Separation of concerns (after Keras' `epoch_iterator.py`): the dataset owns
+sharding, shuffling and batching -- it builds the columns (sources), the plan
+(which rows a replica holds, how many steps), the resident storage (device
+variables), and each epoch's per-replica index matrix. The engine owns the
+strategy, the compiled step loop and the allreduce; it asks the dataset for
+an epoch's indices and for the batch at an index row, and never reaches into
+the sources or the plan's arithmetic.
+
+Shuffling follows the placement:
+- `placement="shard"` (default): each replica holds its own rows and
+  reshuffles them every epoch from `(seed, epoch, replica)`: "local" shuffling.
+- `placement="replicate"`: every replica holds all rows; all draw the same
+  epoch permutation from `(seed, epoch)` and take their own slice of each
+  global batch: `DistributedSampler` semantics with no host traffic, and the
+  global batches equal a single replica's with batch `global_batch_size`.
+Permutations are drawn by `tf.random.experimental.stateless_shuffle` on the
+worker's CPU (deterministic for a seed on every host and device) and copied
+to each device once per epoch: 4 bytes per row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from shardfeed import _errors, _plan, _sources, _storage
+from shardfeed._options import LoadOptions
+from shardfeed._world import World, current_world
+
+logger = logging.getLogger("shardfeed")
+
+Batch = tuple[Any, Any, Any]
+
+
+class ShardedResidentDataset:
+    """A dataset held in device memory, sharded across replicas.
+
+    Each worker reads only the rows its replicas own and uploads them in
+    chunks into device variables; batches are then gathered on the device,
+    inside the compiled training step.
+
+    Args:
+        x: Inputs: an array, or a list/tuple/dict of arrays (multi-input).
+            Arrays may be NumPy arrays, tensors, `np.memmap`s or HDF5
+            datasets; dtypes are kept (uint8 images stay uint8 on the device).
+        y: Targets, same forms as `x` (multi-output), or None.
+        sample_weight: One weight per row (or a structure matching `y`), or
+            None.
+        per_replica_batch_size: Rows each replica takes per step. The global
+            batch is `per_replica_batch_size * num_replicas_in_sync`.
+        shuffle: Reshuffle every epoch (see the module docs for local vs
+            global shuffling).
+        seed: Seed of the epoch permutations; required when shuffling so
+            every replica and every rerun draws the same order.
+        drop_remainder: Drop the partial last step of a training epoch
+            (counted and reported) instead of running it on the real rows.
+        placement: `"shard"`: each replica holds `1/num_replicas` of the rows.
+            `"replicate"`: each replica holds all rows.
+        transform: A function applied to each batch's `x` inside the
+            compiled step, e.g. `lambda x: tf.cast(x, "float32") / 255`.
+        load_options: Chunk size, memory headroom and checks for the upload.
+        strategy: The `tf.distribute` strategy whose devices hold the rows;
+            defaults to the strategy in scope.
+
+    Raises:
+        ValueError: For inconsistent data, a missing seed, bad sizes.
+        TypeError: For non-numeric or object data.
+        MemoryError: If the rows do not fit on a device (before allocating).
+
+    Example:
+        >>> ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)
+        >>> history = shardfeed.fit(model, ds, epochs=3)
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        per_replica_batch_size: int,
+        shuffle: bool = True,
+        seed: int | None = None,
+        drop_remainder: bool = False,
+        placement: _plan.Placement = "shard",
+        transform: Callable[[Any], Any] | None = None,
+        load_options: LoadOptions | None = None,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> None:
+        if shuffle and seed is None:
+            raise ValueError(
+                _errors.message(
+                    "Shuffling requires a seed, so that every replica and every "
+                    "rerun draws the same epoch order.",
+                    "shuffle=True, seed=None",
+                    "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
+                )
+            )
+        if transform is not None and not callable(transform):
+            raise TypeError(
+                _errors.message(
+                    "`transform` must be a function of a batch's `x`.",
+                    f"type(transform)={type(transform).__name__}",
+                    "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
+                )
+            )
+        self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        self.world: World = current_world(strategy)
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.transform = transform
+        self.load_options = load_options or LoadOptions()
+        global_batch = per_replica_batch_size * self.world.num_replicas_in_sync
+        if isinstance(per_replica_batch_size, int) and global_batch > self.columns.num_rows:
+            raise ValueError(
+                _errors.message(
+                    "The global batch (per_replica_batch_size x num_replicas_in_sync) "
+                    "must not be larger than the dataset.",
+                    f"per_replica_batch_size={per_replica_batch_size}, "
+                    f"num_replicas_in_sync={self.world.num_replicas_in_sync}, "
+                    f"num_rows={self.columns.num_rows}",
+                    "Lower `per_replica_batch_size` or use fewer replicas.",
+                )
+            )
+        self.plan = _plan.plan_shards(
+            self.columns.num_rows,
+            self.world.num_replicas_in_sync,
+            per_replica_batch_size,
+            placement,
+            drop_remainder,
+            training=True,
+        )
+        self.eval_plan = _plan.plan_shards(
+            self.columns.num_rows,
+            self.world.num_replicas_in_sync,
+            per_replica_batch_size,
+            placement,
+            training=False,
+        )
+        self.stores, self.memory_reports = _storage.upload(
+            self.columns, self.plan, self.world, self.load_options
+        )
+        if self.plan.dropped_rows_per_epoch and self.world.is_chief:
+            logger.warning(
+                "shardfeed: %d of %d rows are left out of each training epoch so "
+                "every replica runs %d equal steps (%s).",
+                self.plan.dropped_rows_per_epoch,
+                self.plan.num_rows,
+                self.plan.steps_per_epoch,
+                "drop_remainder=True" if self.plan.drop_remainder else "a replica "
+                "would have no row in the last step",
+            )
+
+    # -- what it holds -------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return self.columns.num_rows
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size
+
+    @property
+    def has_targets(self) -> bool:
+        return self.columns.y is not None
+
+    @property
+    def nbytes_on_device(self) -> int:
+        """Bytes this process holds on its devices (shared copies once)."""
+        seen = {id(v): v for s in self.stores for v in s.variables}
+        return sum(int(tf.size(v)) * v.dtype.size for v in seen.values())
+
+    def describe(self) -> str:
+        plan = self.plan
+        held = ", ".join(
+            f"replica {s.replica} on {s.device}: rows [{s.row_start}, {s.row_stop})"
+            for s in self.stores
+        )
+        return (
+            f"ShardedResidentDataset: {plan.num_rows:,} rows ({self.columns.describe()}), "
+            f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
+            f"placement={plan.placement!r}, {plan.num_replicas} replica(s) x "
+            f"{plan.per_replica_batch_size} rows = global batch {plan.global_batch_size}; "
+            f"{plan.steps_per_epoch} steps/epoch, {plan.dropped_rows_per_epoch} rows "
+            f"dropped/epoch; {held}"
+        )
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    # -- per-epoch order (used by the engine) ---------------------------------
+
+    def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
+        """Per local replica, the `[steps_per_epoch, per_replica_batch_size]`
+        matrix of local row indices for `epoch`.
+
+        Padding slots of a partial last step hold index 0; the plan's
+        `last_step_rows` says how many slots of that row are real (they come
+        first).
+        """
+        plan = self.plan if training else self.eval_plan
+        shuffle = self.shuffle and training
+        b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
+        full = plan.full_steps_per_epoch
+        out = []
+        for local, store in enumerate(self.stores):
+            r = store.replica
+            if plan.placement == "shard":
+                order = self._permutation(store.num_rows, epoch, r if shuffle else None, shuffle)
+                rows = [order[: full * b]]
+                if plan.has_partial_step:
+                    rows.append(order[full * b : full * b + plan.last_step_rows[r]])
+            else:
+                order = self._permutation(plan.num_rows, epoch, None, shuffle)
+                g = plan.global_batch_size
+                body = tf.reshape(order[: full * g], [full, plan.num_replicas, b])[:, r, :]
+                rows = [tf.reshape(body, [-1])]
+                if plan.has_partial_step:
+                    offset = full * g + sum(plan.last_step_rows[:r])
+                    rows.append(order[offset : offset + plan.last_step_rows[r]])
+            with tf.device(store.device):
+                flat = tf.concat(rows, axis=0)
+                flat = tf.pad(flat, [[0, steps * b - int(flat.shape[0])]])
+                out.append(tf.reshape(flat, [steps, b]))
+        return out
+
+    def _permutation(self, n: int, epoch: int, replica: int | None, shuffle: bool) -> tf.Tensor:
+        dtype = tf.int32 if n < 2**31 else tf.int64
+        with tf.device("/CPU:0"):
+            if not shuffle:
+                return tf.range(n, dtype=dtype)
+            seed = tf.constant([self.seed, epoch], dtype=tf.int64)
+            if replica is not None:
+                seed = tf.random.experimental.stateless_fold_in(seed, replica)
+            return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), seed=seed)
+
+    def global_rows(self, local: int, indices: tf.Tensor) -> tf.Tensor:
+        """Maps a local replica's row indices to global row numbers."""
+        return indices + self.stores[local].row_start
+
+    # -- batches (called inside the compiled step) ----------------------------
+
+    def gather(self, variables: tuple[tf.Variable, ...], indices: tf.Tensor, with_targets: bool = True) -> Batch:
+        """Gathers one batch `(x, y, sample_weight)` on the device.
+
+        `transform` is applied to `x`. `y` and `sample_weight` are None when
+        the dataset has none or `with_targets` is False.
+        """
+        cols = self.columns
+
+        def take(structure: Any) -> Any:
+            if structure is None:
+                return None
+            return keras.tree.map_structure(lambda i: tf.gather(variables[i], indices), structure)
+
+        x = take(cols.x)
+        if self.transform is not None:
+            x = self.transform(x)
+        if not with_targets:
+            return x, None, None
+        return x, take(cols.y), take(cols.sample_weight)

@@ -1,0 +1,342 @@
+"""The compiled loop: many steps per call, batches gathered on the device.
+
+Separation of concerns: the loop owns the step arithmetic -- forward,
+backward, loss scaling, optimizer update, metric updates -- and the compiled
+functions that run `k` steps per call. It gets batches from the dataset
+(`dataset.gather`) and distribution from the engine (`run`,
+`sum_across_replicas`, `reduce_gradients`); it never reads the plan's
+arithmetic or the environment.
+
+Exact global numbers. Every full step has `per_replica_batch_size` real rows
+on every replica; the replica's objective is `(data_loss + reg) / R`, whose
+gradients, summed over the R replicas, are those of one replica taking the
+whole global batch. The last step of an epoch may be partial: it runs as its
+own (non-XLA) call on the real rows only (`n_i` on replica i, `r` in all),
+with objective `data_loss * n_i / r + reg / R`, so it equals Keras' partial
+last batch. Logged loss is the (sum, count) pair `(data_loss + reg) * n_i`,
+`n_i`, summed over replicas: Keras' batch-size-weighted loss mean, exactly.
+Metrics are the model's compiled metrics, updated with the real rows only.
+
+XLA. Per notes measured on this project: a chunk's start offset passed as a
+tensor makes XLA recompile per chunk, so each call receives its own
+`[k, per_replica_batch_size]` slice of the epoch's index matrix and loops
+over the static `k`. With one replica and no communication the whole loop is
+one XLA cluster; otherwise only forward/backward is (strategies' merge calls
+and Horovod's CPU ops cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from shardfeed._dataset import ShardedResidentDataset
+from shardfeed._engine import StrategyEngine
+from shardfeed._options import FitOptions
+
+_CONV_LAYERS = (
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv2D,
+    keras.layers.Conv2DTranspose,
+)
+
+
+def _has_conv(model: keras.Model) -> bool:
+    return any(isinstance(layer, _CONV_LAYERS) for layer in model._flatten_layers())
+
+
+def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
+    """`"auto"`: XLA on GPUs; on CPUs only for models without convolutions.
+
+    Measured on this project's 2-core CPU (docs/performance.md): XLA made the
+    MLPs 1.3-1.6x faster per step but a small CNN inside an XLA while loop
+    several times slower.
+    """
+    if jit_compile != "auto":
+        return bool(jit_compile)
+    if tf.config.list_logical_devices("GPU"):
+        return True
+    return not _has_conv(model)
+
+
+def auto_steps_per_execution(steps: int) -> int:
+    """About ten calls per epoch, between 1 and 512 steps per call."""
+    return max(1, min(512, math.ceil(steps / 10)))
+
+
+class Loop:
+    """Compiled train/test/predict functions for one model and one dataset.
+
+    Args:
+        model: A compiled Keras 3 model (built inside the engine's scope).
+        dataset: The resident dataset.
+        engine: The engine the replicas run under.
+        options: Steps per call and XLA.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        dataset: ShardedResidentDataset,
+        engine: StrategyEngine,
+        options: FitOptions,
+    ) -> None:
+        self.model = model
+        self.dataset = dataset
+        self.engine = engine
+        self.options = options
+        self.jit_compile = resolve_jit_compile(options.jit_compile, model)
+        self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
+        self._variables = engine.distribute([s.variables for s in dataset.stores])
+        self._num_replicas = engine.num_replicas_in_sync
+        self._prescale = engine.loss_prescale
+        forward_backward = self._forward_backward
+        if self.jit_compile and not self.whole_loop_jit:
+            forward_backward = tf.function(forward_backward, jit_compile=True)
+        self._fb = forward_backward
+        self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
+        self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
+        self._predict_chunk_fn = tf.function(
+            self._predict_chunk, jit_compile=self.whole_loop_jit
+        )
+        self._train_partial_fn = tf.function(self._train_partial)
+        self._test_partial_fn = tf.function(self._test_partial)
+
+    # -- per-replica step pieces ---------------------------------------------
+
+    def _regularization(self) -> tf.Tensor | None:
+        losses = self.model.losses
+        if not losses:
+            return None
+        return tf.add_n([tf.reduce_sum(tf.cast(l, keras.backend.floatx())) for l in losses])
+
+    def _unscaled(self, loss: tf.Tensor, reg: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+        """Splits `compute_loss`'s value into (data loss mean, total), undoing
+        Keras' division of compiled losses by the strategy's replica count."""
+        data = loss if reg is None else loss - reg
+        if self._prescale > 1:
+            data = data * self._prescale
+        total = data if reg is None else data + reg
+        return data, total
+
+    def _forward_backward(self, x, y, sw, real_rows, all_rows):
+        """Forward and backward on one replica's batch.
+
+        `real_rows`/`all_rows` are None for full steps, else the rows of this
+        replica and of all replicas in a partial step.
+        """
+        model = self.model
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            reg = self._regularization()
+            data, total = self._unscaled(loss, reg)
+            if real_rows is None:
+                objective = loss if self._num_replicas == 1 else total / self._num_replicas
+            else:
+                objective = data * (tf.cast(real_rows, data.dtype) / tf.cast(all_rows, data.dtype))
+                if reg is not None:
+                    objective += reg / self._num_replicas
+            objective = model.optimizer.scale_loss(objective)
+        grads = tape.gradient(objective, model.trainable_variables)
+        return total, y_pred, grads
+
+    def _train_step(self, x, y, sw, real_rows=None, all_rows=None) -> tf.Tensor:
+        total, y_pred, grads = self._fb(x, y, sw, real_rows, all_rows)
+        grads = self.engine.reduce_gradients(grads)
+        self.model.optimizer.apply(grads, self.model.trainable_variables)
+        self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
+        return total
+
+    def _test_step(self, x, y, sw) -> tf.Tensor:
+        model = self.model
+        y_pred = model(x, training=False)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        _, total = self._unscaled(loss, self._regularization())
+        model.compute_metrics(x, y, y_pred, sample_weight=sw)
+        return total
+
+    # -- compiled calls ------------------------------------------------------
+
+    def _train_chunk(self, variables, indices):
+        def replica(variables, indices):
+            loss_sum = tf.zeros([], tf.float32)
+            for i in tf.range(indices.shape[0]):
+                x, y, sw = self.dataset.gather(variables, indices[i])
+                total = self._train_step(x, y, sw)
+                loss_sum += tf.cast(total, tf.float32) * indices.shape[1]
+            return loss_sum
+
+        return self.engine.sum_across_replicas(self.engine.run(replica, (variables, indices)))
+
+    def _test_chunk(self, variables, indices):
+        def replica(variables, indices):
+            loss_sum = tf.zeros([], tf.float32)
+            for i in tf.range(indices.shape[0]):
+                x, y, sw = self.dataset.gather(variables, indices[i])
+                loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
+            return loss_sum
+
+        return self.engine.sum_across_replicas(self.engine.run(replica, (variables, indices)))
+
+    def _train_partial(self, variables, indices, real_rows, all_rows):
+        def replica(variables, indices, real_rows):
+            x, y, sw = self.dataset.gather(variables, indices[:real_rows])
+            total = self._train_step(x, y, sw, real_rows, all_rows)
+            return tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32)
+
+        return self.engine.sum_across_replicas(
+            self.engine.run(replica, (variables, indices, real_rows))
+        )
+
+    def _test_partial(self, variables, indices, real_rows):
+        def replica(variables, indices, real_rows):
+            def step():
+                x, y, sw = self.dataset.gather(variables, indices[:real_rows])
+                return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
+                    real_rows, tf.float32
+                )
+
+            # A replica may have no real row in the last evaluation step.
+            return tf.cond(real_rows > 0, step, lambda: tf.zeros([], tf.float32))
+
+        return self.engine.sum_across_replicas(
+            self.engine.run(replica, (variables, indices, real_rows))
+        )
+
+    def _predict_chunk(self, variables, indices):
+        def replica(variables, indices):
+            def forward(i):
+                x, _, _ = self.dataset.gather(variables, indices[i], with_targets=False)
+                return self.model(x, training=False)
+
+            steps = indices.shape[0]
+            # The first step outside the loop gives the outputs' structure.
+            outputs = keras.tree.map_structure(
+                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t), forward(0)
+            )
+            for i in tf.range(1, steps):
+                outputs = keras.tree.map_structure(
+                    lambda ta, t: ta.write(i, t), outputs, forward(i)
+                )
+            return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
+
+        return self.engine.run(replica, (variables, indices))
+
+    # -- host side -----------------------------------------------------------
+
+    def _slices(self, epoch_indices: Sequence[tf.Tensor], start: int, stop: int) -> Any:
+        return self.engine.distribute([idx[start:stop] for idx in epoch_indices])
+
+    def _chunks(self, num_steps: int) -> list[tuple[int, int]]:
+        k = self.options.steps_per_execution
+        if k == "auto":
+            k = auto_steps_per_execution(num_steps)
+        return [(s, min(num_steps, s + k)) for s in range(0, num_steps, k)]
+
+    def _real_rows(self, plan) -> Any:
+        return self.engine.distribute(
+            [tf.constant(plan.last_step_rows[r], tf.int32) for r in self.engine.world.global_replica_ids]
+        )
+
+    def run_epoch(self, epoch: int, training: bool, on_chunk_begin, on_chunk_end) -> dict[str, float]:
+        """Runs one epoch of training or evaluation.
+
+        Args:
+            epoch: Epoch number (seeds the shuffle).
+            training: Train (True) or evaluate (False).
+            on_chunk_begin: Called with the first step of each call.
+            on_chunk_end: Called with the last step of each call and the logs
+                so far; returns True to stop early.
+
+        Returns:
+            The epoch's logs: loss and compiled metrics over all replicas.
+        """
+        ds = self.dataset
+        plan = ds.plan if training else ds.eval_plan
+        indices = ds.epoch_indices(epoch, training)
+        chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
+        loss_sum, count = 0.0, 0
+        logs: dict[str, float] = {}
+        b_global = plan.global_batch_size
+        for start, stop in self._chunks(plan.full_steps_per_epoch):
+            on_chunk_begin(start)
+            loss_sum += float(chunk_fn(self._variables, self._slices(indices, start, stop)))
+            count += (stop - start) * b_global
+            logs = self.logs(loss_sum / count)
+            if on_chunk_end(stop - 1, logs):
+                return logs
+        if plan.has_partial_step:
+            step = plan.steps_per_epoch - 1
+            on_chunk_begin(step)
+            last = self.engine.distribute([idx[step] for idx in indices])
+            real_rows = sum(plan.last_step_rows)
+            if training:
+                value = self._train_partial_fn(
+                    self._variables, last, self._real_rows(plan), tf.constant(real_rows, tf.int32)
+                )
+            else:
+                value = self._test_partial_fn(self._variables, last, self._real_rows(plan))
+            loss_sum += float(value)
+            count += real_rows
+            logs = self.logs(loss_sum / count)
+            on_chunk_end(step, logs)
+        return logs
+
+    def logs(self, loss: float) -> dict[str, float]:
+        """Current logs: our exact loss, then the model's compiled metrics."""
+        logs = {"loss": loss}
+        for name, value in self.model.get_metrics_result().items():
+            if name != "loss":
+                logs[name] = float(value)
+        return logs
+
+    def predict(self) -> Any:
+        """Predictions for every row, in the original row order (this worker's
+        rows, or all rows once the engine gathers across workers)."""
+        ds = self.dataset
+        plan = ds.eval_plan
+        indices = ds.epoch_indices(0, training=False)
+        parts: list[list[Any]] = [[] for _ in ds.stores]
+        structure = None
+        for start, stop in self._chunks(plan.steps_per_epoch):
+            out = self._predict_chunk_fn(self._variables, self._slices(indices, start, stop))
+            for local, value in enumerate(self._local_structures(out)):
+                structure = value
+                parts[local].append(keras.tree.map_structure(np.asarray, value))
+        rows, values = [], []
+        b = plan.per_replica_batch_size
+        for local, store in enumerate(ds.stores):
+            real = plan.steps_per_epoch * b
+            if plan.has_partial_step:
+                real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
+            idx = indices[local].numpy().reshape(-1)[:real]
+            rows.append(idx + store.row_start)
+            flat = [
+                np.concatenate([keras.tree.flatten(p)[j] for p in parts[local]])
+                for j in range(len(keras.tree.flatten(structure)))
+            ]
+            values.append([f.reshape(-1, *f.shape[2:])[:real] for f in flat])
+        all_rows = np.concatenate(rows)
+        order = np.argsort(all_rows, kind="stable")
+        flat_out = [
+            np.concatenate([v[j] for v in values])[order]
+            for j in range(len(values[0]))
+        ]
+        return keras.tree.pack_sequence_as(structure, flat_out)
+
+    def _local_structures(self, out: Any) -> list[Any]:
+        flat = keras.tree.flatten(out)
+        per_leaf = [self.engine.local_results(t) for t in flat]
+        return [
+            keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
+            for i in range(len(self.dataset.stores))
+        ]

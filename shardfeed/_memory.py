@@ -1,0 +1,151 @@
+"""Device memory: how much a device has free, and whether a shard fits.
+
+Separation of concerns: this module only answers "how many bytes are free on
+this device" and "do these bytes fit with headroom"; it never allocates. The
+storage layer calls `check_fit` before it creates a single variable, so a
+dataset that cannot fit fails with numbers instead of an out-of-memory crash
+halfway through the upload.
+
+TensorFlow has no public query for a GPU's *free* memory, so GPUs are read
+through NVML (`pip install nvidia-ml-py`) when it is installed; CPU devices
+(including logical CPU devices used in tests) share the host's RAM and are
+read from `/proc/meminfo`. When nothing can be read the check is skipped and
+says so in `MemoryReport.source`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from shardfeed import _errors
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Bytes wanted against bytes available on one device.
+
+    Attributes:
+        device: The device name.
+        needed_bytes: Bytes the resident data will take there.
+        free_bytes: Bytes free there (None when unknown).
+        usable_bytes: The share of `free_bytes` data may use (None when unknown).
+        source: Where `free_bytes` came from ("given", "nvml", "meminfo",
+            "unknown").
+    """
+
+    device: str
+    needed_bytes: int
+    free_bytes: int | None
+    usable_bytes: int | None
+    source: str
+
+    @property
+    def fits(self) -> bool:
+        return self.usable_bytes is None or self.needed_bytes <= self.usable_bytes
+
+
+def host_available_bytes() -> int | None:
+    """Returns `MemAvailable` from `/proc/meminfo`, or None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def gpu_free_bytes(gpu_index: int) -> int | None:
+    """Free bytes on physical GPU `gpu_index` through NVML, or None.
+
+    `gpu_index` counts the GPUs TensorFlow sees, so it is mapped through
+    `CUDA_VISIBLE_DEVICES` to NVML's numbering.
+    """
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if gpu_index >= len(ids) or not ids[gpu_index].isdigit():
+            return None
+        gpu_index = int(ids[gpu_index])
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+    except Exception:  # NVML missing its driver library, no such device, ...
+        return None
+
+
+def free_bytes(device: str) -> tuple[int | None, str]:
+    """Free bytes on `device` and where the number came from."""
+    name = device.upper()
+    if "GPU:" in name:
+        index = int(name.rsplit("GPU:", 1)[1])
+        free = gpu_free_bytes(index)
+        return free, ("nvml" if free is not None else "unknown")
+    free = host_available_bytes()
+    return free, ("meminfo" if free is not None else "unknown")
+
+
+def check_fit(
+    needed_by_device: dict[str, int],
+    memory_fraction: float,
+    device_memory_bytes: int | None = None,
+) -> list[MemoryReport]:
+    """Checks that each device can hold its resident bytes, before allocating.
+
+    Logical CPU devices share one host, so their needs are added up and
+    checked once against the host's available memory.
+
+    Args:
+        needed_by_device: Bytes each device will hold.
+        memory_fraction: Share of free memory the data may take; the rest is
+            headroom for the model, optimizer state and activations.
+        device_memory_bytes: Free bytes per device, when given by the user
+            (overrides what the device reports).
+
+    Returns:
+        One `MemoryReport` per device (one for all CPU devices together).
+
+    Raises:
+        MemoryError: If any device's data does not fit, with the numbers and
+            what to do about it.
+    """
+    grouped: dict[str, int] = {}
+    for device, needed in needed_by_device.items():
+        key = device if "GPU:" in device.upper() or device_memory_bytes else "host"
+        grouped[key] = grouped.get(key, 0) + needed
+    reports = []
+    for device, needed in grouped.items():
+        if device_memory_bytes is not None:
+            free, source = device_memory_bytes, "given"
+        else:
+            free, source = free_bytes(device if device != "host" else "CPU:0")
+        usable = None if free is None else int(free * memory_fraction)
+        reports.append(MemoryReport(device, needed, free, usable, source))
+    for report in reports:
+        if not report.fits:
+            raise MemoryError(fit_error(report, memory_fraction))
+    return reports
+
+
+def fit_error(report: MemoryReport, memory_fraction: float) -> str:
+    return _errors.message(
+        f"The resident data must fit in {memory_fraction:.0%} of the free memory "
+        f"on {report.device} (the rest is headroom for the model).",
+        f"needed_bytes={report.needed_bytes:,} ({report.needed_bytes / GIB:.2f} GiB), "
+        f"free_bytes={report.free_bytes:,} ({(report.free_bytes or 0) / GIB:.2f} GiB, "
+        f"from {report.source}), usable_bytes={report.usable_bytes:,}",
+        "Spread the rows over more replicas with placement='shard' (more GPUs or "
+        "workers), store a compact dtype (e.g. uint8 images, float16 features) "
+        "and cast in `transform`, or raise `LoadOptions.memory_fraction` if the "
+        "model is small.",
+    )

@@ -1,0 +1,64 @@
+"""Progress bar: steps, loss/metrics and samples per second, on the chief only.
+
+Separation of concerns: a plain Keras callback fed the same global logs as
+every other callback; it reads the samples-per-step from `params`, which the
+Keras surface fills from the plan.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+
+
+class Progress(keras.callbacks.Callback):
+    """Keras' `Progbar` plus a `samples/s` column.
+
+    Args:
+        verbose: 1 for a bar updated after every compiled call, 2 for one line
+            per epoch.
+    """
+
+    def __init__(self, verbose: int = 1) -> None:
+        super().__init__()
+        self.verbose = verbose
+        self._bar: keras.utils.Progbar | None = None
+        self._start = 0.0
+        self._mode = "train"
+
+    def _open(self, target: int | None, mode: str) -> None:
+        self._mode = mode
+        self._bar = keras.utils.Progbar(
+            target=target, verbose=self.verbose if mode == "train" else 1, unit_name="step"
+        )
+        self._start = time.perf_counter()
+
+    def _values(self, steps_done: int, logs: dict | None) -> list[tuple[str, float]]:
+        logs = dict(logs or {})
+        rows_per_step = self.params.get("global_batch_size", 0)
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        logs["samples/s"] = steps_done * rows_per_step / elapsed
+        return list(logs.items())
+
+    def _update(self, batch: int, logs: dict | None, finalize: bool = False) -> None:
+        if self._bar is None:
+            return
+        values = self._values(batch + 1, logs)
+        # Logs are already running means over the epoch: show them as they are.
+        self._bar.stateful_metrics.update(name for name, _ in values)
+        self._bar.update(batch + 1, values=values, finalize=finalize)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self.verbose:
+            print(f"Epoch {epoch + 1}/{self.params.get('epochs')}")
+            self._open(self.params.get("steps"), "train")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.verbose == 1:
+            self._update(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.verbose and self._bar is not None:
+            self._update(self.params.get("steps", 1) - 1, logs, finalize=True)
+            self._bar = None

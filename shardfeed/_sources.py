@@ -1,0 +1,260 @@
+"""Sources: read rows of the user's data, nothing else.
+
+Separation of concerns: this layer owns *reading* -- turning what the user
+passed (NumPy arrays, tensors, memory-mapped files, HDF5 datasets, anything with
+`shape`, `dtype` and row slicing) into named columns that can hand out row
+ranges `[start, stop)` as NumPy arrays. It knows nothing about replicas,
+devices or batches: the plan decides which rows a replica owns and the
+resident storage decides where they go.
+
+Reading is lazy and ranged on purpose: a worker reads only the rows its
+replicas own, one bounded chunk at a time, so a memory-mapped file or an HDF5
+dataset is never materialised whole on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from shardfeed import _errors
+
+# Kinds NumPy uses for numbers: bool, signed/unsigned integers, floats, complex.
+_NUMERIC_KINDS = "biufc"
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One leaf of the user's data: a named array of rows.
+
+    Attributes:
+        name: Where the leaf sits in the user's structure, e.g. `x['image']`.
+        part: Which part it belongs to: `"x"`, `"y"` or `"sample_weight"`.
+        data: The array-like holding the rows (read lazily).
+        shape: Full shape; `shape[0]` is the number of rows.
+        dtype: NumPy dtype of the rows, kept as given (uint8 stays uint8).
+    """
+
+    name: str
+    part: str
+    data: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def num_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def read(self, start: int, stop: int, check_finite: bool = False) -> np.ndarray:
+        """Reads rows `[start, stop)` as a C-contiguous NumPy array.
+
+        Args:
+            start: First row.
+            stop: One past the last row.
+            check_finite: Raise if a float row holds NaN or inf.
+
+        Returns:
+            An array of shape `(stop - start, *row_shape)` and this column's dtype.
+
+        Raises:
+            ValueError: If `check_finite` is set and the rows hold NaN or inf.
+        """
+        if hasattr(self.data, "numpy") and not isinstance(self.data, np.ndarray):
+            rows = self.data[start:stop].numpy()  # tf.Tensor: slice before copying
+        else:
+            rows = np.asarray(self.data[start:stop])
+        rows = np.ascontiguousarray(rows, dtype=self.dtype)
+        if check_finite and self.dtype.kind in "fc" and not np.isfinite(rows).all():
+            bad = int(np.flatnonzero(~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1))[0])
+            raise ValueError(
+                _errors.message(
+                    "Inputs must be finite when `check_finite=True`.",
+                    f"{self.name} row {start + bad} holds NaN or inf",
+                    "Clean or drop those rows before building the dataset, or "
+                    "pass `check_finite=False` to upload them as they are.",
+                )
+            )
+        return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """The user's `(x, y, sample_weight)` flattened into named columns.
+
+    Attributes:
+        columns: Leaves in `keras.tree.flatten` order: all of x, then y, then
+            sample_weight.
+        x: The structure of x with leaves replaced by column indices.
+        y: Likewise for y, or None.
+        sample_weight: Likewise for sample_weight, or None.
+        num_rows: Rows in every column.
+    """
+
+    columns: tuple[Column, ...]
+    x: Any
+    y: Any
+    sample_weight: Any
+    num_rows: int
+
+    def part_indices(self, part: str) -> list[int]:
+        structure = getattr(self, part)
+        return [] if structure is None else list(keras.tree.flatten(structure))
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(c.row_bytes for c in self.columns)
+
+    @property
+    def nbytes(self) -> int:
+        return self.row_bytes * self.num_rows
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in self.columns
+        )
+
+
+def _path_name(part: str, path: Sequence[Any]) -> str:
+    return part + "".join(f"[{p!r}]" for p in path)
+
+
+def _as_array_like(leaf: Any, name: str) -> Any:
+    """Returns `leaf` if it can be sliced by rows lazily, else a NumPy array."""
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and hasattr(leaf, "__getitem__"):
+        return leaf
+    if isinstance(leaf, (list, tuple, int, float)) or np.isscalar(leaf):
+        return np.asarray(leaf)
+    raise TypeError(
+        _errors.message(
+            "Each leaf of `x`, `y` and `sample_weight` must be an array with a "
+            "`shape`, a `dtype` and row slicing (NumPy array, tf.Tensor, "
+            "np.memmap, h5py.Dataset).",
+            f"type({name})={type(leaf).__name__}",
+            "Convert it with `np.asarray(...)` first.",
+        )
+    )
+
+
+def _column(part: str, path: Sequence[Any], leaf: Any) -> Column:
+    name = _path_name(part, path)
+    data = _as_array_like(leaf, name)
+    shape = tuple(int(d) for d in data.shape)
+    dtype = np.dtype(getattr(data.dtype, "as_numpy_dtype", data.dtype))
+    if dtype.kind == "O":
+        raise TypeError(
+            _errors.message(
+                "Object (pickled) arrays cannot be uploaded to a device: their "
+                "rows are Python objects, not numbers.",
+                f"{name}.dtype=object",
+                "Convert the data to a numeric dtype (e.g. "
+                "`np.stack(list_of_arrays).astype('float32')`).",
+            )
+        )
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise TypeError(
+            _errors.message(
+                "Resident data must be numeric (bool, integer, float or complex).",
+                f"{name}.dtype={dtype}",
+                "Encode strings or records as numbers (e.g. a vocabulary "
+                "lookup) before building the dataset.",
+            )
+        )
+    if len(shape) == 0:
+        raise ValueError(
+            _errors.message(
+                "Each array needs a leading row dimension.",
+                f"{name}.shape=()",
+                "Pass one value per row, e.g. `np.full(num_rows, value)`.",
+            )
+        )
+    return Column(name=name, part=part, data=data, shape=shape, dtype=dtype)
+
+
+def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Columns:
+    """Flattens `(x, y, sample_weight)` into validated columns.
+
+    Args:
+        x: An array, or a list/tuple/dict of arrays (multi-input).
+        y: Same forms as `x` (multi-output), or None.
+        sample_weight: An array of one weight per row (or a structure matching
+            `y`), or None.
+
+    Returns:
+        A `Columns` holding every leaf, all with the same number of rows.
+
+    Raises:
+        TypeError: For non-array leaves, object or non-numeric dtypes.
+        ValueError: For empty data or arrays of different lengths.
+
+    Example:
+        >>> cols = columns_from_arrays({"a": np.zeros((4, 2))}, np.ones(4))
+        >>> cols.num_rows
+        4
+    """
+    if x is None:
+        raise ValueError(
+            _errors.message(
+                "A dataset needs inputs.",
+                "x=None",
+                "Pass `x` as an array or a list/dict of arrays.",
+            )
+        )
+    columns: list[Column] = []
+    structures: dict[str, Any] = {}
+    for part, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        if value is None:
+            structures[part] = None
+            continue
+        leaves = keras.tree.flatten_with_path(value)
+        if not leaves:
+            raise ValueError(
+                _errors.message(
+                    f"`{part}` must hold at least one array.",
+                    f"{part}={value!r}",
+                    f"Pass arrays in `{part}` or leave it as None.",
+                )
+            )
+        first = len(columns)
+        columns.extend(_column(part, path, leaf) for path, leaf in leaves)
+        structures[part] = keras.tree.pack_sequence_as(
+            value, list(range(first, len(columns)))
+        )
+    lengths = {c.name: c.num_rows for c in columns}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(
+            _errors.message(
+                "All arrays must have the same number of rows.",
+                listed,
+                "Trim or align the arrays so each row of x has its y "
+                "(and sample_weight).",
+            )
+        )
+    num_rows = columns[0].num_rows
+    if num_rows == 0:
+        raise ValueError(
+            _errors.message(
+                "A dataset needs at least one row.",
+                "num_rows=0",
+                "Check how the arrays were loaded or filtered.",
+            )
+        )
+    return Columns(
+        columns=tuple(columns),
+        x=structures["x"],
+        y=structures["y"],
+        sample_weight=structures["sample_weight"],
+        num_rows=num_rows,
+    )

@@ -1,0 +1,131 @@
+"""Resident storage: per-replica device variables holding each replica's rows.
+
+Separation of concerns: storage owns *where rows live*. Given the columns
+(sources layer) and the plan (which rows each replica holds), it checks the
+fit, allocates one variable per column on each local replica's device and
+fills it in bounded chunks. It does not shuffle or batch (the dataset owns
+that) and knows nothing of models or strategies' training loops.
+
+Why variables, not tensors: a NumPy array turned into a graph constant hits
+TensorFlow's 2 GB graph limit, and `tf.convert_to_tensor(whole_array)` keeps a
+second full copy alive on the host. A preallocated variable filled chunk by
+chunk keeps the host's extra memory to one chunk and the device's to one copy.
+
+Why `ResourceVariable` directly: `tf.Variable(...)` inside a
+`strategy.scope()` becomes a MirroredVariable (one copy of *all* rows on
+every device). Constructing the class directly bypasses the strategy's
+variable creator, so each replica's variable holds only its own rows, on its
+own device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from shardfeed import _memory
+from shardfeed._options import LoadOptions
+from shardfeed._plan import ShardPlan
+from shardfeed._sources import Columns
+from shardfeed._world import World
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaStore:
+    """One local replica's resident rows.
+
+    Attributes:
+        replica: Global replica index.
+        device: Device holding the variables.
+        row_start: First global row held (rows `[row_start, row_stop)`).
+        row_stop: One past the last global row held.
+        variables: One variable per column, shape `(rows, *row_shape)`.
+    """
+
+    replica: int
+    device: str
+    row_start: int
+    row_stop: int
+    variables: tuple[tf.Variable, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_stop - self.row_start
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in self.variables
+        )
+
+
+def _allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
+    with tf.device(device):
+        # A callable initial value lets the zeros be created on the device and
+        # handed to the variable without a second live copy.
+        return resource_variable_ops.ResourceVariable(
+            initial_value=lambda: tf.zeros(shape, dtype=dtype),
+            trainable=False,
+            dtype=dtype,
+            shape=shape,
+        )
+
+
+def upload(
+    columns: Columns, plan: ShardPlan, world: World, options: LoadOptions
+) -> tuple[tuple[ReplicaStore, ...], list[_memory.MemoryReport]]:
+    """Checks the fit, then uploads each local replica's rows in chunks.
+
+    Args:
+        columns: The data to read.
+        plan: Which global rows each replica holds.
+        world: Which replicas are local and on which devices.
+        options: Chunk size, memory fraction and checks.
+
+    Returns:
+        The local `ReplicaStore`s (in local replica order) and the memory
+        reports that were checked.
+
+    Raises:
+        MemoryError: If a device cannot hold its rows (nothing is allocated).
+    """
+    needed: dict[str, int] = {}
+    for replica, device in zip(world.global_replica_ids, world.local_devices):
+        start, stop = plan.shards[replica]
+        needed[device] = needed.get(device, 0) + (stop - start) * columns.row_bytes
+    reports = _memory.check_fit(needed, options.memory_fraction, options.device_memory_bytes)
+
+    # Replicas holding the same rows on the same device (replicated data on
+    # logical devices of one GPU) share one copy.
+    uploaded: dict[tuple[str, int, int], tuple[tf.Variable, ...]] = {}
+    stores = []
+    for replica, device in zip(world.global_replica_ids, world.local_devices):
+        start, stop = plan.shards[replica]
+        key = (device, start, stop)
+        if key not in uploaded:
+            uploaded[key] = tuple(
+                _upload_column(column, start, stop, device, options) for column in columns.columns
+            )
+        stores.append(ReplicaStore(replica, device, start, stop, uploaded[key]))
+    return tuple(stores), reports
+
+
+def _upload_column(column, start: int, stop: int, device: str, options: LoadOptions) -> tf.Variable:
+    variable = _allocate((stop - start, *column.row_shape), column.dtype, device)
+    rows_per_chunk = max(1, options.chunk_bytes // max(1, column.row_bytes))
+    with tf.device(device):
+        for chunk_start in range(start, stop, rows_per_chunk):
+            chunk_stop = min(stop, chunk_start + rows_per_chunk)
+            rows = column.read(chunk_start, chunk_stop, options.check_finite)
+            # The raw op writes in place without first reading the slice back.
+            tf.raw_ops.ResourceStridedSliceAssign(
+                ref=variable.handle,
+                begin=[chunk_start - start],
+                end=[chunk_stop - start],
+                strides=[1],
+                value=tf.convert_to_tensor(rows),
+            )
+    return variable
