@@ -153,8 +153,9 @@ class ShardedResidentDataset:
                 self.plan.dropped_rows_per_epoch,
                 self.plan.num_rows,
                 self.plan.steps_per_epoch,
-                "drop_remainder=True" if self.plan.drop_remainder else "a replica "
-                "would have no row in the last step",
+                "drop_remainder=True"
+                if self.plan.drop_remainder
+                else "a replica would have no row in the last step",
             )
 
     # -- what it holds -------------------------------------------------------
@@ -214,7 +215,7 @@ class ShardedResidentDataset:
         b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
         full = plan.full_steps_per_epoch
         out = []
-        for local, store in enumerate(self.stores):
+        for store in self.stores:
             r = store.replica
             if plan.placement == "shard":
                 order = self._permutation(store.num_rows, epoch, r if shuffle else None, shuffle)
@@ -251,7 +252,9 @@ class ShardedResidentDataset:
 
     # -- batches (called inside the compiled step) ----------------------------
 
-    def gather(self, variables: tuple[tf.Variable, ...], indices: tf.Tensor, with_targets: bool = True) -> Batch:
+    def gather(
+        self, variables: tuple[tf.Variable, ...], indices: tf.Tensor, with_targets: bool = True
+    ) -> Batch:
         """Gathers one batch `(x, y, sample_weight)` on the device.
 
         `transform` is applied to `x`. `y` and `sample_weight` are None when

@@ -36,7 +36,8 @@ class StrategyEngine:
         self.world = world
         self.strategy = world.strategy
         self._single = (
-            world.num_replicas_in_sync == 1 and not tf.distribute.has_strategy()
+            world.num_replicas_in_sync == 1
+            and not tf.distribute.has_strategy()
             and world.strategy is tf.distribute.get_strategy()
         )
 

@@ -104,9 +104,7 @@ class Loop:
         self._fb = forward_backward
         self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
         self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
-        self._predict_chunk_fn = tf.function(
-            self._predict_chunk, jit_compile=self.whole_loop_jit
-        )
+        self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
         self._train_partial_fn = tf.function(self._train_partial)
         self._test_partial_fn = tf.function(self._test_partial)
 
@@ -225,7 +223,7 @@ class Loop:
             )
             for i in tf.range(1, steps):
                 outputs = keras.tree.map_structure(
-                    lambda ta, t: ta.write(i, t), outputs, forward(i)
+                    lambda ta, t, i=i: ta.write(i, t), outputs, forward(i)
                 )
             return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
 
@@ -244,10 +242,15 @@ class Loop:
 
     def _real_rows(self, plan) -> Any:
         return self.engine.distribute(
-            [tf.constant(plan.last_step_rows[r], tf.int32) for r in self.engine.world.global_replica_ids]
+            [
+                tf.constant(plan.last_step_rows[r], tf.int32)
+                for r in self.engine.world.global_replica_ids
+            ]
         )
 
-    def run_epoch(self, epoch: int, training: bool, on_chunk_begin, on_chunk_end) -> dict[str, float]:
+    def run_epoch(
+        self, epoch: int, training: bool, on_chunk_begin, on_chunk_end
+    ) -> dict[str, float]:
         """Runs one epoch of training or evaluation.
 
         Args:
@@ -327,10 +330,7 @@ class Loop:
             values.append([f.reshape(-1, *f.shape[2:])[:real] for f in flat])
         all_rows = np.concatenate(rows)
         order = np.argsort(all_rows, kind="stable")
-        flat_out = [
-            np.concatenate([v[j] for v in values])[order]
-            for j in range(len(values[0]))
-        ]
+        flat_out = [np.concatenate([v[j] for v in values])[order] for j in range(len(values[0]))]
         return keras.tree.pack_sequence_as(structure, flat_out)
 
     def _local_structures(self, out: Any) -> list[Any]:

@@ -187,8 +187,7 @@ def plan_shards(
         )
         raise ValueError(
             _errors.message(
-                "A training epoch needs at least one step with a real row on "
-                "every replica.",
+                "A training epoch needs at least one step with a real row on every replica.",
                 f"per_replica_batch_size={b}, num_replicas={n_rep}, "
                 f"num_rows={num_rows}, placement={placement!r}",
                 fix,

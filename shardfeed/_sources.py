@@ -121,9 +121,7 @@ class Columns:
         return self.row_bytes * self.num_rows
 
     def describe(self) -> str:
-        return ", ".join(
-            f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in self.columns
-        )
+        return ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in self.columns)
 
 
 def _path_name(part: str, path: Sequence[Any]) -> str:
@@ -228,9 +226,7 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
             )
         first = len(columns)
         columns.extend(_column(part, path, leaf) for path, leaf in leaves)
-        structures[part] = keras.tree.pack_sequence_as(
-            value, list(range(first, len(columns)))
-        )
+        structures[part] = keras.tree.pack_sequence_as(value, list(range(first, len(columns))))
     lengths = {c.name: c.num_rows for c in columns}
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
@@ -238,8 +234,7 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
             _errors.message(
                 "All arrays must have the same number of rows.",
                 listed,
-                "Trim or align the arrays so each row of x has its y "
-                "(and sample_weight).",
+                "Trim or align the arrays so each row of x has its y (and sample_weight).",
             )
         )
     num_rows = columns[0].num_rows

@@ -57,9 +57,7 @@ class ReplicaStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in self.variables
-        )
+        return sum(int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in self.variables)
 
 
 def _allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
@@ -93,7 +91,7 @@ def upload(
         MemoryError: If a device cannot hold its rows (nothing is allocated).
     """
     needed: dict[str, int] = {}
-    for replica, device in zip(world.global_replica_ids, world.local_devices):
+    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
         start, stop = plan.shards[replica]
         needed[device] = needed.get(device, 0) + (stop - start) * columns.row_bytes
     reports = _memory.check_fit(needed, options.memory_fraction, options.device_memory_bytes)
@@ -102,7 +100,7 @@ def upload(
     # logical devices of one GPU) share one copy.
     uploaded: dict[tuple[str, int, int], tuple[tf.Variable, ...]] = {}
     stores = []
-    for replica, device in zip(world.global_replica_ids, world.local_devices):
+    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
         start, stop = plan.shards[replica]
         key = (device, start, stop)
         if key not in uploaded:

@@ -21,6 +21,8 @@ from shardfeed._engine import StrategyEngine
 from shardfeed._loop import Loop
 from shardfeed._options import FitOptions
 from shardfeed._progress import Progress
+from shardfeed._sources import columns_from_arrays
+from shardfeed._world import current_world
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 
@@ -41,7 +43,9 @@ def _check_model(model: Any, needs_compile: bool) -> None:
                 "`keras.Model` subclass.",
             )
         )
-    if needs_compile and (not getattr(model, "compiled", False) or model.optimizer is None):
+    if needs_compile and (
+        not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None
+    ):
         raise ValueError(
             _errors.message(
                 "The model must be compiled with an optimizer and a loss first.",
@@ -71,22 +75,29 @@ def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> 
         )
 
 
-def _as_dataset(data: Any, y: Any, sample_weight: Any, per_replica_batch_size: int | None, name: str, template: ShardedResidentDataset | None = None) -> ShardedResidentDataset:
-    """Wraps arrays in an unshuffled dataset for evaluation or prediction."""
+def _as_dataset(
+    data: Any,
+    y: Any,
+    sample_weight: Any,
+    per_replica_batch_size: int | None,
+    template: ShardedResidentDataset | None = None,
+) -> ShardedResidentDataset:
+    """Wraps arrays in an unshuffled dataset for evaluation or prediction.
+
+    `template` (the training dataset, for `validation_data`) lends its
+    strategy, placement, transform, batch size and load options.
+    """
     if isinstance(data, ShardedResidentDataset):
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
-    from shardfeed._sources import columns_from_arrays
-
     rows = columns_from_arrays(data, y, sample_weight).num_rows
-    strategy = template.world.strategy if template is not None else None
-    replicas = (template.world if template is not None else None)
+    world = template.world if template is not None else current_world()
     batch = per_replica_batch_size or (
         template.per_replica_batch_size if template is not None else DEFAULT_EVAL_BATCH_SIZE
     )
-    num_replicas = replicas.num_replicas_in_sync if replicas else tf.distribute.get_strategy().num_replicas_in_sync
-    batch = max(1, min(batch, -(-rows // num_replicas)))
+    # Small arrays: shrink the batch so the global batch fits the rows.
+    batch = max(1, min(batch, rows // world.num_replicas_in_sync))
     return ShardedResidentDataset(
         data,
         y,
@@ -96,7 +107,7 @@ def _as_dataset(data: Any, y: Any, sample_weight: Any, per_replica_batch_size: i
         placement=template.plan.placement if template is not None else "shard",
         transform=template.transform if template is not None else None,
         load_options=template.load_options if template is not None else None,
-        strategy=strategy,
+        strategy=world.strategy,
     )
 
 
@@ -140,8 +151,9 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Strategy
             model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
             model.compute_metrics(x, y, y_pred, sample_weight=sw)
             model.reset_metrics()
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
     engine.prepare_model(model)
 
 
@@ -214,7 +226,9 @@ def fit(
     """
     _check_model(model, needs_compile=True)
     _check_dataset(dataset, needs_targets=True)
-    if not (isinstance(epochs, int) and isinstance(initial_epoch, int) and 0 <= initial_epoch < epochs):
+    if not (
+        isinstance(epochs, int) and isinstance(initial_epoch, int) and 0 <= initial_epoch < epochs
+    ):
         raise ValueError(
             _errors.message(
                 "`epochs` must be larger than `initial_epoch` (both integers >= 0).",
@@ -227,7 +241,7 @@ def fit(
     loop = _loop_for(model, dataset, options)
     val_loop = None
     if validation_data is not None:
-        val_ds = _as_dataset(validation_data, None, None, None, "validation_data", dataset)
+        val_ds = _as_dataset(validation_data, None, None, None, dataset)
         _check_dataset(val_ds, needs_targets=True, name="validation_data")
         val_loop = _loop_for(model, val_ds, options)
     plan = dataset.plan
@@ -240,7 +254,9 @@ def fit(
         "num_replicas_in_sync": plan.num_replicas,
         "samples": plan.used_rows_per_epoch,
         "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
-        "steps_per_execution": loop._chunks(plan.full_steps_per_epoch)[0][1] if plan.full_steps_per_epoch else 1,
+        "steps_per_execution": loop._chunks(plan.full_steps_per_epoch)[0][1]
+        if plan.full_steps_per_epoch
+        else 1,
         "jit_compile": loop.jit_compile,
     }
     cbs = _callback_list(callbacks, model, verbose, params)
@@ -319,10 +335,12 @@ def evaluate(
     """
     _check_model(model, needs_compile=True)
     _resolve_verbose(verbose)
-    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size, "data")
+    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size)
     _check_dataset(dataset, needs_targets=True, name="data")
     loop = _loop_for(model, dataset, options or FitOptions())
-    cbs = keras.callbacks.CallbackList(callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch)
+    cbs = keras.callbacks.CallbackList(
+        callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch
+    )
     logs = _evaluate_loop(loop, cbs)
     if return_dict:
         return logs
@@ -352,7 +370,7 @@ def predict(
         >>> probs = shardfeed.predict(model, x_test)
     """
     _check_model(model, needs_compile=False)
-    dataset = _as_dataset(data, None, None, per_replica_batch_size, "data")
+    dataset = _as_dataset(data, None, None, per_replica_batch_size)
     loop = _loop_for(model, dataset, options or FitOptions())
     out = loop.predict()
     return keras.tree.map_structure(np.asarray, out)

@@ -1,0 +1,156 @@
+"""Keras callbacks work with shardfeed.fit as they do with model.fit."""
+
+from __future__ import annotations
+
+import csv
+
+import keras
+import numpy as np
+from keras import layers
+
+import shardfeed
+from shardfeed import FitOptions, ShardedResidentDataset
+
+
+def _setup(rows=600, lr=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse", metrics=["mae"])
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=50, seed=1)
+    return model, ds, (x, y)
+
+
+def test_lambda_callback_sees_every_hook_in_order():
+    model, ds, _ = _setup()
+    events = []
+    cb = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: events.append("train_begin"),
+        on_epoch_begin=lambda epoch, logs: events.append(f"epoch_begin {epoch}"),
+        on_train_batch_end=lambda batch, logs: events.append(f"batch_end {batch}"),
+        on_epoch_end=lambda epoch, logs: events.append(f"epoch_end {epoch} {sorted(logs)}"),
+        on_train_end=lambda logs: events.append("train_end"),
+    )
+    shardfeed.fit(
+        model, ds, epochs=2, callbacks=[cb], verbose=0, options=FitOptions(steps_per_execution=5)
+    )
+    # 12 steps per epoch, 5 per call: batch hooks after steps 5, 10 and 12.
+    epoch = ["batch_end 4", "batch_end 9", "batch_end 11"]
+    assert events == [
+        "train_begin",
+        "epoch_begin 0",
+        *epoch,
+        "epoch_end 0 ['loss', 'mae']",
+        "epoch_begin 1",
+        *epoch,
+        "epoch_end 1 ['loss', 'mae']",
+        "train_end",
+    ]
+
+
+def test_stop_training_from_a_batch_hook_stops_after_that_call():
+    model, ds, _ = _setup()
+
+    class StopAfterFirstCall(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = True
+
+    hist = shardfeed.fit(
+        model,
+        ds,
+        epochs=5,
+        callbacks=[StopAfterFirstCall()],
+        verbose=0,
+        options=FitOptions(steps_per_execution=3),
+    )
+    assert len(hist.history["loss"]) == 1
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
+def test_early_stopping_restores_best_weights():
+    model, ds, (x, y) = _setup(lr=0.2)
+    best = {}
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            best[epoch] = (logs["val_loss"], [w.copy() for w in self.model.get_weights()])
+
+    # A huge learning rate from epoch 3 makes validation loss go up.
+    def schedule(epoch, lr):
+        return 0.01 if epoch < 3 else 5.0
+
+    stopper = keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=2, restore_best_weights=True
+    )
+    hist = shardfeed.fit(
+        model,
+        ds,
+        epochs=20,
+        validation_data=(x[:100], y[:100]),
+        verbose=0,
+        callbacks=[keras.callbacks.LearningRateScheduler(schedule), Record(), stopper],
+    )
+    assert len(hist.history["loss"]) < 20
+    best_epoch = min(best, key=lambda e: best[e][0])
+    for w, w_best in zip(model.get_weights(), best[best_epoch][1], strict=True):
+        np.testing.assert_array_equal(w, w_best)
+
+
+def test_reduce_lr_on_plateau_changes_the_learning_rate_the_loop_uses():
+    reference, _, (x, y) = _setup()
+    model, _, _ = _setup()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=50, shuffle=False)
+
+    def plateau():
+        return keras.callbacks.ReduceLROnPlateau(
+            monitor="loss", factor=0.5, patience=0, min_delta=1e9
+        )
+
+    reference.fit(x, y, batch_size=50, shuffle=False, epochs=3, callbacks=[plateau()], verbose=0)
+    shardfeed.fit(model, ds, epochs=3, callbacks=[plateau()], verbose=0)
+    lr = float(model.optimizer.learning_rate.numpy())
+    assert lr < 0.05
+    assert lr == float(reference.optimizer.learning_rate.numpy())
+    for w, w_ref in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-7)
+
+
+def test_model_checkpoint_csv_logger_and_tensorboard_write_files(tmp_path):
+    model, ds, (x, _) = _setup()
+    ckpt = tmp_path / "best.keras"
+    log = tmp_path / "log.csv"
+    tb = tmp_path / "tb"
+    shardfeed.fit(
+        model,
+        ds,
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.ModelCheckpoint(str(ckpt), monitor="loss", save_best_only=True),
+            keras.callbacks.CSVLogger(str(log)),
+            keras.callbacks.TensorBoard(str(tb)),
+        ],
+    )
+    restored = keras.models.load_model(ckpt)
+    np.testing.assert_allclose(
+        restored.predict(x[:5], verbose=0), model.predict(x[:5], verbose=0), rtol=1e-6
+    )
+    with open(log) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert {"epoch", "loss", "mae"} <= set(rows[0])
+    assert float(rows[1]["loss"]) > 0
+    assert any(p.name.startswith("events.out.tfevents") for p in (tb / "train").iterdir())
+
+
+def test_initial_epoch_continues_numbering():
+    model, ds, _ = _setup()
+    seen = []
+    cb = keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: seen.append(e))
+    hist = shardfeed.fit(model, ds, epochs=4, initial_epoch=2, callbacks=[cb], verbose=0)
+    assert seen == [2, 3]
+    assert len(hist.history["loss"]) == 2

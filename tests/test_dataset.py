@@ -1,0 +1,213 @@
+"""ShardedResidentDataset on one device: what it holds, its epoch order, its errors."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from shardfeed import LoadOptions, ShardedResidentDataset
+
+
+def _xy(rows=103):
+    x = np.arange(rows * 3, dtype="float32").reshape(rows, 3)
+    y = np.arange(rows, dtype="int64")
+    return x, y
+
+
+def _rows_of_epoch(ds, epoch, training=True):
+    """Global rows each step uses, real rows only (per replica, flattened)."""
+    plan = ds.plan if training else ds.eval_plan
+    out = []
+    for local, idx in enumerate(ds.epoch_indices(epoch, training)):
+        store = ds.stores[local]
+        idx = idx.numpy()
+        real = idx[: plan.full_steps_per_epoch].reshape(-1).tolist()
+        if plan.has_partial_step:
+            real += idx[-1, : plan.last_step_rows[store.replica]].tolist()
+        out.append([i + store.row_start for i in real])
+    return out
+
+
+def test_holds_rows_in_chunks_with_their_dtype():
+    x, y = _xy()
+    ds = ShardedResidentDataset(
+        {"a": x, "b": x.astype("float16")},
+        y.astype("uint8"),
+        per_replica_batch_size=10,
+        shuffle=False,
+        load_options=LoadOptions(chunk_bytes=7 * 12),  # 7 rows of `a` per transfer
+    )
+    (store,) = ds.stores
+    a, b, labels = store.variables
+    np.testing.assert_array_equal(a.numpy(), x)
+    assert b.dtype == tf.float16 and labels.dtype == tf.uint8
+    np.testing.assert_array_equal(labels.numpy(), y.astype("uint8"))
+    assert "CPU:0" in a.device
+    assert ds.nbytes_on_device == x.nbytes + x.nbytes // 2 + len(y)
+    text = ds.describe()
+    assert "103 rows" in text and "11 steps/epoch" in text and "0 rows dropped/epoch" in text
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_each_row_once_per_epoch_and_seeded_order_repeats(drop_remainder):
+    x, y = _xy()
+    ds = ShardedResidentDataset(
+        x, y, per_replica_batch_size=10, seed=3, drop_remainder=drop_remainder
+    )
+    epoch0 = _rows_of_epoch(ds, 0)[0]
+    epoch1 = _rows_of_epoch(ds, 1)[0]
+    expected_rows = 100 if drop_remainder else 103
+    assert len(epoch0) == len(set(epoch0)) == expected_rows
+    assert set(epoch0) <= set(range(103))
+    assert epoch0 != epoch1  # epochs reshuffle
+    again = ShardedResidentDataset(
+        x, y, per_replica_batch_size=10, seed=3, drop_remainder=drop_remainder
+    )
+    assert _rows_of_epoch(again, 0)[0] == epoch0  # runs repeat
+    assert ds.plan.dropped_rows_per_epoch == 103 - expected_rows
+    assert sorted(_rows_of_epoch(ds, 0, training=False)[0]) == list(range(103))
+
+
+def test_dropped_rows_are_reported_once(caplog):
+    x, y = _xy()
+    with caplog.at_level(logging.WARNING, logger="shardfeed"):
+        ShardedResidentDataset(x, y, per_replica_batch_size=10, seed=0, drop_remainder=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "shardfeed: 3 of 103 rows are left out of each training epoch so every replica "
+        "runs 10 equal steps (drop_remainder=True)."
+    ]
+
+
+def test_memory_check_runs_before_allocating():
+    x, y = _xy(1000)
+    with pytest.raises(MemoryError) as err:
+        ShardedResidentDataset(
+            x,
+            y,
+            per_replica_batch_size=10,
+            shuffle=False,
+            load_options=LoadOptions(device_memory_bytes=10_000, memory_fraction=0.5),
+        )
+    assert str(err.value) == (
+        "The resident data must fit in 50% of the free memory on /device:CPU:0 (the rest "
+        "is headroom for the model). Received: needed_bytes=20,000 (0.00 GiB), "
+        "free_bytes=10,000 (0.00 GiB, from given), usable_bytes=5,000. Spread the rows "
+        "over more replicas with placement='shard' (more GPUs or workers), store a "
+        "compact dtype (e.g. uint8 images, float16 features) and cast in `transform`, or "
+        "raise `LoadOptions.memory_fraction` if the model is small."
+    )
+
+
+def test_shuffle_needs_a_seed():
+    x, y = _xy()
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(x, y, per_replica_batch_size=10)
+    assert str(err.value) == (
+        "Shuffling requires a seed, so that every replica and every rerun draws the same "
+        "epoch order. Received: shuffle=True, seed=None. Pass `seed=<int>`, or "
+        "`shuffle=False` to keep the rows in order."
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        (
+            {"y": np.zeros(99)},
+            ValueError,
+            "All arrays must have the same number of rows. Received: x has 103, y has 99. "
+            "Trim or align the arrays so each row of x has its y (and sample_weight).",
+        ),
+        (
+            {"y": {"out": np.zeros(103), "aux": np.zeros(5)}},
+            ValueError,
+            "Received: x has 103, y['aux'] has 5, y['out'] has 103.",
+        ),
+        (
+            {"x": np.zeros((0, 3)), "y": None},
+            ValueError,
+            "A dataset needs at least one row. Received: num_rows=0. Check how the arrays "
+            "were loaded or filtered.",
+        ),
+        (
+            {"x": np.array([object(), object()], dtype=object), "y": None},
+            TypeError,
+            "Object (pickled) arrays cannot be uploaded to a device: their rows are Python "
+            "objects, not numbers. Received: x.dtype=object.",
+        ),
+        (
+            {"x": np.array(["a", "b"]), "y": None},
+            TypeError,
+            "Resident data must be numeric (bool, integer, float or complex). Received: "
+            "x.dtype=<U1.",
+        ),
+        (
+            {"per_replica_batch_size": 0},
+            ValueError,
+            "`per_replica_batch_size` must be an integer >= 1. Received: per_replica_batch_size=0.",
+        ),
+        (
+            {"per_replica_batch_size": 104},
+            ValueError,
+            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
+            "larger than the dataset. Received: per_replica_batch_size=104, "
+            "num_replicas_in_sync=1, num_rows=103. Lower `per_replica_batch_size` or use "
+            "fewer replicas.",
+        ),
+        (
+            {"x": None},
+            ValueError,
+            "A dataset needs inputs. Received: x=None.",
+        ),
+        (
+            {"transform": "scale"},
+            TypeError,
+            "`transform` must be a function of a batch's `x`. Received: type(transform)=str.",
+        ),
+    ],
+)
+def test_bad_input_errors(kwargs, error, text):
+    x, y = _xy()
+    args = {"x": x, "y": y, "per_replica_batch_size": 10, "shuffle": False, **kwargs}
+    with pytest.raises(error) as err:
+        ShardedResidentDataset(args.pop("x"), args.pop("y"), **args)
+    assert text in str(err.value)
+
+
+def test_check_finite_names_the_column_and_row():
+    x, y = _xy()
+    x[57, 1] = np.nan
+    ShardedResidentDataset(x, y, per_replica_batch_size=10, shuffle=False)  # off by default
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(
+            {"feat": x},
+            y,
+            per_replica_batch_size=10,
+            shuffle=False,
+            load_options=LoadOptions(check_finite=True, chunk_bytes=120),
+        )
+    assert str(err.value) == (
+        "Inputs must be finite when `check_finite=True`. Received: x['feat'] row 57 holds "
+        "NaN or inf. Clean or drop those rows before building the dataset, or pass "
+        "`check_finite=False` to upload them as they are."
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"chunk_bytes": 0}, "`chunk_bytes` must be a positive integer. Received: chunk_bytes=0."),
+        (
+            {"memory_fraction": 1.5},
+            "`memory_fraction` must be in (0, 1]. Received: memory_fraction=1.5.",
+        ),
+        ({"device_memory_bytes": -1}, "Received: device_memory_bytes=-1."),
+    ],
+)
+def test_load_options_are_validated(kwargs, text):
+    with pytest.raises(ValueError) as err:
+        LoadOptions(**kwargs)
+    assert text in str(err.value)

@@ -1,0 +1,107 @@
+"""The shard plan: a pure function, tested on its own with an edge-case table."""
+
+import pytest
+
+from shardfeed import plan_shards
+from shardfeed._plan import split_rows
+
+# (rows, replicas, batch, placement, drop, training) ->
+#   (steps, last_step_rows, dropped)
+CASES = [
+    ((1000, 1, 256, "shard", False, True), (4, (232,), 0)),  # Keras' partial last batch
+    ((1024, 1, 256, "shard", False, True), (4, (256,), 0)),  # divides exactly
+    ((1000, 1, 256, "shard", True, True), (3, (256,), 232)),  # partial batch dropped
+    ((1001, 3, 100, "shard", False, True), (4, (34, 34, 33), 0)),  # uneven shards padded
+    ((1001, 3, 100, "shard", True, True), (3, (100, 100, 100), 101)),
+    ((1001, 2, 500, "shard", False, True), (1, (500, 500), 1)),  # replica 1 would get 0 rows
+    ((1001, 2, 500, "shard", False, False), (2, (1, 0), 0)),  # ...evaluation pads instead
+    ((1000, 4, 250, "shard", False, True), (1, (250,) * 4, 0)),  # exact fit
+    ((999, 4, 250, "shard", False, True), (1, (250, 250, 250, 249), 0)),  # one short
+    ((1001, 4, 250, "shard", False, True), (1, (250,) * 4, 1)),  # one over: dropped
+    ((1001, 4, 250, "shard", False, False), (2, (1, 0, 0, 0), 0)),  # eval keeps it
+    ((1025, 4, 256, "replicate", False, True), (1, (256,) * 4, 1)),  # 1 row < 4 replicas
+    ((1027, 4, 256, "replicate", False, True), (1, (256,) * 4, 3)),  # 3 rows < 4 replicas
+    ((1027, 4, 256, "replicate", False, False), (2, (1, 1, 1, 0), 0)),  # eval pads
+    ((1028, 4, 256, "replicate", False, True), (2, (1, 1, 1, 1), 0)),  # 4 rows, 1 each
+    ((1030, 4, 256, "replicate", False, True), (2, (2, 2, 1, 1), 0)),  # balanced split
+    ((1030, 4, 256, "replicate", True, True), (1, (256,) * 4, 6)),
+    ((5, 1, 256, "shard", False, True), (1, (5,), 0)),  # batch larger than data
+    ((3, 4, 1, "shard", False, False), (1, (1, 1, 1, 0), 0)),  # more replicas than rows
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES)
+def test_plan_table(args, expected):
+    plan = plan_shards(*args)
+    steps, last, dropped = expected
+    assert (plan.steps_per_epoch, plan.last_step_rows, plan.dropped_rows_per_epoch) == (
+        steps,
+        last,
+        dropped,
+    )
+    assert plan.used_rows_per_epoch + plan.dropped_rows_per_epoch == plan.num_rows
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 100, 1001, 1024])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_invariants_around_every_divisibility_edge(rows, replicas, batch, placement, drop):
+    try:
+        plan = plan_shards(rows, replicas, batch, placement, drop, training=True)
+    except ValueError as err:
+        assert "at least one step" in str(err)
+        return
+    b = batch
+    assert plan.steps_per_epoch >= 1
+    assert all(0 < n <= b for n in plan.last_step_rows)  # no empty replica in training
+    assert plan.used_rows_per_epoch + plan.dropped_rows_per_epoch == rows
+    assert plan.dropped_rows_per_epoch >= 0
+    for r in range(replicas):
+        used = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[r]
+        assert used <= plan.shard_rows(r)
+    if not drop:
+        # Without drop_remainder, rows are only dropped when a replica would
+        # have no row in the last step: fewer rows than replicas are left.
+        assert plan.dropped_rows_per_epoch < replicas * (1 if placement == "replicate" else b)
+    evaluation = plan_shards(rows, replicas, batch, placement, training=False)
+    assert evaluation.dropped_rows_per_epoch == 0
+    assert evaluation.used_rows_per_epoch == rows
+
+
+def test_split_rows_is_balanced_and_contiguous():
+    assert split_rows(10, 3) == ((0, 4), (4, 7), (7, 10))
+    assert split_rows(2, 4) == ((0, 1), (1, 2), (2, 2), (2, 2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        (
+            {"num_rows": 10, "num_replicas": 1, "per_replica_batch_size": 0},
+            "`per_replica_batch_size` must be an integer >= 1. Received: "
+            "per_replica_batch_size=0. Pass a batch size such as 256.",
+        ),
+        (
+            {"num_rows": 10, "num_replicas": 1, "per_replica_batch_size": 2, "placement": "x"},
+            "`placement` must be one of ('shard', 'replicate'). Received: placement='x'.",
+        ),
+        (
+            {
+                "num_rows": 10,
+                "num_replicas": 1,
+                "per_replica_batch_size": 20,
+                "drop_remainder": True,
+            },
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=20, num_replicas=1, num_rows=10, "
+            "placement='shard'. Lower `per_replica_batch_size`, use fewer replicas, or "
+            "pass `drop_remainder=False` to run the partial step.",
+        ),
+    ],
+)
+def test_errors(kwargs, text):
+    with pytest.raises(ValueError) as err:
+        plan_shards(**kwargs)
+    assert text in str(err.value)

@@ -1,0 +1,253 @@
+"""Same numbers as Keras: fit, evaluate and predict on one device.
+
+With shuffling off, shardfeed.fit must leave the weights model.fit(shuffle=False)
+leaves with the same batch size (1e-5 relative), for SGD and Adam, a
+multi-input dict model, sample weights and a partial last batch; evaluate and
+predict must match Keras' own.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from keras import layers
+
+import shardfeed
+from shardfeed import FitOptions, ShardedResidentDataset
+
+ROWS = 1000  # 3 full batches of 256 and a partial one of 232
+
+
+def _data(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(rows, 1))).astype("float32")
+    return x, y
+
+
+def _mlp(optimizer="sgd", metrics=("mae",), seed=1):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((8,)), layers.Dense(16, activation="relu"), layers.Dense(1)]
+    )
+    model.compile(optimizer=optimizer, loss="mse", metrics=list(metrics))
+    return model
+
+
+def _max_rel_diff(a: keras.Model, b: keras.Model) -> float:
+    return max(
+        float(np.abs(wa - wb).max() / max(np.abs(wa).max(), 1e-12))
+        for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_fit_matches_keras(optimizer, jit_compile):
+    x, y = _data()
+    reference, model = _mlp(optimizer), _mlp(optimizer)
+    ref_hist = reference.fit(x, y, batch_size=256, shuffle=False, epochs=2, verbose=0)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
+    hist = shardfeed.fit(
+        model,
+        ds,
+        epochs=2,
+        verbose=0,
+        options=FitOptions(jit_compile=jit_compile, steps_per_execution=2),
+    )
+    assert _max_rel_diff(reference, model) < 1e-5
+    for key in ("loss", "mae"):
+        np.testing.assert_allclose(hist.history[key], ref_hist.history[key], rtol=1e-5)
+    assert hist is model.history
+    assert hist.params["steps"] == 4 and hist.params["global_batch_size"] == 256
+
+
+def test_fit_matches_keras_with_sample_weights_and_regularizer():
+    x, y = _data()
+    w = np.random.default_rng(3).uniform(0.1, 2.0, size=ROWS).astype("float32")
+
+    def model_fn():
+        keras.utils.set_random_seed(2)
+        m = keras.Sequential(
+            [
+                keras.Input((8,)),
+                layers.Dense(16, activation="relu", kernel_regularizer="l2"),
+                layers.Dense(1),
+            ]
+        )
+        m.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"])
+        return m
+
+    reference, model = model_fn(), model_fn()
+    ref = reference.fit(x, y, sample_weight=w, batch_size=128, shuffle=False, epochs=2, verbose=0)
+    ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=128, shuffle=False)
+    hist = shardfeed.fit(model, ds, epochs=2, verbose=0)
+    assert _max_rel_diff(reference, model) < 1e-5
+    np.testing.assert_allclose(hist.history["loss"], ref.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(hist.history["mae"], ref.history["mae"], rtol=1e-5)
+
+
+def _dict_model():
+    keras.utils.set_random_seed(4)
+    a = keras.Input((5,), name="a")
+    b = keras.Input((3,), name="b")
+    h = layers.Concatenate()([layers.Dense(8, activation="relu")(a), b])
+    out = layers.Dense(4, activation="softmax")(h)
+    model = keras.Model({"a": a, "b": b}, out)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _dict_data(rows=700):
+    rng = np.random.default_rng(5)
+    x = {
+        "a": rng.normal(size=(rows, 5)).astype("float32"),
+        "b": rng.normal(size=(rows, 3)).astype("float32"),
+    }
+    y = rng.integers(0, 4, size=rows).astype("int32")
+    return x, y
+
+
+def test_fit_evaluate_predict_match_keras_for_dict_inputs():
+    x, y = _dict_data()
+    reference, model = _dict_model(), _dict_model()
+    ref = reference.fit(x, y, batch_size=64, shuffle=False, epochs=1, verbose=0)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, shuffle=False)
+    hist = shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert _max_rel_diff(reference, model) < 1e-5
+    np.testing.assert_allclose(hist.history["accuracy"], ref.history["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, x, y, per_replica_batch_size=100),
+        reference.evaluate(x, y, batch_size=100, verbose=0),
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(
+        shardfeed.predict(model, ds),
+        reference.predict(x, batch_size=64, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 7, 256, 999, 1000])
+def test_evaluate_counts_each_row_once(batch):
+    x, y = _data()
+    model = _mlp()
+    expected = model.evaluate(x, y, batch_size=ROWS, verbose=0)
+    got = shardfeed.evaluate(model, x, y, per_replica_batch_size=batch, return_dict=True)
+    assert list(got) == ["loss", "mae"]
+    np.testing.assert_allclose([got["loss"], got["mae"]], expected, rtol=1e-5)
+
+
+def test_predict_keeps_row_order_and_multi_outputs():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    model = keras.Model(inp, {"sum": layers.Dense(1)(inp), "two": layers.Dense(2)(inp)})
+    x, _ = _data(rows=301)
+    got = shardfeed.predict(model, x, per_replica_batch_size=64)
+    want = model.predict(x, verbose=0)
+    assert set(got) == {"sum", "two"}
+    for key in got:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def test_shuffled_runs_repeat_and_epochs_differ():
+    x, y = _data()
+    runs = []
+    for _ in range(2):
+        model = _mlp("adam")
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=7)
+        hist = shardfeed.fit(model, ds, epochs=2, verbose=0)
+        runs.append((model.get_weights(), hist.history["loss"]))
+    for wa, wb in zip(runs[0][0], runs[1][0], strict=True):
+        np.testing.assert_array_equal(wa, wb)
+    assert runs[0][1] == runs[1][1]
+    unshuffled = _mlp("adam")
+    shardfeed.fit(
+        unshuffled,
+        ShardedResidentDataset(x, y, per_replica_batch_size=100, shuffle=False),
+        epochs=2,
+        verbose=0,
+    )
+    assert _max_rel_diff(unshuffled, _mlp("adam")) > 0  # trained
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(unshuffled.get_weights(), runs[0][0], strict=True)
+    )
+
+
+def test_uint8_storage_with_transform_in_the_step():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(300, 4, 4, 3), dtype=np.uint8)
+    labels = rng.integers(0, 3, size=300).astype("int32")
+
+    def transform(x):
+        import tensorflow as tf
+
+        return tf.cast(x, "float32") / 255.0
+
+    def model_fn():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential(
+            [keras.Input((4, 4, 3)), layers.Flatten(), layers.Dense(3, activation="softmax")]
+        )
+        m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=50, shuffle=False, transform=transform
+    )
+    assert ds.stores[0].variables[0].dtype.name == "uint8"
+    assert ds.nbytes_on_device == images.nbytes + labels.nbytes
+    reference, model = model_fn(), model_fn()
+    reference.fit(images.astype("float32") / 255.0, labels, batch_size=50, shuffle=False, verbose=0)
+    shardfeed.fit(model, ds, verbose=0)
+    assert _max_rel_diff(reference, model) < 1e-5
+
+
+def test_validation_data_gives_val_logs():
+    x, y = _data()
+    model = _mlp()
+    ds = ShardedResidentDataset(x[:800], y[:800], per_replica_batch_size=128, seed=0)
+    hist = shardfeed.fit(model, ds, epochs=2, validation_data=(x[800:], y[800:]), verbose=0)
+    assert set(hist.history) == {"loss", "mae", "val_loss", "val_mae"}
+    np.testing.assert_allclose(
+        hist.history["val_loss"][-1],
+        model.evaluate(x[800:], y[800:], verbose=0)[0],
+        rtol=1e-5,
+    )
+
+
+def test_progress_bar_shows_steps_metrics_and_samples_per_second(capsys):
+    x, y = _data()
+    model = _mlp()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    shardfeed.fit(model, ds, epochs=1, verbose=1, options=FitOptions(steps_per_execution=5))
+    out = capsys.readouterr().out
+    assert "Epoch 1/1" in out
+    assert "10/10" in out
+    assert "loss:" in out and "mae:" in out and "samples/s:" in out
+
+
+def test_model_must_be_compiled():
+    x, y = _data()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), layers.Dense(1)])
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, shuffle=False)
+    with pytest.raises(ValueError) as err:
+        shardfeed.fit(model, ds)
+    assert str(err.value) == (
+        "The model must be compiled with an optimizer and a loss first. Received: "
+        "model.compiled=False. Call `model.compile(optimizer=..., loss=..., "
+        "metrics=[...])` before `shardfeed.fit` or `shardfeed.evaluate`."
+    )
+
+
+def test_fit_needs_targets_and_a_dataset():
+    x, _ = _data()
+    model = _mlp()
+    with pytest.raises(TypeError, match=r"Received: type\(dataset\)=ndarray"):
+        shardfeed.fit(model, x)
+    ds = ShardedResidentDataset(x, per_replica_batch_size=100, shuffle=False)
+    with pytest.raises(ValueError, match="Training and evaluation need targets"):
+        shardfeed.fit(model, ds)
