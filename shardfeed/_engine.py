@@ -2,29 +2,75 @@
 
 Separation of concerns: an engine owns the distribution mechanics -- placing
 per-replica values, running a function on every local replica, summing values
-across all replicas, and making gradients global before the optimizer
-applies them. The compiled loop (`_loop.py`) is written once against this
-small interface and runs unchanged under every engine.
+across all replicas, making gradients global before the optimizer applies
+them, reading metrics as global values, and gathering rows from every
+replica. The compiled loop (`_loop.py`) is written once against this small
+interface and runs unchanged under every engine.
 
 `StrategyEngine` covers the default (single device) strategy,
-`MirroredStrategy` and `MultiWorkerMirroredStrategy`: under a strategy the
-Keras optimizer's `apply` already sums gradients across replicas
-(`all_reduce(SUM)`), so the engine adds nothing there.
+`MirroredStrategy` and `MultiWorkerMirroredStrategy`. `HorovodEngine`
+(`_horovod.py`) covers one process per device with Horovod's allreduce; it
+is imported only when Horovod is in use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._world import World
+from shardfeed._world import World, is_default_strategy
+
+
+class Engine(Protocol):
+    """What the loop needs from a distribution engine."""
+
+    name: str
+    world: World
+
+    @property
+    def num_replicas_in_sync(self) -> int: ...
+    @property
+    def can_compile_whole_loop(self) -> bool: ...
+    @property
+    def loss_prescale(self) -> int: ...
+    def scope(self) -> Any: ...
+    def distribute(self, per_local_replica: Sequence[Any]) -> Any: ...
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any: ...
+    def local_results(self, value: Any) -> list[Any]: ...
+    def sum_across_replicas(self, value: Any) -> Any: ...
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]: ...
+    def metric_results(self, model: keras.Model) -> dict[str, float]: ...
+    def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
+    def prepare_model(self, model: keras.Model) -> None: ...
+
+
+def engine_for(world: World) -> Engine:
+    """The engine for `world`: Horovod's when Horovod runs, else the strategy's."""
+    if world.backend == "horovod":
+        from shardfeed._horovod import HorovodEngine
+
+        return HorovodEngine(world)
+    return StrategyEngine(world)
+
+
+def metric_results(model: keras.Model) -> dict[str, float]:
+    """The model's metric results as floats (flattening dict results)."""
+    return {name: float(value) for name, value in model.get_metrics_result().items()}
 
 
 class StrategyEngine:
     """Runs replicas through a `tf.distribute` strategy.
+
+    Under a strategy the Keras optimizer's `apply` already sums gradients
+    across replicas (`all_reduce(SUM)`), so `reduce_gradients` adds nothing.
+    Metric variables created in the strategy's scope are sync-on-read with
+    SUM aggregation: read outside `strategy.run` they are reduced over every
+    replica of every worker (a collective under MultiWorkerMirroredStrategy,
+    which every worker reaches at the same point of the loop).
 
     Args:
         world: The process's place among workers and replicas.
@@ -35,11 +81,7 @@ class StrategyEngine:
     def __init__(self, world: World) -> None:
         self.world = world
         self.strategy = world.strategy
-        self._single = (
-            world.num_replicas_in_sync == 1
-            and not tf.distribute.has_strategy()
-            and world.strategy is tf.distribute.get_strategy()
-        )
+        self._single = is_default_strategy(world.strategy)
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -47,11 +89,9 @@ class StrategyEngine:
 
     @property
     def can_compile_whole_loop(self) -> bool:
-        """Whether the whole multi-step loop may go into one XLA cluster.
-
-        Only without cross-replica communication: XLA cannot compile a
-        strategy's merge calls (or Horovod's ops on CPU).
-        """
+        """Whether the whole multi-step loop may go into one XLA cluster:
+        only without cross-replica communication (XLA cannot compile a
+        strategy's merge calls)."""
         return self._single
 
     @property
@@ -59,7 +99,7 @@ class StrategyEngine:
         """The factor Keras divides compiled losses by inside a replica."""
         return self.strategy.num_replicas_in_sync
 
-    def scope(self):
+    def scope(self) -> Any:
         return self.strategy.scope()
 
     def distribute(self, per_local_replica: Sequence[Any]) -> Any:
@@ -88,17 +128,25 @@ class StrategyEngine:
             return value
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
-    def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        # The Keras optimizer's `apply` all-reduces (SUM) under a strategy.
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
         return grads
 
-    def gather_rows(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Concatenates per-worker host arrays from all workers (rank order)."""
-        if self.world.world_size == 1:
-            return arrays
-        raise NotImplementedError  # replaced by the multi-worker engines
+    def metric_results(self, model: keras.Model) -> dict[str, float]:
+        return metric_results(model)
 
-    def prepare_model(self, model: Any) -> None:
-        """Makes the model's initial state identical on every replica."""
-        # Variables created under a strategy's scope are initialised
-        # identically (MultiWorkerMirroredStrategy broadcasts from worker 0).
+    def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray:
+        """Concatenates equally shaped per-replica arrays of every replica, in
+        global replica order, on every worker."""
+        if self._single:
+            return per_local_replica[0]
+        tensors = []
+        for array, device in zip(per_local_replica, self.world.local_devices, strict=True):
+            with tf.device(device):
+                tensors.append(tf.constant(array))
+        value = self.distribute(tensors)
+        return self.strategy.gather(value, axis=0).numpy()
+
+    def prepare_model(self, model: keras.Model) -> None:
+        # Variables created in a strategy's scope start identical on every
+        # replica (MultiWorkerMirroredStrategy broadcasts worker 0's values).
+        del model

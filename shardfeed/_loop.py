@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._dataset import ShardedResidentDataset
-from shardfeed._engine import StrategyEngine
+from shardfeed._engine import Engine
 from shardfeed._options import FitOptions
 
 _CONV_LAYERS = (
@@ -62,6 +62,8 @@ def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
     """
     if jit_compile != "auto":
         return bool(jit_compile)
+    if not all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers()):
+        return False
     if tf.config.list_logical_devices("GPU"):
         return True
     return not _has_conv(model)
@@ -86,7 +88,7 @@ class Loop:
         self,
         model: keras.Model,
         dataset: ShardedResidentDataset,
-        engine: StrategyEngine,
+        engine: Engine,
         options: FitOptions,
     ) -> None:
         self.model = model
@@ -297,41 +299,46 @@ class Loop:
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
         logs = {"loss": loss}
-        for name, value in self.model.get_metrics_result().items():
+        for name, value in self.engine.metric_results(self.model).items():
             if name != "loss":
-                logs[name] = float(value)
+                logs[name] = value
         return logs
 
     def predict(self) -> Any:
-        """Predictions for every row, in the original row order (this worker's
-        rows, or all rows once the engine gathers across workers)."""
+        """Predictions for every row of every worker, in the original row order,
+        on every worker."""
         ds = self.dataset
         plan = ds.eval_plan
+        b = plan.per_replica_batch_size
         indices = ds.epoch_indices(0, training=False)
-        parts: list[list[Any]] = [[] for _ in ds.stores]
+        chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
         for start, stop in self._chunks(plan.steps_per_epoch):
             out = self._predict_chunk_fn(self._variables, self._slices(indices, start, stop))
             for local, value in enumerate(self._local_structures(out)):
                 structure = value
-                parts[local].append(keras.tree.map_structure(np.asarray, value))
-        rows, values = [], []
-        b = plan.per_replica_batch_size
+                chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+        # Every replica has steps_per_epoch * b slots; padding slots get row -1.
+        rows_per_replica, leaves_per_replica = [], []
         for local, store in enumerate(ds.stores):
-            real = plan.steps_per_epoch * b
-            if plan.has_partial_step:
-                real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
-            idx = indices[local].numpy().reshape(-1)[:real]
-            rows.append(idx + store.row_start)
-            flat = [
-                np.concatenate([keras.tree.flatten(p)[j] for p in parts[local]])
-                for j in range(len(keras.tree.flatten(structure)))
-            ]
-            values.append([f.reshape(-1, *f.shape[2:])[:real] for f in flat])
-        all_rows = np.concatenate(rows)
-        order = np.argsort(all_rows, kind="stable")
-        flat_out = [np.concatenate([v[j] for v in values])[order] for j in range(len(values[0]))]
-        return keras.tree.pack_sequence_as(structure, flat_out)
+            rows = indices[local].numpy().reshape(-1) + store.row_start
+            real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
+            rows[real:] = -1
+            rows_per_replica.append(rows)
+            leaves_per_replica.append(
+                [
+                    np.concatenate([c[j] for c in chunks[local]]).reshape(-1, *leaf.shape[2:])
+                    for j, leaf in enumerate(chunks[local][0])
+                ]
+            )
+        rows = self.engine.all_gather(rows_per_replica)
+        keep = np.flatnonzero(rows >= 0)
+        order = keep[np.argsort(rows[keep], kind="stable")]
+        leaves = [
+            self.engine.all_gather([leaves[j] for leaves in leaves_per_replica])[order]
+            for j in range(len(leaves_per_replica[0]))
+        ]
+        return keras.tree.pack_sequence_as(structure, leaves)
 
     def _local_structures(self, out: Any) -> list[Any]:
         flat = keras.tree.flatten(out)

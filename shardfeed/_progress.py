@@ -34,11 +34,11 @@ class Progress(keras.callbacks.Callback):
         )
         self._start = time.perf_counter()
 
-    def _values(self, steps_done: int, logs: dict | None) -> list[tuple[str, str]]:
+    def _values(self, steps_done: int, logs: dict | None) -> list[tuple[str, float]]:
         rows_per_step = self.params.get("global_batch_size", 0)
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        values = [(k, f"{v:.4f}" if abs(v) > 1e-3 else f"{v:.4e}") for k, v in (logs or {}).items()]
-        values.append(("samples/s", f"{steps_done * rows_per_step / elapsed:,.0f}"))
+        values = [(k, float(v)) for k, v in (logs or {}).items()]
+        values.append(("samples/s", float(round(steps_done * rows_per_step / elapsed))))
         return values
 
     def _update(self, batch: int, logs: dict | None, finalize: bool = False) -> None:

@@ -138,7 +138,7 @@ def _as_array_like(leaf: Any, name: str) -> Any:
         _errors.message(
             "Each leaf of `x`, `y` and `sample_weight` must be an array with a "
             "`shape`, a `dtype` and row slicing (NumPy array, tf.Tensor, "
-            "np.memmap, h5py.Dataset).",
+            "np.memmap, h5py.Dataset, a `shardfeed.files` reader).",
             f"type({name})={type(leaf).__name__}",
             "Convert it with `np.asarray(...)` first.",
         )
@@ -229,7 +229,12 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
         structures[part] = keras.tree.pack_sequence_as(value, list(range(first, len(columns))))
     lengths = {c.name: c.num_rows for c in columns}
     if len(set(lengths.values())) > 1:
-        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        # File-backed leaves (shardfeed.files) say which file they read.
+        listed = ", ".join(
+            f"{c.name} has {c.num_rows}"
+            + (f" ({c.data.source})" if isinstance(getattr(c.data, "source", None), str) else "")
+            for c in columns
+        )
         raise ValueError(
             _errors.message(
                 "All arrays must have the same number of rows.",

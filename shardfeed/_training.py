@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from shardfeed import _errors
 from shardfeed._dataset import ShardedResidentDataset
-from shardfeed._engine import StrategyEngine
+from shardfeed._engine import Engine, engine_for
 from shardfeed._loop import Loop
 from shardfeed._options import FitOptions
 from shardfeed._progress import Progress
@@ -115,7 +115,7 @@ def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitO
     key = (id(model), id(dataset), options)
     loop = _LOOPS.get(key)
     if loop is None or loop.model is not model or loop.dataset is not dataset:
-        engine = StrategyEngine(dataset.world)
+        engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
         loop = Loop(model, dataset, engine, options)
@@ -140,20 +140,20 @@ def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None
         )
 
 
-def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: StrategyEngine) -> None:
-    """Builds the model, its compiled loss/metrics and optimizer eagerly, on one
-    row, so no variable is created while tracing the compiled loop."""
+def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) -> None:
+    """Builds the model, its compiled loss and metrics and its optimizer before
+    tracing, so no variable is created inside the compiled loop.
+
+    Uses Keras' own symbolic build (what `model.fit` does) on the shapes of
+    one row: nothing runs and no metric state changes.
+    """
     store = dataset.stores[0]
     with engine.scope():
-        x, y, sw = dataset.gather(store.variables, tf.constant([0]))
-        y_pred = model(x, training=False)
-        if getattr(model, "compiled", False) and y is not None:
-            model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
-            model.compute_metrics(x, y, y_pred, sample_weight=sw)
-            model.reset_metrics()
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
+        batch = dataset.gather(store.variables, tf.constant([0]))
+        if getattr(model, "compiled", False) and batch[1] is not None:
+            model._symbolic_build(data_batch=batch)
+        else:
+            model(batch[0], training=False)
     engine.prepare_model(model)
 
 
@@ -171,10 +171,36 @@ def _resolve_verbose(verbose: int | str) -> int:
     return int(verbose)
 
 
-def _callback_list(callbacks, model, verbose, params) -> keras.callbacks.CallbackList:
+# Callbacks that write files or print: run on the chief (rank 0) only.
+_CHIEF_ONLY_CALLBACKS = (
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.TensorBoard,
+    keras.callbacks.ProgbarLogger,
+    Progress,
+)
+
+
+def _callback_list(
+    callbacks: list[keras.callbacks.Callback] | None,
+    model: keras.Model,
+    verbose: int,
+    is_chief: bool,
+    params: dict[str, Any],
+) -> keras.callbacks.CallbackList:
+    """Keras' `CallbackList` with our progress bar, minus the chief-only
+    callbacks on other ranks (a callback with `shardfeed_all_ranks = True`
+    runs everywhere). Every rank gets the same global logs, so callbacks that
+    decide (EarlyStopping, ReduceLROnPlateau) decide alike on every rank."""
     callbacks = list(callbacks or [])
     if verbose and not any(isinstance(c, Progress) for c in callbacks):
         callbacks.append(Progress(verbose))
+    if not is_chief:
+        callbacks = [
+            c
+            for c in callbacks
+            if getattr(c, "shardfeed_all_ranks", False) or not isinstance(c, _CHIEF_ONLY_CALLBACKS)
+        ]
     return keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=False, model=model, **params
     )
@@ -259,7 +285,7 @@ def fit(
         else 1,
         "jit_compile": loop.jit_compile,
     }
-    cbs = _callback_list(callbacks, model, verbose, params)
+    cbs = _callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
     epoch_logs: dict[str, float] = {}

@@ -14,6 +14,8 @@ local replicas (as MultiWorkerMirroredStrategy and Horovod require).
 from __future__ import annotations
 
 import dataclasses
+import sys
+from typing import Literal
 
 import tensorflow as tf
 
@@ -28,7 +30,9 @@ class World:
         local_rank: This worker's index among workers on the same host.
         local_devices: One device name per replica in this process.
         strategy: The `tf.distribute` strategy replicas run under (the default
-            strategy when none is in use).
+            strategy when none is in use, and under Horovod).
+        backend: `"tf.distribute"` or `"horovod"` (one process per device,
+            Horovod's allreduce).
     """
 
     rank: int
@@ -36,6 +40,11 @@ class World:
     local_rank: int
     local_devices: tuple[str, ...]
     strategy: tf.distribute.Strategy
+    backend: Literal["tf.distribute", "horovod"] = "tf.distribute"
+
+    def scope(self):
+        """The strategy's scope: build the model and datasets inside it."""
+        return self.strategy.scope()
 
     @property
     def replicas_in_process(self) -> int:
@@ -55,30 +64,73 @@ class World:
         return self.rank == 0
 
 
+def is_default_strategy(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` is TensorFlow's default (no-op, one device) strategy.
+
+    TensorFlow exposes no public predicate; the default strategy's class is
+    the only one named `_DefaultDistributionStrategy`.
+    """
+    return type(strategy).__name__ == "_DefaultDistributionStrategy"
+
+
 def _default_device() -> str:
     gpus = tf.config.list_logical_devices("GPU")
     return (gpus or tf.config.list_logical_devices("CPU"))[0].name
 
 
+def horovod_initialized() -> bool:
+    """Whether `horovod.tensorflow` was imported and `hvd.init()` called.
+
+    Looks only at modules already imported, so a missing Horovod never breaks
+    anything.
+    """
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd is not None and bool(hvd.is_initialized())
+
+
+def horovod_world() -> World:
+    """The world of this Horovod process: one replica, on its local GPU or CPU."""
+    import horovod.tensorflow as hvd  # only reached once Horovod is initialised
+
+    gpus = tf.config.list_logical_devices("GPU")
+    # Each process sees either only its own GPU (the usual pinning) or all
+    # GPUs of the host, in which case it takes the one of its local rank.
+    device = (
+        gpus[hvd.local_rank() % len(gpus)] if gpus else tf.config.list_logical_devices("CPU")[0]
+    ).name
+    return World(
+        rank=hvd.rank(),
+        world_size=hvd.size(),
+        local_rank=hvd.local_rank(),
+        local_devices=(device,),
+        strategy=tf.distribute.get_strategy(),
+        backend="horovod",
+    )
+
+
 def current_world(strategy: tf.distribute.Strategy | None = None) -> World:
-    """Describes this process from `strategy`, or the strategy in scope.
+    """Describes this process from `strategy`, the strategy in scope, or Horovod.
+
+    Precedence: an explicit `strategy`; else a strategy whose scope is open;
+    else Horovod, when initialised; else the default strategy on one device
+    (the first GPU, or the CPU).
 
     Args:
-        strategy: A `tf.distribute` strategy; defaults to
-            `tf.distribute.get_strategy()` (the default strategy outside any
-            `strategy.scope()`).
+        strategy: A `tf.distribute` strategy.
 
     Returns:
         The `World`.
 
     Example:
-        >>> world = current_world()
-        >>> world.num_replicas_in_sync
+        >>> current_world().num_replicas_in_sync
         1
     """
-    strategy = strategy or tf.distribute.get_strategy()
-    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
-        return World(0, 1, 0, (_default_device(),), strategy)
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    if strategy is None or is_default_strategy(strategy):
+        if horovod_initialized():
+            return horovod_world()
+        return World(0, 1, 0, (_default_device(),), tf.distribute.get_strategy())
     resolver = getattr(strategy, "cluster_resolver", None)
     rank, world_size = 0, 1
     if resolver is not None and resolver.task_type is not None:

@@ -1,4 +1,8 @@
-"""The public API is exactly this list; changing it is a decision, not an accident."""
+"""The public API is exactly these lists; changing it is a decision, not an accident."""
+
+import importlib
+import subprocess
+import sys
 
 import shardfeed
 
@@ -13,8 +17,47 @@ EXPECTED = [
     "predict",
 ]
 
+# Public submodules and their exports.
+EXPECTED_MODULES = {
+    "files": [
+        "FileArray",
+        "concat",
+        "directory",
+        "hdf5",
+        "manifest",
+        "npy",
+        "npz",
+        "parquet",
+        "parquet_columns",
+        "split",
+    ],
+    "launch": ["LaunchOptions", "run"],
+}
+
 
 def test_public_names_snapshot():
-    assert sorted(shardfeed.__all__) == EXPECTED
-    public = sorted(n for n in vars(shardfeed) if not n.startswith("_"))
-    assert public == EXPECTED
+    assert shardfeed.__all__ == EXPECTED
+    for name in EXPECTED:
+        assert getattr(shardfeed, name).__module__.startswith("shardfeed._")
+    public = {n for n in dir(shardfeed) if not n.startswith("_")}
+    assert public - set(EXPECTED_MODULES) == set(EXPECTED)
+
+
+def test_public_submodules_snapshot():
+    for module_name, names in EXPECTED_MODULES.items():
+        module = importlib.import_module(f"shardfeed.{module_name}")
+        assert module.__all__ == names
+        public = {n for n in vars(module) if not n.startswith("_")}
+        assert public == set(names)
+
+
+def test_importing_the_package_and_cli_does_not_import_tensorflow():
+    code = (
+        "import sys, shardfeed, shardfeed._cli\n"
+        "shardfeed._cli.build_parser()\n"
+        "print('tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -1,0 +1,113 @@
+"""The Horovod engine: one process per device, our own step, Horovod's allreduce.
+
+Imported only when Horovod is initialised (`_engine.engine_for`), so a
+missing Horovod never breaks `import shardfeed`. `horovod.tensorflow.keras`
+is not used: on Keras 3 its `BroadcastGlobalVariablesCallback` fails and its
+`DistributedOptimizer` silently does not average gradients (measured, see
+docs/engines.md). Instead this engine:
+
+- broadcasts rank 0's weights and optimizer state through the underlying
+  `tf.Variable`s (`[v.value for v in model.variables]`: Horovod's TF API
+  does not accept Keras 3 variables, horovod #4290);
+- allreduces (SUM) the gradients the loop computed with a plain
+  `tf.GradientTape`, outside any XLA cluster (Horovod has no XLA kernels on
+  CPU builds), before `optimizer.apply`;
+- reads metrics as global values by summing their state across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from shardfeed._engine import metric_results
+from shardfeed._world import World
+
+
+class HorovodEngine:
+    """Runs this process's single replica and allreduces with Horovod.
+
+    Args:
+        world: A Horovod world (`World.backend == "horovod"`).
+    """
+
+    name = "horovod"
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.world.num_replicas_in_sync
+
+    @property
+    def can_compile_whole_loop(self) -> bool:
+        return False
+
+    @property
+    def loss_prescale(self) -> int:
+        return 1  # No strategy: Keras does not pre-scale losses.
+
+    def scope(self) -> Any:
+        return contextlib.nullcontext()
+
+    def distribute(self, per_local_replica: Sequence[Any]) -> Any:
+        (value,) = per_local_replica
+        return value
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        return fn(*args)
+
+    def local_results(self, value: Any) -> list[Any]:
+        return [value]
+
+    def sum_across_replicas(self, value: Any) -> Any:
+        return hvd.allreduce(value, op=hvd.Sum)
+
+    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        reduced = hvd.grouped_allreduce([grads[i] for i in present], op=hvd.Sum)
+        out = list(grads)
+        for i, g in zip(present, reduced, strict=True):
+            out[i] = g
+        return out
+
+    def metric_results(self, model: keras.Model) -> dict[str, float]:
+        """Results over all ranks: sum (or average) each metric variable across
+        ranks, read the results, then restore this rank's own state so the
+        next call keeps accumulating locally."""
+        variables = [v for m in model.metrics for v in m.variables]
+        if not variables:
+            return metric_results(model)
+        local = [tf.identity(v.value) for v in variables]
+        for v, value in zip(variables, local, strict=True):
+            aggregation = getattr(v, "aggregation", "sum")
+            if aggregation == "mean":
+                v.assign(hvd.allreduce(value, op=hvd.Average))
+            elif aggregation in ("none", "only_first_replica"):
+                v.assign(hvd.broadcast(value, root_rank=0))
+            else:
+                v.assign(hvd.allreduce(value, op=hvd.Sum))
+        try:
+            return metric_results(model)
+        finally:
+            for v, value in zip(variables, local, strict=True):
+                v.assign(value)
+
+    def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray:
+        (array,) = per_local_replica
+        return hvd.allgather(tf.constant(array)).numpy()
+
+    def prepare_model(self, model: keras.Model) -> None:
+        """Makes every rank start from rank 0's weights and optimizer state."""
+        variables = [v.value for v in model.variables]
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and optimizer.built:
+            variables += [v.value for v in optimizer.variables]
+        hvd.broadcast_variables(variables, root_rank=0)
