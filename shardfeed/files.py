@@ -1,0 +1,37 @@
+"""File sources for `ShardedResidentDataset`: lazy leaves read by row range.
+
+Each function returns a leaf usable wherever an array is accepted in `x`,
+`y` or `sample_weight`; a worker reads only the rows its replicas own, one
+chunk at a time. `split` writes per-rank shard files plus a manifest, and
+`manifest` reads them back as leaves. Implementation: `shardfeed._files` and
+`shardfeed._split`.
+
+Example:
+    >>> from shardfeed import files
+    >>> ds = shardfeed.ShardedResidentDataset(
+    ...     files.npy("x.npy"), files.npy("y.npy"), per_replica_batch_size=256, seed=0)
+"""
+
+from shardfeed._files import FileArray as FileArray
+from shardfeed._files import concat as concat
+from shardfeed._files import directory as directory
+from shardfeed._files import hdf5 as hdf5
+from shardfeed._files import npy as npy
+from shardfeed._files import npz as npz
+from shardfeed._files import parquet as parquet
+from shardfeed._files import parquet_columns as parquet_columns
+from shardfeed._split import manifest as manifest
+from shardfeed._split import split as split
+
+__all__ = [
+    "FileArray",
+    "concat",
+    "directory",
+    "hdf5",
+    "manifest",
+    "npy",
+    "npz",
+    "parquet",
+    "parquet_columns",
+    "split",
+]

@@ -1,0 +1,270 @@
+"""`shardfeed split` and `files.manifest`: layout, checksums, lazy checks, CLI, errors."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+
+import keras
+import numpy as np
+import pytest
+
+import shardfeed
+from shardfeed import _cli, _split, files
+from shardfeed._plan import split_rows
+
+ROWS = 103
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "x": rng.normal(size=(ROWS, 4, 2)).astype("float32"),
+        "y": np.arange(ROWS, dtype="int64"),
+        "mask": np.arange(ROWS) % 3 == 0,
+        "img": rng.integers(0, 255, size=(ROWS, 3), dtype="uint8"),
+    }
+
+
+def _ranges(num_shards: int) -> list[tuple[int, int]]:
+    # Every shard boundary, one row either side of it, and the whole range.
+    out = [(0, ROWS), (ROWS - 1, ROWS), (0, 1)]
+    for _, stop in split_rows(ROWS, num_shards)[:-1]:
+        out += [(stop - 1, stop + 1), (stop - 5, stop + 30), (stop, stop)]
+    return out
+
+
+@pytest.mark.parametrize("file_format", ["npy", "parquet"])
+@pytest.mark.parametrize("num_shards", [1, 4])
+def test_split_round_trips_every_range(tmp_path, file_format, num_shards):
+    arrays = _arrays()
+    path = files.split(arrays, tmp_path / "out", num_shards, file_format, chunk_bytes=100)
+    leaves = files.manifest(path)
+    assert list(leaves) == list(arrays)
+    for name, array in arrays.items():
+        assert leaves[name].shape == array.shape and leaves[name].dtype == array.dtype
+        for start, stop in _ranges(num_shards):
+            np.testing.assert_array_equal(
+                leaves[name][start:stop], array[start:stop], err_msg=f"{name}[{start}:{stop}]"
+            )
+
+
+def test_manifest_records_rows_dtypes_and_checksums(tmp_path):
+    arrays = _arrays()
+    path = files.split(arrays, tmp_path, 4, chunk_bytes=64)
+    assert path == tmp_path / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert {k: manifest[k] for k in ("format", "format_version", "file_format")} == {
+        "format": "shardfeed.split",
+        "format_version": 1,
+        "file_format": "npy",
+    }
+    assert manifest["num_rows"] == ROWS and manifest["num_shards"] == 4
+    assert manifest["arrays"] == {
+        "x": {"dtype": "<f4", "row_shape": [4, 2]},
+        "y": {"dtype": "<i8", "row_shape": []},
+        "mask": {"dtype": "|b1", "row_shape": []},
+        "img": {"dtype": "|u1", "row_shape": [3]},
+    }
+    # Balanced and contiguous, as the plan gives replicas: 26, 26, 26, 25.
+    assert [(s["row_start"], s["row_stop"]) for s in manifest["shards"]] == list(
+        split_rows(ROWS, 4)
+    )
+    assert [s["num_rows"] for s in manifest["shards"]] == [26, 26, 26, 25]
+    for shard in manifest["shards"]:
+        for name, entry in shard["files"].items():
+            assert entry["path"] == f"{name}-{shard['shard_index']:05d}-of-00004.npy"
+            data = (tmp_path / entry["path"]).read_bytes()
+            assert entry["bytes"] == len(data)
+            assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+            rows = np.load(tmp_path / entry["path"])  # plain .npy files
+            np.testing.assert_array_equal(
+                rows, arrays[name][shard["row_start"] : shard["row_stop"]]
+            )
+
+
+def test_split_streams_from_file_leaves(tmp_path):
+    x = _arrays()["x"]
+    np.save(tmp_path / "x.npy", x)
+    path = files.split({"x": files.npy(tmp_path / "x.npy")}, tmp_path / "out", 3, "parquet")
+    np.testing.assert_array_equal(files.manifest(path)["x"][:], x)
+
+
+def _corrupt(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size, different bytes
+    path.write_bytes(bytes(data))
+
+
+def test_checksums_are_verified_lazily_per_file(tmp_path):
+    arrays = _arrays()
+    files.split(arrays, tmp_path, 4)
+    bad = tmp_path / "x-00001-of-00004.npy"
+    _corrupt(bad)
+    leaves = files.manifest(tmp_path)  # builds without reading shard files
+    # Rows of shards 0, 2 and 3 read fine: a worker checks only its files.
+    np.testing.assert_array_equal(leaves["x"][0:26], arrays["x"][0:26])
+    np.testing.assert_array_equal(leaves["x"][52:ROWS], arrays["x"][52:ROWS])
+    with pytest.raises(ValueError) as info:
+        leaves["x"][20:30]  # crosses into shard 1
+    message = str(info.value)
+    assert message.startswith(
+        f"A shard file's sha256 must match the manifest. Received: {bad} sha256="
+    )
+    assert message.endswith(
+        "The file changed or was copied incompletely; copy it again (or split again). "
+        "Pass `verify=False` only to skip the check."
+    )
+    # A leaf sent to a worker checks again there; verify=False skips the check.
+    with pytest.raises(ValueError, match=r"sha256 must match"):
+        pickle.loads(pickle.dumps(leaves["x"]))[26:27]
+    assert files.manifest(tmp_path, verify=False)["x"][26:52].shape == (26, 4, 2)
+
+
+def test_manifest_refuses_truncated_and_missing_shards(tmp_path):
+    files.split(_arrays(), tmp_path, 2)
+    shard = tmp_path / "y-00001-of-00002.npy"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size - 8)
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        "A shard file must have the size the manifest records. Received: "
+        f"{shard} expected_bytes={size}, actual_bytes={size - 8}. The file is truncated "
+        "or was replaced; copy it again."
+    )
+    shard.unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        f"Every shard file the manifest lists must exist. Received: {shard} (array 'y', "
+        "rows [52, 103)). Copy the whole split directory, or split the data again."
+    )
+
+
+def test_manifest_refuses_a_shard_from_another_split(tmp_path):
+    files.split({"x": np.zeros((10, 2), "float32")}, tmp_path / "a", 2)
+    files.split({"x": np.zeros((10, 2), "float64")}, tmp_path / "b", 2, chunk_bytes=1)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    other = tmp_path / "b" / "x-00000-of-00002.npy"
+    (tmp_path / "a" / "x-00000-of-00002.npy").write_bytes(other.read_bytes())
+    entry = manifest["shards"][0]["files"]["x"]
+    entry["bytes"] = other.stat().st_size
+    entry["sha256"] = hashlib.sha256(other.read_bytes()).hexdigest()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        ValueError,
+        match=r"Received: .*x-00000-of-00002\.npy shape=\(5, 2\) dtype=float64, "
+        r"manifest shape=\(5, 2\) dtype=float32\.",
+    ):
+        files.manifest(tmp_path / "a")["x"][0:1]
+
+
+def test_manifest_refuses_other_formats(tmp_path):
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"format": "shardfeed.split", "format_version": 2})
+    )
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        "The manifest must be one written by `shardfeed split` (format 'shardfeed.split', "
+        f"version 1). Received: {tmp_path / 'manifest.json'}: format_version=2 (this reader: "
+        "1). Split the data again with `shardfeed split`, or pass the manifest's path."
+    )
+    with pytest.raises(FileNotFoundError, match=r"manifest must exist\. Received: path="):
+        files.manifest(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        (
+            {"arrays": {"x": np.zeros(5), "y": np.zeros(4)}},
+            ValueError,
+            r"same number of rows\. Received: x has 5, y has 4\.",
+        ),
+        (
+            {"num_shards": 6},
+            ValueError,
+            r"at least one row\. Received: num_shards=6, num_rows=5\.",
+        ),  # a shard would be empty
+        ({"num_shards": 0}, ValueError, r"`num_shards` must be an integer >= 1\."),
+        ({"format": "csv"}, ValueError, r"`format` must be one of \('npy', 'parquet'\)\."),
+        ({"arrays": {"../x": np.zeros(5)}}, ValueError, r"Received: name='\.\./x'\."),
+        (
+            {"arrays": {"x": np.array(["a"] * 5)}},
+            TypeError,
+            r"numeric with a leading row dimension\. Received: arrays\['x'\]\.dtype=<U1",
+        ),
+        (
+            {"arrays": {"x": np.zeros(5, "complex64")}, "format": "parquet"},
+            TypeError,
+            r"Parquet has no complex type\.",
+        ),
+        ({"arrays": {"x": [1, 2, 3, 4, 5]}}, TypeError, r"Received: type\(arrays\['x'\]\)=list\."),
+        ({"chunk_bytes": 0}, ValueError, r"`chunk_bytes` must be a positive integer\."),
+    ],
+)
+def test_split_refuses_bad_input(tmp_path, kwargs, error, pattern):
+    call = {"arrays": {"x": np.zeros(5)}, "out_dir": tmp_path, "num_shards": 2, **kwargs}
+    with pytest.raises(error, match=pattern):
+        files.split(**call)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_split_refuses_to_overwrite_unless_asked(tmp_path):
+    files.split({"x": np.zeros(5)}, tmp_path, 2)
+    with pytest.raises(
+        FileExistsError, match=r"already holds a split dataset\. Received: out_dir="
+    ):
+        files.split({"x": np.ones(5)}, tmp_path, 2)
+    files.split({"x": np.ones(5)}, tmp_path, 2, overwrite=True)
+    np.testing.assert_array_equal(files.manifest(tmp_path)["x"][:], np.ones(5))
+
+
+def test_cli_split(tmp_path, capsys):
+    arrays = _arrays()
+    np.save(tmp_path / "x.npy", arrays["x"])
+    np.savez(tmp_path / "d.npz", y=arrays["y"])
+    out = tmp_path / "out"
+    argv = ["split", "--num-shards", "3", "--out", str(out), "--format", "parquet"]
+    assert _cli.main([*argv, f"x={tmp_path / 'x.npy'}", f"y={tmp_path / 'd.npz'}:y"]) == 0
+    assert f"wrote 103 rows of x, y as 3 shard(s) of parquet files; manifest: {out}" in (
+        capsys.readouterr().out
+    )
+    leaves = files.manifest(out)
+    np.testing.assert_array_equal(leaves["x"][30:80], arrays["x"][30:80])
+    np.testing.assert_array_equal(leaves["y"][:], arrays["y"])
+
+
+def test_cli_split_reports_bad_input(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    _split.add_arguments(parser)
+    for inputs, expected in [
+        (["x"], "Each input must be written `name=path`. Received: input='x'."),
+        (["x=a.csv"], "An input must be a .npy file, or `file.npz:key`"),
+        ([f"x={tmp_path / 'none.npy'}"], "The data file must exist"),
+    ]:
+        args = parser.parse_args(["--num-shards", "2", "--out", str(tmp_path), *inputs])
+        assert _split.run(args) == 2
+        assert expected in capsys.readouterr().err
+
+
+def test_dataset_from_manifest_predicts_like_the_arrays(tmp_path):
+    arrays = _arrays()
+    files.split({"x": arrays["x"].reshape(ROWS, 8), "y": arrays["y"]}, tmp_path, 3)
+    leaves = files.manifest(tmp_path)
+    dataset = shardfeed.ShardedResidentDataset(
+        x=leaves["x"],
+        y=leaves["y"],
+        per_replica_batch_size=16,
+        shuffle=False,
+        load_options=shardfeed.LoadOptions(chunk_bytes=256),  # 8 rows per chunk
+    )
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    np.testing.assert_allclose(
+        shardfeed.predict(model, dataset), model(arrays["x"].reshape(ROWS, 8)).numpy(), atol=1e-6
+    )
