@@ -70,6 +70,9 @@ class HorovodEngine:
     def sum_across_replicas(self, value: Any) -> Any:
         return hvd.allreduce(value, op=hvd.Sum)
 
+    def read_sum(self, variable: tf.Variable) -> Any:
+        return hvd.allreduce(variable.read_value(), op=hvd.Sum)
+
     def reduce_gradients(self, grads: list[Any]) -> list[Any]:
         present = [i for i, g in enumerate(grads) if g is not None]
         reduced = hvd.grouped_allreduce([grads[i] for i in present], op=hvd.Sum)

@@ -99,6 +99,13 @@ class Loop:
         self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
         self._variables = engine.distribute([s.variables for s in dataset.stores])
         self._num_replicas = engine.num_replicas_in_sync
+        with engine.scope():
+            self._loss_sum = tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
         self._prescale = engine.loss_prescale
         forward_backward = self._forward_backward
         if self.jit_compile and not self.whole_loop_jit:
@@ -120,11 +127,10 @@ class Loop:
 
     def _unscaled(self, loss: tf.Tensor, reg: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
         """Splits `compute_loss`'s value into (data loss mean, total), undoing
-        Keras' division of compiled losses by the strategy's replica count."""
-        data = loss if reg is None else loss - reg
-        if self._prescale > 1:
-            data = data * self._prescale
-        total = data if reg is None else data + reg
+        Keras' division of every loss term by the strategy's replica count
+        inside a replica (`scale_loss_for_distribution`)."""
+        total = loss * self._prescale if self._prescale > 1 else loss
+        data = total if reg is None else total - reg
         return data, total
 
     def _forward_backward(self, x, y, sw, real_rows, all_rows):
@@ -167,15 +173,21 @@ class Loop:
     # -- compiled calls ------------------------------------------------------
 
     def _train_chunk(self, variables, indices):
-        def replica(variables, indices):
-            loss_sum = tf.zeros([], tf.float32)
-            for i in tf.range(indices.shape[0]):
-                x, y, sw = self.dataset.gather(variables, indices[i])
-                total = self._train_step(x, y, sw)
-                loss_sum += tf.cast(total, tf.float32) * indices.shape[1]
-            return loss_sum
+        # The step loop sits outside `engine.run`: a strategy cannot merge
+        # (all-reduce gradients) inside a while loop of the replica function.
+        # Per-replica loss sums go to a sync-on-read accumulator, reduced once
+        # per call rather than once per step.
+        steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
-        return self.engine.sum_across_replicas(self.engine.run(replica, (variables, indices)))
+        def replica(variables, indices, i):
+            x, y, sw = self.dataset.gather(variables, indices[i])
+            total = self._train_step(x, y, sw)
+            self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
+
+        self._loss_sum.assign(0.0)
+        for i in tf.range(steps):
+            self.engine.run(replica, (variables, indices, i))
+        return self.engine.read_sum(self._loss_sum)
 
     def _test_chunk(self, variables, indices):
         def replica(variables, indices):
@@ -191,11 +203,11 @@ class Loop:
         def replica(variables, indices, real_rows):
             x, y, sw = self.dataset.gather(variables, indices[:real_rows])
             total = self._train_step(x, y, sw, real_rows, all_rows)
-            return tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32)
+            self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 
-        return self.engine.sum_across_replicas(
-            self.engine.run(replica, (variables, indices, real_rows))
-        )
+        self._loss_sum.assign(0.0)
+        self.engine.run(replica, (variables, indices, real_rows))
+        return self.engine.read_sum(self._loss_sum)
 
     def _test_partial(self, variables, indices, real_rows):
         def replica(variables, indices, real_rows):

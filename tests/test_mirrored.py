@@ -1,0 +1,162 @@
+"""Several replicas in one process (MirroredStrategy over logical CPU devices).
+
+The proof: N replicas with per-replica batch b, fed the same global order
+(`placement="replicate"`), end with the weights of 1 replica with batch N*b;
+uneven shards never hang and metrics/predictions equal the single-process
+ones; each replica holds only its rows, on its own device.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+import shardfeed
+from shardfeed import FitOptions, ShardedResidentDataset
+
+pytestmark = pytest.mark.multi_device
+
+
+def _strategy(n):
+    # Strategies built in one process share collective group keys; one over 2
+    # devices and one over 4 then collide ("joining a group with size 4, but
+    # that group has size 2"). TensorFlow's own tests move the key base per
+    # strategy (strategy_combinations._mirrored_strategy_with_collective_key_base).
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+
+
+def _data(rows, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 6)).astype("float32")
+    y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(rows, 1))).astype("float32")
+    w = rng.uniform(0.5, 1.5, size=rows).astype("float32")
+    return x, y, w
+
+
+def _model(optimizer="adam", regularized=False):
+    keras.utils.set_random_seed(7)
+    reg = "l2" if regularized else None
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            layers.Dense(16, activation="relu", kernel_regularizer=reg),
+            layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"], weighted_metrics=["mse"])
+    return model
+
+
+def _single(x, y, w, batch, epochs, optimizer="adam", regularized=False):
+    model = _model(optimizer, regularized)
+    ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=batch, shuffle=False)
+    hist = shardfeed.fit(model, ds, epochs=epochs, verbose=0)
+    return model, hist
+
+
+def _assert_same_weights(a, b, rtol=1e-4, atol=1e-6):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("rows", [1024, 1001])  # even, and a partial last global step
+def test_replicas_equal_one_replica_with_the_global_batch(replicas, rows):
+    x, y, w = _data(rows)
+    b = 32
+    reference, ref_hist = _single(x, y, w, b * replicas, epochs=2, regularized=True)
+    with _strategy(replicas).scope():
+        model = _model(regularized=True)
+        ds = ShardedResidentDataset(
+            x, y, w, per_replica_batch_size=b, shuffle=False, placement="replicate"
+        )
+    hist = shardfeed.fit(model, ds, epochs=2, verbose=0, options=FitOptions(steps_per_execution=5))
+    _assert_same_weights(reference, model)
+    for key in ("loss", "mae", "mse"):
+        np.testing.assert_allclose(hist.history[key], ref_hist.history[key], rtol=1e-4)
+    assert hist.params["global_batch_size"] == b * replicas
+    assert hist.params["num_replicas_in_sync"] == replicas
+
+
+def test_global_shuffle_matches_one_replica_with_the_same_seed():
+    x, y, w = _data(900)
+    reference = _model()
+    shardfeed.fit(
+        reference,
+        ShardedResidentDataset(x, y, w, per_replica_batch_size=64, seed=5, placement="replicate"),
+        epochs=2,
+        verbose=0,
+    )
+    with _strategy(2).scope():
+        model = _model()
+        ds = ShardedResidentDataset(
+            x, y, w, per_replica_batch_size=32, seed=5, placement="replicate"
+        )
+    shardfeed.fit(model, ds, epochs=2, verbose=0)
+    _assert_same_weights(reference, model)
+
+
+def test_each_replica_holds_only_its_rows_on_its_device():
+    x, y, _ = _data(1001)
+    with _strategy(4).scope():
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, shuffle=False)
+    assert [s.row_stop - s.row_start for s in ds.stores] == [251, 250, 250, 250]
+    for i, store in enumerate(ds.stores):
+        assert store.variables[0].device.endswith(f"CPU:{i}")
+        np.testing.assert_array_equal(
+            store.variables[0].numpy(), x[store.row_start : store.row_stop]
+        )
+    assert ds.nbytes_on_device == x.nbytes + y.nbytes
+
+
+@pytest.mark.parametrize("rows", [1001, 999, 1000, 1003, 7])
+def test_uneven_shards_train_and_evaluate_exactly(rows):
+    x, y, w = _data(rows)
+    with _strategy(4).scope():
+        model = _model()
+        batch = max(1, min(50, rows // 4))
+        ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=batch, seed=0)
+    hist = shardfeed.fit(model, ds, epochs=2, verbose=0)
+    assert len(hist.history["loss"]) == 2
+    got = shardfeed.evaluate(model, ds, return_dict=True)
+    # The same weights evaluated by Keras on one device, over every row once.
+    plain = _model()
+    plain.set_weights(model.get_weights())
+    want = plain.evaluate(x, y, sample_weight=w, batch_size=rows, verbose=0, return_dict=True)
+    for key in ("loss", "mae", "mse"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5)
+    np.testing.assert_allclose(
+        shardfeed.predict(model, ds), plain.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_validation_logs_are_global_on_uneven_shards():
+    x, y, w = _data(1003)
+    with _strategy(2).scope():
+        model = _model()
+        ds = ShardedResidentDataset(x[:800], y[:800], per_replica_batch_size=50, seed=0)
+    hist = shardfeed.fit(model, ds, epochs=1, validation_data=(x[800:], y[800:]), verbose=0)
+    plain = _model()
+    plain.set_weights(model.get_weights())
+    np.testing.assert_allclose(
+        hist.history["val_loss"][0], plain.evaluate(x[800:], y[800:], verbose=0)[0], rtol=1e-5
+    )
+
+
+def test_model_and_dataset_must_share_the_strategy():
+    x, y, _ = _data(100)
+    model = _model()
+    with _strategy(2).scope():
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, shuffle=False)
+    with pytest.raises(ValueError) as err:
+        shardfeed.fit(model, ds)
+    assert str(err.value) == (
+        "The model and the dataset must use the same `tf.distribute` strategy. Received: "
+        "model.distribute_strategy=_DefaultDistributionStrategy, dataset "
+        "strategy=MirroredStrategy. Build the model (and compile it) and the dataset "
+        "inside the same `with strategy.scope():` block."
+    )
