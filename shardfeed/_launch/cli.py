@@ -1,0 +1,97 @@
+"""`shardfeed launch`: parse the command line and hand over to `shardfeed._launch.run`.
+
+Separation of concerns: this module only turns arguments into a `run` call
+and errors into an exit status; what the engines do lives in `local.py`,
+`delegate.py` and `process.py`.
+
+Usage:
+    shardfeed launch --num-workers N [--engine multiworker|horovod|mpi]
+        [--timeout-s S] [--grace-s G] script.py [script args ...]
+
+Everything after the script path goes to the script unchanged, options
+included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardfeed import _launch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the `launch` options to `parser`.
+
+    Args:
+        parser: The subcommand's parser.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="shardfeed launch")
+        >>> add_arguments(parser)
+        >>> parser.parse_args(["--num-workers", "2", "train.py", "--epochs", "3"]).script_args
+        ['--epochs', '3']
+    """
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of worker processes",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=_launch.ENGINES,
+        default="multiworker",
+        help="multiworker: local processes with TF_CONFIG on 127.0.0.1 (default); "
+        "horovod: delegate to horovodrun; mpi: delegate to mpirun",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop all workers after S seconds (default: no limit)",
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=60.0,
+        metavar="G",
+        help="seconds stopping workers get between SIGTERM and SIGKILL (default: 60)",
+    )
+    parser.add_argument("script", help="the Python script every worker runs")
+    parser.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="...",
+        help="arguments passed to the script unchanged",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `shardfeed launch` with parsed `args`.
+
+    Args:
+        args: What `add_arguments`' parser returned.
+
+    Returns:
+        The launch's exit code (see `shardfeed._launch.run`), or 2 when the
+        arguments are invalid (the reason goes to stderr).
+
+    Example:
+        >>> run(parser.parse_args(["--num-workers", "2", "train.py"]))
+        0
+    """
+    try:
+        return _launch.run(
+            args.script,
+            num_workers=args.num_workers,
+            engine=args.engine,
+            args=args.script_args,
+            timeout_s=args.timeout_s,
+            grace_s=args.grace_s,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"shardfeed launch: error: {err}", file=sys.stderr, flush=True)
+        return 2

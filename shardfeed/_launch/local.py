@@ -1,0 +1,175 @@
+"""Local workers for MultiWorkerMirroredStrategy: one process per rank, TF_CONFIG each.
+
+Separation of concerns: this module decides what each local worker gets (its
+argv and environment, including `TF_CONFIG` on 127.0.0.1 with reserved ports);
+`process.py` starts and watches them; `ports.py` finds the ports. It also
+builds the program that runs a Python function in a worker, which the
+delegated engines reuse.
+
+Environment each worker gets, on top of the launcher's own:
+- `TF_CONFIG`: `{"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
+  {"type": "worker", "index": K}}` (worker 0 acts as chief, as
+  MultiWorkerMirroredStrategy does without a "chief" job).
+- `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK` (all
+  workers are on this host, so the local rank is the rank).
+- `PYTHONUNBUFFERED=1` unless already set, so a worker's prints reach the
+  tagged output when they happen instead of when a pipe buffer fills.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.spawn
+import os
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+
+from shardfeed import _errors
+from shardfeed._cluster import worker_tf_config
+from shardfeed._launch.ports import PortReservation
+from shardfeed._launch.process import System, WorkerSpec, run_workers
+
+LOCAL_HOST = "127.0.0.1"
+
+# Runs in each worker for `run(fn, ...)`: what multiprocessing's spawn start
+# method does in a child (restore sys.path, cwd and the parent's __main__ via
+# `multiprocessing.spawn.prepare`, then unpickle the function), but in a
+# process we start ourselves so it gets the same process group, output tagging
+# and failure handling as a script. It imports nothing from shardfeed, so a
+# worker pays for TensorFlow only if the function uses it. `fn` is unpickled
+# only after `prepare`, because unpickling may import the parent's __main__.
+_FUNCTION_BOOTSTRAP = """\
+import pickle, sys
+import multiprocessing.spawn
+with open(sys.argv[1], "rb") as payload_file:
+    payload = pickle.load(payload_file)
+multiprocessing.spawn.prepare(payload["preparation"])
+fn = pickle.loads(payload["fn"])
+fn(*pickle.loads(payload["args"]))
+"""
+
+
+def worker_specs(
+    program: Sequence[str],
+    ports: Sequence[int],
+    base_env: Mapping[str, str],
+    host: str = LOCAL_HOST,
+) -> list[WorkerSpec]:
+    """One `WorkerSpec` per port: same program, per-rank TF_CONFIG and SHARDFEED_*.
+
+    Args:
+        program: The argv every worker runs.
+        ports: One reserved port per worker, in rank order.
+        base_env: The environment the workers start from.
+        host: The address every worker listens on.
+
+    Returns:
+        The specs, in rank order.
+
+    Example:
+        >>> [s.env["SHARDFEED_RANK"] for s in worker_specs(["python", "t.py"], [2222, 2223], {})]
+        ['0', '1']
+    """
+    addresses = [f"{host}:{port}" for port in ports]
+    specs = []
+    for rank in range(len(ports)):
+        env = dict(base_env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(
+            TF_CONFIG=json.dumps(worker_tf_config(rank, addresses)),
+            SHARDFEED_RANK=str(rank),
+            SHARDFEED_WORLD_SIZE=str(len(ports)),
+            SHARDFEED_LOCAL_RANK=str(rank),
+        )
+        specs.append(WorkerSpec(f"worker rank {rank}", tuple(program), env, f"[rank {rank}] "))
+    return specs
+
+
+def run_multiworker(
+    program: Sequence[str],
+    *,
+    num_workers: int,
+    base_env: Mapping[str, str],
+    grace_s: float,
+    timeout_s: float | None,
+    system: System,
+) -> int:
+    """Starts `num_workers` local copies of `program` with TF_CONFIG and waits.
+
+    Args:
+        program: The argv every worker runs.
+        num_workers: How many workers.
+        base_env: The environment the workers start from.
+        grace_s: Seconds between SIGTERM and SIGKILL when stopping workers.
+        timeout_s: Stop everything after this many seconds (None: no limit).
+        system: Operating-system calls.
+
+    Returns:
+        The exit code, as `process.run_workers`.
+
+    Raises:
+        OSError: If ports cannot be reserved or a worker cannot be started.
+
+    Example:
+        >>> run_multiworker(["python", "train.py"], num_workers=2, base_env=dict(os.environ),
+        ...                 grace_s=60.0, timeout_s=None, system=System())
+        0
+    """
+    with PortReservation(num_workers, LOCAL_HOST) as reservation:
+        specs = worker_specs(program, reservation.ports, base_env)
+        # Free the ports only now, right before the workers start (see ports.py).
+        reservation.release()
+        return run_workers(specs, grace_s=grace_s, timeout_s=timeout_s, system=system)
+
+
+def function_program(
+    fn: Callable[..., object], args: Sequence[object], payload_dir: str, python: str
+) -> list[str]:
+    """The argv that runs `fn(*args)` in a worker, with spawn semantics.
+
+    Writes the pickled function, arguments and multiprocessing's preparation
+    data (sys.path, cwd, the parent's __main__) to a file in `payload_dir`;
+    the caller removes that directory after the workers exited.
+
+    Args:
+        fn: A picklable (module-level) function.
+        args: Positional arguments for `fn`, picklable.
+        payload_dir: A private directory that outlives the workers.
+        python: The interpreter to run.
+
+    Returns:
+        `[python, "-c", <bootstrap>, <payload path>]`.
+
+    Raises:
+        ValueError: If `fn` or `args` cannot be pickled.
+
+    Example:
+        >>> function_program(train, (), tmp_dir, sys.executable)[:2]
+        ['/usr/bin/python3', '-c']
+    """
+    try:
+        fn_bytes = pickle.dumps(fn)
+        args_bytes = pickle.dumps(tuple(args))
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise ValueError(
+            _errors.message(
+                "A function run in workers must be picklable by reference, as with "
+                "multiprocessing's spawn start method, and so must its arguments.",
+                f"fn={fn!r} ({type(err).__name__}: {err})",
+                "Define the function at module level (not a lambda or a nested function), "
+                "and guard the launching code with `if __name__ == '__main__':`.",
+            )
+        ) from err
+    preparation = multiprocessing.spawn.get_preparation_data("shardfeed-worker")
+    # The authkey refuses to pickle outside multiprocessing's own spawning;
+    # plain bytes carry the same key (the payload file is private to this user).
+    preparation["authkey"] = bytes(preparation["authkey"])
+    payload = {
+        "preparation": preparation,
+        "fn": fn_bytes,
+        "args": args_bytes,
+    }
+    path = os.path.join(payload_dir, "function.pickle")
+    with open(path, "wb") as payload_file:
+        pickle.dump(payload, payload_file)
+    return [python, "-c", _FUNCTION_BOOTSTRAP, path]

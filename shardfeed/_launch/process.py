@@ -1,0 +1,386 @@
+"""Starting, watching and stopping worker processes.
+
+Separation of concerns: `local.py` and `delegate.py` decide *what* to start
+(argv and environment per worker); this module owns *how*: each worker in its
+own process group, its output tagged line by line, signals forwarded, exits
+reaped, and one worker's failure turned into stopping the rest. Everything
+that touches the operating system goes through a `System`, so tests pass
+fakes and check the logic without starting anything.
+
+Lifecycle guarantees:
+- Each worker starts in a new session (its own process group), so a Ctrl-C in
+  the terminal reaches only the launcher, which forwards it once to every
+  group. A second Ctrl-C sends SIGKILL.
+- When one worker exits non-zero (or dies from a signal), the launcher prints
+  which rank and code, sends SIGTERM to the other groups, waits `grace_s`,
+  then sends SIGKILL. It exits with the failed worker's code (128 + signal
+  number when it died from a signal).
+- When a worker's main process exits, anything left in its process group is
+  killed. The group is killed while the exited worker is still an unreaped
+  zombie (`waitid(..., WNOWAIT)`), so its id cannot have been reused by an
+  unrelated process.
+- Not covered: a worker's child that starts its own session escapes the group
+  kill, and if the launcher itself is SIGKILLed its workers keep running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+TIMEOUT_EXIT_CODE = 124  # same as coreutils `timeout`
+_MESSAGE_PREFIX = b"shardfeed launch: "
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_READER_JOIN_S = 5.0  # how long to wait for a worker's pipes to drain after it exited
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether child `pid` has exited, without reaping it (see module docstring)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # already reaped
+    return info is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """The operating-system calls the launcher makes; tests pass fakes.
+
+    Attributes:
+        popen: Starts a process; called like `subprocess.Popen` with an argv
+            list, `env`, `stdin`, `stdout`, `stderr` and `start_new_session`.
+        killpg: Sends a signal to a process group, like `os.killpg`.
+        has_exited: Whether a started child exited, without reaping it.
+        check_output: Runs a short command and returns its output, like
+            `subprocess.check_output` (used for `mpirun --version`).
+        which: Finds an executable, like `shutil.which(name, path=...)`.
+        geteuid: The effective user id, like `os.geteuid`.
+        python: The interpreter workers run (default: this one).
+        stdout: Binary stream for tagged worker stdout (default: this
+            process's stdout).
+        stderr: Binary stream for tagged worker stderr and launcher messages
+            (default: this process's stderr).
+        poll_interval_s: How often the launcher checks on its workers.
+
+    Example:
+        >>> System(stdout=io.BytesIO(), stderr=io.BytesIO())
+    """
+
+    popen: Callable[..., Any] = subprocess.Popen
+    killpg: Callable[[int, int], None] = os.killpg
+    has_exited: Callable[[int], bool] = _has_exited
+    check_output: Callable[..., bytes] = subprocess.check_output
+    which: Callable[..., str | None] = shutil.which
+    geteuid: Callable[[], int] = os.geteuid
+    python: str = sys.executable
+    stdout: IO[bytes] | None = None
+    stderr: IO[bytes] | None = None
+    poll_interval_s: float = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """One process to start.
+
+    Attributes:
+        label: How messages name it, e.g. "worker rank 1" or "mpirun".
+        argv: The command as a list (never run through a shell).
+        env: Its complete environment.
+        output_prefix: Prefix for each line of its stdout and stderr, e.g.
+            "[rank 1] "; None passes its output through untouched (delegated
+            engines tag their own output).
+    """
+
+    label: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    output_prefix: str | None = None
+
+
+class _BinaryText(io.RawIOBase):
+    """Lets a text stream without `.buffer` (e.g. io.StringIO) take bytes."""
+
+    def __init__(self, text: IO[str]) -> None:
+        self._text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._text.flush()
+
+
+def _binary(stream: IO[bytes] | None, fallback: Any) -> IO[bytes]:
+    if stream is not None:
+        return stream
+    return getattr(fallback, "buffer", None) or _BinaryText(fallback)  # type: ignore[return-value]
+
+
+def exit_code_of(returncode: int) -> int:
+    """Maps a `Popen.returncode` to a shell-style exit code (signal N -> 128 + N).
+
+    Args:
+        returncode: As `Popen.returncode`: negative for death by a signal.
+
+    Returns:
+        The code a shell would report.
+
+    Example:
+        >>> exit_code_of(-9)
+        137
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, process: Any) -> None:
+        self.spec = spec
+        self.process = process
+        self.returncode: int | None = None
+        self.readers: list[threading.Thread] = []
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+
+class _Supervisor:
+    """Runs one set of workers to the end; see `run_workers`."""
+
+    def __init__(self, system: System, grace_s: float, timeout_s: float | None) -> None:
+        self.system = system
+        self.grace_s = grace_s
+        self.timeout_s = timeout_s
+        self.out = _binary(system.stdout, sys.stdout)
+        self.err = _binary(system.stderr, sys.stderr)
+        self.out_lock = threading.Lock()
+        self.err_lock = self.out_lock if self.out is self.err else threading.Lock()
+        self.workers: list[_Worker] = []
+        self.signals: list[int] = []
+
+    # -- output ---------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        with self.err_lock:
+            self.err.write(_MESSAGE_PREFIX + text.encode() + b"\n")
+            self.err.flush()
+
+    def _pump(
+        self, source: IO[bytes], sink: IO[bytes], lock: threading.Lock, prefix: bytes
+    ) -> None:
+        try:
+            for line in iter(source.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"  # a last line without newline still gets its own line
+                with lock:
+                    sink.write(prefix + line)
+                    sink.flush()
+        except (OSError, ValueError):
+            pass  # pipe closed under us during shutdown
+        finally:
+            try:
+                source.close()
+            except OSError:
+                pass
+
+    # -- starting -------------------------------------------------------------
+
+    def start(self, spec: WorkerSpec) -> None:
+        tagged = spec.output_prefix is not None
+        process = self.system.popen(
+            list(spec.argv),
+            env=dict(spec.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if tagged else None,
+            stderr=subprocess.PIPE if tagged else None,
+            # Own process group: signals reach a worker's whole tree, and
+            # terminal Ctrl-C reaches only the launcher, which forwards it once.
+            start_new_session=True,
+        )
+        worker = _Worker(spec, process)
+        self.workers.append(worker)
+        if tagged:
+            prefix = spec.output_prefix.encode()  # type: ignore[union-attr]
+            for source, sink, lock in (
+                (process.stdout, self.out, self.out_lock),
+                (process.stderr, self.err, self.err_lock),
+            ):
+                if source is None:
+                    continue
+                reader = threading.Thread(
+                    target=self._pump, args=(source, sink, lock, prefix), daemon=True
+                )
+                reader.start()
+                worker.readers.append(reader)
+
+    # -- signalling -----------------------------------------------------------
+
+    def signal_group(self, worker: _Worker, signum: int) -> None:
+        try:
+            self.system.killpg(worker.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the whole group is gone already
+
+    def signal_running(self, signum: int) -> int:
+        running = [w for w in self.workers if w.running]
+        for worker in running:
+            self.signal_group(worker, signum)
+        return len(running)
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        # Only record it: the watch loop acts on it between polls.
+        self.signals.append(signum)
+
+    # -- watching -------------------------------------------------------------
+
+    def reap_exited(self) -> list[_Worker]:
+        exited = []
+        for worker in self.workers:
+            if worker.running and self.system.has_exited(worker.process.pid):
+                # The exited leader is still a zombie here, so its group id is
+                # still ours: kill what it left behind, then reap it.
+                self.signal_group(worker, signal.SIGKILL)
+                worker.returncode = worker.process.wait()
+                exited.append(worker)
+        return exited
+
+    def watch(self) -> int:
+        start = time.monotonic()
+        exit_code: int | None = None
+        stop_deadline: float | None = None  # when SIGKILL follows SIGTERM
+        killed = False
+        handled_signals = 0
+        while True:
+            for worker in self.reap_exited():
+                if exit_code is None and worker.returncode != 0:
+                    exit_code = exit_code_of(worker.returncode)  # type: ignore[arg-type]
+                    others = sum(w.running for w in self.workers)
+                    text = f"{worker.spec.label} {_describe_exit(worker.returncode)}"  # type: ignore[arg-type]
+                    if others:
+                        text += f"; stopping the other {others} worker(s)."
+                    else:
+                        text += "."
+                    self.say(text)
+                    self.signal_running(signal.SIGTERM)
+                    stop_deadline = time.monotonic() + self.grace_s
+            if not any(w.running for w in self.workers):
+                return exit_code or 0
+            now = time.monotonic()
+            while handled_signals < len(self.signals):
+                signum = self.signals[handled_signals]
+                handled_signals += 1
+                name = signal.Signals(signum).name
+                if handled_signals == 1:
+                    count = self.signal_running(signum)
+                    self.say(f"received {name}; forwarding it to {count} worker(s).")
+                    if exit_code is None:
+                        exit_code = 128 + signum
+                    if stop_deadline is None:
+                        stop_deadline = now + self.grace_s
+                elif not killed:
+                    count = self.signal_running(signal.SIGKILL)
+                    self.say(f"received {name} again; sending SIGKILL to {count} worker(s).")
+                    killed = True
+            if self.timeout_s is not None and exit_code is None and now - start >= self.timeout_s:
+                count = self.signal_running(signal.SIGTERM)
+                self.say(f"timed out after {self.timeout_s:g} s; stopping {count} worker(s).")
+                exit_code = TIMEOUT_EXIT_CODE
+                stop_deadline = now + self.grace_s
+            if stop_deadline is not None and not killed and now >= stop_deadline:
+                count = self.signal_running(signal.SIGKILL)
+                self.say(
+                    f"{count} worker(s) still running {self.grace_s:g} s after being asked "
+                    "to stop; sending SIGKILL."
+                )
+                killed = True
+            time.sleep(self.system.poll_interval_s)
+
+    def cleanup(self) -> None:
+        """Kills and reaps whatever is still running (after an error in the launcher)."""
+        for worker in self.workers:
+            if worker.running:
+                self.signal_group(worker, signal.SIGKILL)
+                worker.returncode = worker.process.wait()
+        for worker in self.workers:
+            for reader in worker.readers:
+                reader.join(_READER_JOIN_S)
+
+
+def run_workers(
+    specs: Sequence[WorkerSpec],
+    *,
+    grace_s: float = 60.0,
+    timeout_s: float | None = None,
+    system: System | None = None,
+    notes: Sequence[str] = (),
+) -> int:
+    """Starts `specs`, waits for all of them, and returns the launch's exit code.
+
+    SIGINT and SIGTERM sent to this process are forwarded to every worker's
+    process group while the workers run (only when called from the main
+    thread, where Python allows installing signal handlers).
+
+    Args:
+        specs: The processes to start, in rank order.
+        grace_s: Seconds between SIGTERM and SIGKILL when stopping workers.
+        timeout_s: Stop everything after this many seconds (None: no limit).
+        system: Operating-system calls (default: the real ones).
+        notes: Messages to print (prefixed "shardfeed launch: ") before starting.
+
+    Returns:
+        0 when every worker exited 0; else the first failed worker's exit code
+        (128 + N when it died from signal N), 128 + N when this process
+        received signal N, or 124 after `timeout_s`.
+
+    Raises:
+        OSError: If a worker cannot be started (the ones already started are
+            killed first).
+
+    Example:
+        >>> spec = WorkerSpec("worker rank 0", ("python", "-c", "print(1)"), dict(os.environ),
+        ...                   output_prefix="[rank 0] ")
+        >>> run_workers([spec], grace_s=5.0)
+        [rank 0] 1
+        0
+    """
+    supervisor = _Supervisor(system or System(), grace_s, timeout_s)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous: dict[int, Any] = {}
+    try:
+        if in_main_thread:
+            for signum in _FORWARDED_SIGNALS:
+                previous[signum] = signal.signal(signum, supervisor.on_signal)
+        for note in notes:
+            supervisor.say(note)
+        for spec in specs:
+            supervisor.start(spec)
+        return supervisor.watch()
+    finally:
+        supervisor.cleanup()
+        for signum, handler in previous.items():
+            # None means a handler installed outside Python; the default is the closest.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)

