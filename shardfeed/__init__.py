@@ -17,8 +17,10 @@ _EXPORTS = {
     "LoadOptions": "shardfeed._options",
     "ShardPlan": "shardfeed._plan",
     "ShardedResidentDataset": "shardfeed._dataset",
+    "World": "shardfeed._world",
     "evaluate": "shardfeed._training",
     "fit": "shardfeed._training",
+    "init": "shardfeed._init",
     "plan_shards": "shardfeed._plan",
     "predict": "shardfeed._training",
 }
@@ -27,6 +29,7 @@ __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
     from shardfeed._dataset import ShardedResidentDataset as ShardedResidentDataset
+    from shardfeed._init import init as init
     from shardfeed._options import FitOptions as FitOptions
     from shardfeed._options import LoadOptions as LoadOptions
     from shardfeed._plan import ShardPlan as ShardPlan
@@ -34,6 +37,7 @@ if _typing.TYPE_CHECKING:
     from shardfeed._training import evaluate as evaluate
     from shardfeed._training import fit as fit
     from shardfeed._training import predict as predict
+    from shardfeed._world import World as World
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -80,19 +80,21 @@ def _as_dataset(
     y: Any,
     sample_weight: Any,
     per_replica_batch_size: int | None,
+    model: keras.Model,
     template: ShardedResidentDataset | None = None,
 ) -> ShardedResidentDataset:
-    """Wraps arrays in an unshuffled dataset for evaluation or prediction.
+    """Wraps arrays in an unshuffled dataset on the model's strategy, for
+    evaluation or prediction.
 
     `template` (the training dataset, for `validation_data`) lends its
-    strategy, placement, transform, batch size and load options.
+    placement, transform, batch size and load options.
     """
     if isinstance(data, ShardedResidentDataset):
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
     rows = columns_from_arrays(data, y, sample_weight).num_rows
-    world = template.world if template is not None else current_world()
+    world = current_world(model.distribute_strategy)
     batch = per_replica_batch_size or (
         template.per_replica_batch_size if template is not None else DEFAULT_EVAL_BATCH_SIZE
     )
@@ -267,7 +269,7 @@ def fit(
     loop = _loop_for(model, dataset, options)
     val_loop = None
     if validation_data is not None:
-        val_ds = _as_dataset(validation_data, None, None, None, dataset)
+        val_ds = _as_dataset(validation_data, None, None, None, model, dataset)
         _check_dataset(val_ds, needs_targets=True, name="validation_data")
         val_loop = _loop_for(model, val_ds, options)
     plan = dataset.plan
@@ -361,7 +363,7 @@ def evaluate(
     """
     _check_model(model, needs_compile=True)
     _resolve_verbose(verbose)
-    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size)
+    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size, model)
     _check_dataset(dataset, needs_targets=True, name="data")
     loop = _loop_for(model, dataset, options or FitOptions())
     cbs = keras.callbacks.CallbackList(
@@ -396,7 +398,7 @@ def predict(
         >>> probs = shardfeed.predict(model, x_test)
     """
     _check_model(model, needs_compile=False)
-    dataset = _as_dataset(data, None, None, per_replica_batch_size)
+    dataset = _as_dataset(data, None, None, per_replica_batch_size, model)
     loop = _loop_for(model, dataset, options or FitOptions())
     out = loop.predict()
     return keras.tree.map_structure(np.asarray, out)

@@ -135,7 +135,7 @@ def test_uneven_shards_train_and_evaluate_exactly(rows):
 
 
 def test_validation_logs_are_global_on_uneven_shards():
-    x, y, w = _data(1003)
+    x, y, _w = _data(1003)
     with _strategy(2).scope():
         model = _model()
         ds = ShardedResidentDataset(x[:800], y[:800], per_replica_batch_size=50, seed=0)

@@ -11,8 +11,10 @@ EXPECTED = [
     "LoadOptions",
     "ShardPlan",
     "ShardedResidentDataset",
+    "World",
     "evaluate",
     "fit",
+    "init",
     "plan_shards",
     "predict",
 ]
