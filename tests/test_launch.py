@@ -402,6 +402,7 @@ def test_horovodrun_command():
         "2",
         "-H",
         "localhost:2",
+        "--gloo",
         "py",
         "t.py",
     ]
@@ -470,7 +471,7 @@ def test_horovod_engine_through_run(script):
     assert _launch.run(script, num_workers=3, engine="horovod", system=fake.system) == 0
     (proc,) = fake.processes
     horovodrun = "/usr/local/bin/horovodrun"
-    assert proc.argv == [horovodrun, "-np", "3", "-H", "localhost:3", PYTHON, script]
+    assert proc.argv == [horovodrun, "-np", "3", "-H", "localhost:3", "--gloo", PYTHON, script]
     assert fake.version_calls == []
 
 

@@ -5,7 +5,7 @@ which also owns their ranks, environment and output tagging; this module only
 finds that launcher and builds its argv. `process.py` then runs the one
 delegated process like any worker (process group, signal forwarding, timeout).
 
-- `horovod`: `horovodrun -np N -H localhost:N <program>`. horovodrun already
+- `horovod`: `horovodrun -np N -H localhost:N --gloo <program>`. horovodrun already
   prefixes each line with the rank.
 - `mpi`: `mpirun -np N [flags] <program>`, with the flags of the MPI that
   `mpirun --version` names: Open MPI gets `--tag-output` (and, as root,
@@ -123,7 +123,11 @@ def detect_mpi_flavor(mpirun: str, system: System) -> MpiFlavor:
 
 
 def horovodrun_command(horovodrun: str, num_workers: int, program: Sequence[str]) -> list[str]:
-    """`horovodrun -np N -H localhost:N <program>`.
+    """`horovodrun -np N -H localhost:N --gloo <program>`.
+
+    Gloo, not MPI: it needs no MPI install, and horovodrun's MPI path passes
+    single-dash binding flags (`-bind-to none`) that Open MPI 5 rejects
+    ("unable to find the specified executable ... none").
 
     Args:
         horovodrun: Path of `horovodrun`.
@@ -135,9 +139,17 @@ def horovodrun_command(horovodrun: str, num_workers: int, program: Sequence[str]
 
     Example:
         >>> horovodrun_command("horovodrun", 2, ["python", "train.py"])
-        ['horovodrun', '-np', '2', '-H', 'localhost:2', 'python', 'train.py']
+        ['horovodrun', '-np', '2', '-H', 'localhost:2', '--gloo', 'python', 'train.py']
     """
-    return [horovodrun, "-np", str(num_workers), "-H", f"localhost:{num_workers}", *program]
+    return [
+        horovodrun,
+        "-np",
+        str(num_workers),
+        "-H",
+        f"localhost:{num_workers}",
+        "--gloo",
+        *program,
+    ]
 
 
 def mpirun_command(
