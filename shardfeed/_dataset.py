@@ -27,15 +27,43 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from shardfeed import _errors, _plan, _sources, _storage
+from shardfeed import _errors, _memory, _plan, _sources, _storage, _streaming
 from shardfeed._options import LoadOptions
 from shardfeed._world import World, current_world
 
 logger = logging.getLogger("shardfeed")
 
 Batch = tuple[Any, Any, Any]
+
+
+class EpochOrder:
+    """One resident epoch: index matrices already on the devices.
+
+    Streaming epochs (`_streaming.StreamingOrder`) offer the same methods and
+    also upload chunks in `prepare`.
+    """
+
+    call_bounds: list[int] | None = None  # any step may start a call
+
+    def __init__(self, indices: list[tf.Tensor], stores: tuple[_storage.ReplicaStore, ...]):
+        self._indices = indices
+        self._stores = stores
+
+    def prepare(self, start: int, stop: int) -> None:
+        """Nothing to do: every row is resident."""
+
+    def slice(self, start: int, stop: int) -> list[tf.Tensor]:
+        return [idx[start:stop] for idx in self._indices]
+
+    def rows(self, local: int) -> np.ndarray:
+        """Global row numbers of local replica `local`'s slots, step by step."""
+        return self._indices[local].numpy().reshape(-1) + self._stores[local].row_start
+
+    def close(self) -> None:
+        pass
 
 
 class ShardedResidentDataset:
@@ -110,6 +138,9 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
+        # Filled by the Keras surface: compiled loops for this dataset, so they
+        # are freed with it. The dataset itself never reads it.
+        self.compiled_loops: dict[Any, Any] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
         self.shuffle = bool(shuffle)
@@ -143,9 +174,37 @@ class ShardedResidentDataset:
             placement,
             training=False,
         )
-        self.stores, self.memory_reports = _storage.upload(
-            self.columns, self.plan, self.world, self.load_options
+        needed = _storage.needed_bytes(self.columns, self.plan, self.world)
+        opts = self.load_options
+        self.memory_reports = _memory.memory_reports(
+            needed, opts.memory_fraction, opts.device_memory_bytes
         )
+        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        self.stream: _streaming.StreamPlan | None = None
+        if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
+            self.stream = _streaming.plan_stream(
+                self.plan, self.columns.row_bytes, self._usable_per_replica(), opts
+            )
+            self.stores = _streaming.allocate_rings(
+                self.columns,
+                self.plan,
+                self.stream,
+                self.world.global_replica_ids,
+                self.world.local_devices,
+            )
+            if misfit is not None and self.world.is_chief:
+                logger.warning(
+                    "shardfeed: the shard does not fit (%s); streaming it in chunks of "
+                    "%d rows through two slots per replica.",
+                    _memory.fit_error(misfit, opts.memory_fraction)
+                    .split(" Received: ")[1]
+                    .split(". ")[0],
+                    self.stream.chunk_rows,
+                )
+        elif misfit is not None:
+            raise MemoryError(_memory.fit_error(misfit, opts.memory_fraction))
+        else:
+            self.stores = _storage.upload(self.columns, self.plan, self.world, opts)
         if self.plan.dropped_rows_per_epoch and self.world.is_chief:
             logger.warning(
                 "shardfeed: %d of %d rows are left out of each training epoch so "
@@ -200,16 +259,43 @@ class ShardedResidentDataset:
     def __repr__(self) -> str:
         return self.describe()
 
+    def _usable_per_replica(self) -> int | None:
+        """Usable bytes per local replica (replicas on one host share its RAM)."""
+        usable = [r.usable_bytes for r in self.memory_reports if r.usable_bytes is not None]
+        if not usable:
+            return None
+        shared = 1 if len(self.memory_reports) > 1 else self.world.replicas_in_process
+        return min(usable) // shared
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.stream is not None
+
     # -- per-epoch order (used by the engine) ---------------------------------
 
-    def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
-        """Per local replica, the `[steps_per_epoch, per_replica_batch_size]`
-        matrix of local row indices for `epoch`.
+    def epoch_order(self, epoch: int, training: bool) -> EpochOrder | _streaming.StreamingOrder:
+        """The epoch's per-replica `[steps_per_epoch, per_replica_batch_size]`
+        index matrices, and what must happen before each call.
 
-        Padding slots of a partial last step hold index 0; the plan's
-        `last_step_rows` says how many slots of that row are real (they come
-        first).
+        Padding slots of a partial last step come after the real ones; the
+        plan's `last_step_rows` says how many are real.
         """
+        plan = self.plan if training else self.eval_plan
+        if self.stream is not None:
+            return _streaming.StreamingOrder(
+                self.columns,
+                self.stores,
+                plan,
+                self.stream,
+                self.seed if self.shuffle and training else None,
+                epoch,
+                self.load_options,
+            )
+        return EpochOrder(self.epoch_indices(epoch, training), self.stores)
+
+    def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
+        """Per local replica, the index matrix of a resident epoch (see
+        `epoch_order`)."""
         plan = self.plan if training else self.eval_plan
         shuffle = self.shuffle and training
         b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
@@ -245,10 +331,6 @@ class ShardedResidentDataset:
             if replica is not None:
                 seed = tf.random.experimental.stateless_fold_in(seed, replica)
             return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), seed=seed)
-
-    def global_rows(self, local: int, indices: tf.Tensor) -> tf.Tensor:
-        """Maps a local replica's row indices to global row numbers."""
-        return indices + self.stores[local].row_start
 
     # -- batches (called inside the compiled step) ----------------------------
 

@@ -27,8 +27,8 @@ and Horovod's CPU ops cannot be compiled).
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -245,14 +245,22 @@ class Loop:
 
     # -- host side -----------------------------------------------------------
 
-    def _slices(self, epoch_indices: Sequence[tf.Tensor], start: int, stop: int) -> Any:
-        return self.engine.distribute([idx[start:stop] for idx in epoch_indices])
+    def _slices(self, order, start: int, stop: int) -> Any:
+        order.prepare(start, stop)
+        return self.engine.distribute(order.slice(start, stop))
 
-    def _chunks(self, num_steps: int) -> list[tuple[int, int]]:
+    def _chunks(self, num_steps: int, bounds: list[int] | None = None) -> list[tuple[int, int]]:
+        """Calls of at most `steps_per_execution` steps that never cross one of
+        `bounds` (a streamed chunk's first step)."""
         k = self.options.steps_per_execution
         if k == "auto":
             k = auto_steps_per_execution(num_steps)
-        return [(s, min(num_steps, s + k)) for s in range(0, num_steps, k)]
+        edges = sorted({0, num_steps, *(b for b in (bounds or ()) if 0 < b < num_steps)})
+        return [
+            (s, min(stop, s + k))
+            for begin, stop in itertools.pairwise(edges)
+            for s in range(begin, stop, k)
+        ]
 
     def _real_rows(self, plan) -> Any:
         return self.engine.distribute(
@@ -279,14 +287,20 @@ class Loop:
         """
         ds = self.dataset
         plan = ds.plan if training else ds.eval_plan
-        indices = ds.epoch_indices(epoch, training)
+        order = ds.epoch_order(epoch, training)
+        try:
+            return self._run_epoch(order, plan, training, on_chunk_begin, on_chunk_end)
+        finally:
+            order.close()
+
+    def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end):
         chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
         loss_sum, count = 0.0, 0
         logs: dict[str, float] = {}
         b_global = plan.global_batch_size
-        for start, stop in self._chunks(plan.full_steps_per_epoch):
+        for start, stop in self._chunks(plan.full_steps_per_epoch, order.call_bounds):
             on_chunk_begin(start)
-            loss_sum += float(chunk_fn(self._variables, self._slices(indices, start, stop)))
+            loss_sum += float(chunk_fn(self._variables, self._slices(order, start, stop)))
             count += (stop - start) * b_global
             logs = self.logs(loss_sum / count)
             if on_chunk_end(stop - 1, logs):
@@ -294,7 +308,8 @@ class Loop:
         if plan.has_partial_step:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
-            last = self.engine.distribute([idx[step] for idx in indices])
+            order.prepare(step, step + 1)
+            last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
             real_rows = sum(plan.last_step_rows)
             if training:
                 value = self._train_partial_fn(
@@ -322,18 +337,21 @@ class Loop:
         ds = self.dataset
         plan = ds.eval_plan
         b = plan.per_replica_batch_size
-        indices = ds.epoch_indices(0, training=False)
+        order = ds.epoch_order(0, training=False)
         chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
-        for start, stop in self._chunks(plan.steps_per_epoch):
-            out = self._predict_chunk_fn(self._variables, self._slices(indices, start, stop))
-            for local, value in enumerate(self._local_structures(out)):
-                structure = value
-                chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+        try:
+            for start, stop in self._chunks(plan.steps_per_epoch, order.call_bounds):
+                out = self._predict_chunk_fn(self._variables, self._slices(order, start, stop))
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = value
+                    chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+        finally:
+            order.close()
         # Every replica has steps_per_epoch * b slots; padding slots get row -1.
         rows_per_replica, leaves_per_replica = [], []
         for local, store in enumerate(ds.stores):
-            rows = indices[local].numpy().reshape(-1) + store.row_start
+            rows = order.rows(local).copy()
             real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
             rows[real:] = -1
             rows_per_replica.append(rows)

@@ -95,12 +95,12 @@ def free_bytes(device: str) -> tuple[int | None, str]:
     return free, ("meminfo" if free is not None else "unknown")
 
 
-def check_fit(
+def memory_reports(
     needed_by_device: dict[str, int],
     memory_fraction: float,
     device_memory_bytes: int | None = None,
 ) -> list[MemoryReport]:
-    """Checks that each device can hold its resident bytes, before allocating.
+    """Bytes needed against bytes usable on each device; allocates nothing.
 
     Logical CPU devices share one host, so their needs are added up and
     checked once against the host's available memory.
@@ -114,10 +114,6 @@ def check_fit(
 
     Returns:
         One `MemoryReport` per device (one for all CPU devices together).
-
-    Raises:
-        MemoryError: If any device's data does not fit, with the numbers and
-            what to do about it.
     """
     grouped: dict[str, int] = {}
     for device, needed in needed_by_device.items():
@@ -131,6 +127,20 @@ def check_fit(
             free, source = free_bytes(device if device != "host" else "CPU:0")
         usable = None if free is None else int(free * memory_fraction)
         reports.append(MemoryReport(device, needed, free, usable, source))
+    return reports
+
+
+def check_fit(
+    needed_by_device: dict[str, int],
+    memory_fraction: float,
+    device_memory_bytes: int | None = None,
+) -> list[MemoryReport]:
+    """`memory_reports`, raising for the first device whose data does not fit.
+
+    Raises:
+        MemoryError: With the numbers and what to do about it.
+    """
+    reports = memory_reports(needed_by_device, memory_fraction, device_memory_bytes)
     for report in reports:
         if not report.fits:
             raise MemoryError(fit_error(report, memory_fraction))
@@ -146,6 +156,6 @@ def fit_error(report: MemoryReport, memory_fraction: float) -> str:
         f"from {report.source}), usable_bytes={report.usable_bytes:,}",
         "Spread the rows over more replicas with placement='shard' (more GPUs or "
         "workers), store a compact dtype (e.g. uint8 images, float16 features) "
-        "and cast in `transform`, or raise `LoadOptions.memory_fraction` if the "
-        "model is small.",
+        "and cast in `transform`, stream the shard (`LoadOptions(streaming=True)`), "
+        "or raise `LoadOptions.memory_fraction` if the model is small.",
     )

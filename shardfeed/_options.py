@@ -32,6 +32,11 @@ class LoadOptions:
             device reports (for planning, or devices that report nothing).
         check_finite: Refuse float rows holding NaN or inf (checked per chunk
             while uploading).
+        streaming: `"auto"` (default): hold each shard resident when it fits,
+            else stream it through a two-slot ring (logged); True: always
+            stream; False: never (a shard that does not fit is an error).
+        stream_chunk_bytes: Rows per ring slot, in bytes per replica (rounded
+            down to whole steps; shrunk so two slots fit).
 
     Example:
         >>> LoadOptions(chunk_bytes=16 * 1024**2, check_finite=True)
@@ -41,6 +46,8 @@ class LoadOptions:
     memory_fraction: float = 0.8
     device_memory_bytes: int | None = None
     check_finite: bool = False
+    streaming: bool | Literal["auto"] = "auto"
+    stream_chunk_bytes: int = 256 * MIB
 
     def __post_init__(self) -> None:
         _require(
@@ -61,6 +68,18 @@ class LoadOptions:
             "`device_memory_bytes` must be None or a positive integer.",
             f"device_memory_bytes={self.device_memory_bytes!r}",
             "Pass the free bytes per device, e.g. 80 * 1024**3.",
+        )
+        _require(
+            self.streaming in (True, False, "auto"),
+            '`streaming` must be True, False or "auto".',
+            f"streaming={self.streaming!r}",
+            'Use "auto" to stream only shards that do not fit.',
+        )
+        _require(
+            isinstance(self.stream_chunk_bytes, int) and self.stream_chunk_bytes >= 1,
+            "`stream_chunk_bytes` must be a positive integer.",
+            f"stream_chunk_bytes={self.stream_chunk_bytes!r}",
+            "Use e.g. 256 * 1024**2 (256 MiB per slot).",
         )
 
 

@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from shardfeed import _memory
 from shardfeed._options import LoadOptions
 from shardfeed._plan import ShardPlan
 from shardfeed._sources import Columns
@@ -60,7 +59,7 @@ class ReplicaStore:
         return sum(int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in self.variables)
 
 
-def _allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
+def allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
     with tf.device(device):
         # A callable initial value lets the zeros be created on the device and
         # handed to the variable without a second live copy.
@@ -72,30 +71,33 @@ def _allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variab
         )
 
 
+def needed_bytes(columns: Columns, plan: ShardPlan, world: World) -> dict[str, int]:
+    """Bytes each local device will hold for its replicas' rows (replicas that
+    hold the same rows on the same device share one copy)."""
+    needed: dict[str, int] = {}
+    seen = set()
+    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
+        start, stop = plan.shards[replica]
+        if (device, start, stop) not in seen:
+            seen.add((device, start, stop))
+            needed[device] = needed.get(device, 0) + (stop - start) * columns.row_bytes
+    return needed
+
+
 def upload(
     columns: Columns, plan: ShardPlan, world: World, options: LoadOptions
-) -> tuple[tuple[ReplicaStore, ...], list[_memory.MemoryReport]]:
-    """Checks the fit, then uploads each local replica's rows in chunks.
+) -> tuple[ReplicaStore, ...]:
+    """Uploads each local replica's rows in chunks (the caller checked the fit).
 
     Args:
         columns: The data to read.
         plan: Which global rows each replica holds.
         world: Which replicas are local and on which devices.
-        options: Chunk size, memory fraction and checks.
+        options: Chunk size and checks.
 
     Returns:
-        The local `ReplicaStore`s (in local replica order) and the memory
-        reports that were checked.
-
-    Raises:
-        MemoryError: If a device cannot hold its rows (nothing is allocated).
+        The local `ReplicaStore`s, in local replica order.
     """
-    needed: dict[str, int] = {}
-    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
-        start, stop = plan.shards[replica]
-        needed[device] = needed.get(device, 0) + (stop - start) * columns.row_bytes
-    reports = _memory.check_fit(needed, options.memory_fraction, options.device_memory_bytes)
-
     # Replicas holding the same rows on the same device (replicated data on
     # logical devices of one GPU) share one copy.
     uploaded: dict[tuple[str, int, int], tuple[tf.Variable, ...]] = {}
@@ -108,11 +110,26 @@ def upload(
                 _upload_column(column, start, stop, device, options) for column in columns.columns
             )
         stores.append(ReplicaStore(replica, device, start, stop, uploaded[key]))
-    return tuple(stores), reports
+    return tuple(stores)
 
 
 def _upload_column(column, start: int, stop: int, device: str, options: LoadOptions) -> tf.Variable:
-    variable = _allocate((stop - start, *column.row_shape), column.dtype, device)
+    variable = allocate((stop - start, *column.row_shape), column.dtype, device)
+    write_rows(column, start, stop, variable, 0, device, options)
+    return variable
+
+
+def write_rows(
+    column,
+    start: int,
+    stop: int,
+    variable: tf.Variable,
+    offset: int,
+    device: str,
+    options: LoadOptions,
+) -> None:
+    """Copies rows `[start, stop)` of `column` into `variable[offset:]`, one
+    chunk of at most `options.chunk_bytes` at a time."""
     rows_per_chunk = max(1, options.chunk_bytes // max(1, column.row_bytes))
     with tf.device(device):
         for chunk_start in range(start, stop, rows_per_chunk):
@@ -121,9 +138,8 @@ def _upload_column(column, start: int, stop: int, device: str, options: LoadOpti
             # The raw op writes in place without first reading the slice back.
             tf.raw_ops.ResourceStridedSliceAssign(
                 ref=variable.handle,
-                begin=[chunk_start - start],
-                end=[chunk_stop - start],
+                begin=[offset + chunk_start - start],
+                end=[offset + chunk_stop - start],
                 strides=[1],
                 value=tf.convert_to_tensor(rows),
             )
-    return variable

@@ -8,7 +8,6 @@ the distribution to the engine, and takes the data's shape from the dataset.
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import keras
@@ -25,12 +24,6 @@ from shardfeed._sources import columns_from_arrays
 from shardfeed._world import current_world
 
 DEFAULT_EVAL_BATCH_SIZE = 256
-
-# Compiled loops are kept per (model, dataset, options) so repeated
-# evaluate/predict calls do not retrace. Loops hold their model and dataset, so
-# ids cannot be reused while an entry lives; the cache is bounded.
-_LOOPS: collections.OrderedDict[tuple[int, int, FitOptions], Loop] = collections.OrderedDict()
-_MAX_LOOPS = 8
 
 
 def _check_model(model: Any, needs_compile: bool) -> None:
@@ -114,17 +107,18 @@ def _as_dataset(
 
 
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
-    key = (id(model), id(dataset), options)
-    loop = _LOOPS.get(key)
-    if loop is None or loop.model is not model or loop.dataset is not dataset:
+    # Kept on the dataset so they live and die with it (dropping the dataset
+    # frees its device memory); keyed per model and options so repeated
+    # fit/evaluate/predict calls do not retrace.
+    loops = dataset.compiled_loops
+    key = (id(model), options)
+    loop = loops.get(key)
+    if loop is None or loop.model is not model:
         engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
         loop = Loop(model, dataset, engine, options)
-        _LOOPS[key] = loop
-        while len(_LOOPS) > _MAX_LOOPS:
-            _LOOPS.popitem(last=False)
-    _LOOPS.move_to_end(key)
+        loops[key] = loop
     return loop
 
 

@@ -89,15 +89,18 @@ def test_memory_check_runs_before_allocating():
             y,
             per_replica_batch_size=10,
             shuffle=False,
-            load_options=LoadOptions(device_memory_bytes=10_000, memory_fraction=0.5),
+            load_options=LoadOptions(
+                device_memory_bytes=10_000, memory_fraction=0.5, streaming=False
+            ),
         )
     assert str(err.value) == (
         "The resident data must fit in 50% of the free memory on /device:CPU:0 (the rest "
         "is headroom for the model). Received: needed_bytes=20,000 (0.00 GiB), "
         "free_bytes=10,000 (0.00 GiB, from given), usable_bytes=5,000. Spread the rows "
         "over more replicas with placement='shard' (more GPUs or workers), store a "
-        "compact dtype (e.g. uint8 images, float16 features) and cast in `transform`, or "
-        "raise `LoadOptions.memory_fraction` if the model is small."
+        "compact dtype (e.g. uint8 images, float16 features) and cast in `transform`, "
+        "stream the shard (`LoadOptions(streaming=True)`), or raise "
+        "`LoadOptions.memory_fraction` if the model is small."
     )
 
 
