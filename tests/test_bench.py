@@ -1,0 +1,87 @@
+"""`shardfeed bench` runs end to end and writes its report.
+
+No timing assertions: speed claims belong to the benchmark's own output, with
+its machine and conditions, not to tests. This only checks that every variant
+runs on tiny data and that the JSON, Markdown and chart come out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from shardfeed import _bench
+from shardfeed._cli import build_parser, main
+
+
+@pytest.mark.slow
+def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
+    argv = ["bench", "--workloads", "W2,W3", "--rows-scale", "0.0005", "--epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["conditions"]["timed_epochs"] == 1
+    assert report["machine"]["cpu_count"] >= 1 and report["machine"]["tensorflow"]
+    assert list(report["workloads"]) == ["W2", "W3"]
+    for workload in report["workloads"].values():
+        assert workload["rows"] == _bench.MIN_ROWS  # 0.0005 x rows is below two batches
+        variants = workload["variants"]
+        assert list(variants) == list(_bench.VARIANTS)
+        for name, result in variants.items():
+            assert len(result["epoch_s"]) == 1 and result["epoch_s"][0] > 0, name
+            for key in ("median_epoch_s", "ms_per_step", "warmup_s", "ratio_to_floor",
+                        "speedup_vs_numpy"):
+                assert result[key] > 0, (name, key)
+            assert isinstance(result["settings"]["jit_compile"], bool), name
+            assert result["settings"]["steps_per_execution"] >= 1, name
+            if name == "floor":
+                assert result["final_loss"] is None  # one batch seen over and over
+            else:
+                assert math.isfinite(result["final_loss"]), name
+        assert variants["floor"]["ratio_to_floor"] == 1.0
+        assert variants["numpy"]["speedup_vs_numpy"] == 1.0
+        probe = variants["tuned"]["probe"]
+        assert len(probe["configs"]) == len(_bench.PROBE_SPE) * len(_bench.PROBE_JIT)
+        assert probe["note"].startswith("Winner: ")
+
+    png = (tmp_path / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| shardfeed.fit |" in markdown and "### W3" in markdown
+    assert "Smoke check" in markdown  # 1 epoch at rows scale 0.0005 is not a result
+    assert markdown in capsys.readouterr().out
+
+
+def test_bench_flags_accept_letters_and_reject_unknown_names(capsys):
+    parser, _ = build_parser()
+    args = parser.parse_args(["bench", "--variants", "a,shardfeed,e", "--workloads", "w3"])
+    assert args.variants == ["numpy", "shardfeed", "floor"]
+    assert args.workloads == ["W3"]
+    assert args.epochs == 3 and args.rows_scale == 1.0  # full size unless asked
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--variants", "keras"])
+    assert "unknown name 'keras'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--rows-scale", "0"])
+
+
+def _config(spe, jit, ms):
+    return {"steps_per_execution": spe, "jit_compile": jit, "ms_per_step": ms,
+            "stopped_after_s": None if ms is not None else 130.0}
+
+
+@pytest.mark.parametrize(
+    ("configs", "winner", "catastrophic"),
+    [
+        ([_config(32, False, 2.0), _config(32, True, 1.0)], "jit_compile=True", False),
+        ([_config(32, False, 2.0), _config(32, True, 6.1)], "jit_compile=False", True),  # 3.05x
+        ([_config(32, False, 2.0), _config(32, True, 5.9)], "jit_compile=False", False),  # 2.95x
+        ([_config(32, False, 2.0), _config(32, True, None)], "jit_compile=False", True),  # budget
+    ],
+)
+def test_probe_note_names_winner_and_catastrophic_jit(configs, winner, catastrophic):
+    note = _bench._probe_note(configs)
+    assert note.startswith("Winner: ") and winner in note.split(";")[0]
+    assert ("catastrophically slow" in note) == catastrophic
