@@ -15,12 +15,14 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "FitOptions": "shardfeed._options",
     "LoadOptions": "shardfeed._options",
+    "MemoryPlan": "shardfeed._memplan",
     "ShardPlan": "shardfeed._plan",
     "ShardedResidentDataset": "shardfeed._dataset",
     "World": "shardfeed._world",
     "evaluate": "shardfeed._training",
     "fit": "shardfeed._training",
     "init": "shardfeed._init",
+    "memory_plan": "shardfeed._memplan",
     "plan_shards": "shardfeed._plan",
     "predict": "shardfeed._training",
 }
@@ -30,6 +32,8 @@ __all__ = sorted(_EXPORTS)
 if _typing.TYPE_CHECKING:
     from shardfeed._dataset import ShardedResidentDataset as ShardedResidentDataset
     from shardfeed._init import init as init
+    from shardfeed._memplan import MemoryPlan as MemoryPlan
+    from shardfeed._memplan import memory_plan as memory_plan
     from shardfeed._options import FitOptions as FitOptions
     from shardfeed._options import LoadOptions as LoadOptions
     from shardfeed._plan import ShardPlan as ShardPlan

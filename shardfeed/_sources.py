@@ -18,10 +18,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import keras
 import numpy as np
+import optree
 
 from shardfeed import _errors
+
+# optree (what keras.tree uses) instead of keras.tree: this layer must not
+# import TensorFlow, so `shardfeed plan` and `shardfeed split` start fast.
 
 # Kinds NumPy uses for numbers: bool, signed/unsigned integers, floats, complex.
 _NUMERIC_KINDS = "biufc"
@@ -94,7 +97,8 @@ class Columns:
     """The user's `(x, y, sample_weight)` flattened into named columns.
 
     Attributes:
-        columns: Leaves in `keras.tree.flatten` order: all of x, then y, then
+        columns: Leaves in flatten order (dict keys sorted, as `keras.tree`): all
+            of x, then y, then
             sample_weight.
         x: The structure of x with leaves replaced by column indices.
         y: Likewise for y, or None.
@@ -110,7 +114,7 @@ class Columns:
 
     def part_indices(self, part: str) -> list[int]:
         structure = getattr(self, part)
-        return [] if structure is None else list(keras.tree.flatten(structure))
+        return [] if structure is None else optree.tree_leaves(structure, none_is_leaf=True)
 
     @property
     def row_bytes(self) -> int:
@@ -145,8 +149,13 @@ def _as_array_like(leaf: Any, name: str) -> Any:
     )
 
 
-def _column(part: str, path: Sequence[Any], leaf: Any) -> Column:
-    name = _path_name(part, path)
+def make_column(name: str, leaf: Any, part: str = "x") -> Column:
+    """Validates one leaf and describes it as a `Column` (reads no rows).
+
+    Raises:
+        TypeError: For non-array leaves, object or non-numeric dtypes.
+        ValueError: For a leaf without a row dimension.
+    """
     data = _as_array_like(leaf, name)
     shape = tuple(int(d) for d in data.shape)
     dtype = np.dtype(getattr(data.dtype, "as_numpy_dtype", data.dtype))
@@ -178,6 +187,39 @@ def _column(part: str, path: Sequence[Any], leaf: Any) -> Column:
             )
         )
     return Column(name=name, part=part, data=data, shape=shape, dtype=dtype)
+
+
+def check_lengths(columns: Sequence[Column]) -> int:
+    """The common number of rows of `columns`.
+
+    Raises:
+        ValueError: If the columns disagree (each named with its length) or
+            hold no row.
+    """
+    if len({c.num_rows for c in columns}) > 1:
+        # File-backed leaves (shardfeed.files) say which file they read.
+        listed = ", ".join(
+            f"{c.name} has {c.num_rows}"
+            + (f" ({c.data.source})" if isinstance(getattr(c.data, "source", None), str) else "")
+            for c in columns
+        )
+        raise ValueError(
+            _errors.message(
+                "All arrays must have the same number of rows.",
+                listed,
+                "Trim or align the arrays so each row of x has its y (and sample_weight).",
+            )
+        )
+    num_rows = columns[0].num_rows
+    if num_rows == 0:
+        raise ValueError(
+            _errors.message(
+                "A dataset needs at least one row.",
+                "num_rows=0",
+                "Check how the arrays were loaded or filtered.",
+            )
+        )
+    return num_rows
 
 
 def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Columns:
@@ -215,7 +257,8 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
         if value is None:
             structures[part] = None
             continue
-        leaves = keras.tree.flatten_with_path(value)
+        paths, values, treespec = optree.tree_flatten_with_path(value, none_is_leaf=True)
+        leaves = list(zip(paths, values, strict=True))
         if not leaves:
             raise ValueError(
                 _errors.message(
@@ -225,32 +268,9 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
                 )
             )
         first = len(columns)
-        columns.extend(_column(part, path, leaf) for path, leaf in leaves)
-        structures[part] = keras.tree.pack_sequence_as(value, list(range(first, len(columns))))
-    lengths = {c.name: c.num_rows for c in columns}
-    if len(set(lengths.values())) > 1:
-        # File-backed leaves (shardfeed.files) say which file they read.
-        listed = ", ".join(
-            f"{c.name} has {c.num_rows}"
-            + (f" ({c.data.source})" if isinstance(getattr(c.data, "source", None), str) else "")
-            for c in columns
-        )
-        raise ValueError(
-            _errors.message(
-                "All arrays must have the same number of rows.",
-                listed,
-                "Trim or align the arrays so each row of x has its y (and sample_weight).",
-            )
-        )
-    num_rows = columns[0].num_rows
-    if num_rows == 0:
-        raise ValueError(
-            _errors.message(
-                "A dataset needs at least one row.",
-                "num_rows=0",
-                "Check how the arrays were loaded or filtered.",
-            )
-        )
+        columns.extend(make_column(_path_name(part, path), leaf, part) for path, leaf in leaves)
+        structures[part] = optree.tree_unflatten(treespec, list(range(first, len(columns))))
+    num_rows = check_lengths(columns)
     return Columns(
         columns=tuple(columns),
         x=structures["x"],

@@ -9,12 +9,14 @@ import shardfeed
 EXPECTED = [
     "FitOptions",
     "LoadOptions",
+    "MemoryPlan",
     "ShardPlan",
     "ShardedResidentDataset",
     "World",
     "evaluate",
     "fit",
     "init",
+    "memory_plan",
     "plan_shards",
     "predict",
 ]
