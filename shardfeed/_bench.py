@@ -72,8 +72,10 @@ VARIANTS: dict[str, str] = {
     "tuned": "model.fit(tf.data, tuned)",
     "shardfeed": "shardfeed.fit",
     "floor": "floor",
+    "streaming": "shardfeed.fit (streaming)",
 }
-VARIANT_ALIASES = dict(zip("abcde", VARIANTS, strict=True))
+VARIANT_ALIASES = dict(zip("abcdef", VARIANTS, strict=True))
+STREAM_CHUNK_BYTES = 16 * 1024**2
 
 VARIANT_NOTES: dict[str, str] = {
     "numpy": (
@@ -99,6 +101,12 @@ VARIANT_NOTES: dict[str, str] = {
         "permutation, no input work. ceil(rows/256) full steps per epoch. Its loss (one "
         "batch seen over and over) is not reported."
     ),
+    "streaming": (
+        "`shardfeed.fit` with `LoadOptions(streaming=True, stream_chunk_bytes=16 MiB)`: the "
+        "rows flow through a two-slot ring per replica, the next chunk uploaded by a "
+        "background thread while the current one trains (the fallback for shards that do "
+        "not fit)."
+    ),
 }
 
 
@@ -121,15 +129,20 @@ class Workload:
 
 WORKLOADS: dict[str, Workload] = {
     "W1": Workload(
-        "W1", 60_000, "60,000 x 784 float32, MLP 256-256-10 (relu), sparse softmax cross-entropy",
+        "W1",
+        60_000,
+        "60,000 x 784 float32, MLP 256-256-10 (relu), sparse softmax cross-entropy",
         "float32 rows as they are.",
     ),
     "W2": Workload(
-        "W2", 1_000_000, "1,000,000 x 32 float32, MLP 64-64-1 (relu), MSE",
+        "W2",
+        1_000_000,
+        "1,000,000 x 32 float32, MLP 64-64-1 (relu), MSE",
         "float32 rows as they are.",
     ),
     "W3": Workload(
-        "W3", 20_000,
+        "W3",
+        20_000,
         "20,000 x 32x32x3 uint8 images, CNN Conv32-Pool-Conv64-Pool-Dense128-Dense10, "
         "sparse softmax cross-entropy",
         "uint8 rows everywhere. Keras variants: the model's first layer is "
@@ -186,29 +199,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ['W2']
     """
     parser.add_argument(
-        "--workloads", type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
-        default=list(WORKLOADS), help="comma-separated, from W1,W2,W3 (default: all)",
+        "--workloads",
+        type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
+        default=list(WORKLOADS),
+        help="comma-separated, from W1,W2,W3 (default: all)",
     )
     parser.add_argument(
-        "--variants", type=_csv_choice(VARIANTS, VARIANT_ALIASES), default=list(VARIANTS),
-        help="comma-separated, from numpy,tfdata,tuned,shardfeed,floor (or a-e; default: all)",
+        "--variants",
+        type=_csv_choice(VARIANTS, VARIANT_ALIASES),
+        default=list(VARIANTS),
+        help="comma-separated, from numpy,tfdata,tuned,shardfeed,floor,streaming "
+        "(or a-f; default: all)",
     )
     parser.add_argument(
-        "--epochs", type=_positive(int), default=3,
+        "--epochs",
+        type=_positive(int),
+        default=3,
         help="timed epochs per variant, after one warm-up epoch (default: 3)",
     )
     parser.add_argument(
-        "--rows-scale", type=_positive(float), default=1.0,
+        "--rows-scale",
+        type=_positive(float),
+        default=1.0,
         help=f"scale every workload's rows (at least {MIN_ROWS}), e.g. 0.05 for a quick check",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results"),
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
         help="directory for bench.json, bench.md and bench.png (default: bench-results/)",
     )
     parser.add_argument("--seed", type=int, default=0, help="data and weights seed (default: 0)")
     parser.add_argument(
-        "--probe-budget-s", type=_positive(float), default=120.0,
+        "--probe-budget-s",
+        type=_positive(float),
+        default=120.0,
         help="stop a tuning probe that runs longer than this (default: 120)",
+    )
+    parser.add_argument(
+        "--engines",
+        action="store_true",
+        help="also time the engines (single device, MirroredStrategy over 2 CPU devices, "
+        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on the W2 model",
+    )
+    parser.add_argument(
+        "--engine-rows",
+        type=_positive(int),
+        default=200_000,
+        help="rows for --engines (default: 200,000)",
+    )
+    parser.add_argument(
+        "--horovod-python",
+        help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
+        "prints) for the Horovod row of --engines",
     )
 
 
@@ -245,8 +288,20 @@ def run(args: argparse.Namespace) -> int:
     for name in args.workloads:
         report["workloads"][name] = _run_workload(WORKLOADS[name], args)
         _release_loops()
+    if args.engines:
+        from shardfeed import _bench_engines
+
+        report["engines"] = _bench_engines.run_engines(
+            args.engine_rows, args.epochs, args.horovod_python
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(report)
+    if args.engines:
+        markdown += (
+            "\n"
+            + _bench_engines.to_markdown(report["engines"], args.engine_rows, args.epochs)
+            + "\n"
+        )
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)
     write_chart(report, args.out / "bench.png")
@@ -400,9 +455,13 @@ def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:
         )
         stack = [
             *head,
-            conv(32), layers.MaxPooling2D(),
-            conv(64), layers.MaxPooling2D(),
-            layers.Flatten(), dense(128, "relu"), dense(10),
+            conv(32),
+            layers.MaxPooling2D(),
+            conv(64),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            dense(128, "relu"),
+            dense(10),
         ]
     return keras.Sequential(stack)
 
@@ -523,8 +582,12 @@ class _KerasFit(_Variant):
 
     def setup(self) -> None:
         self.model = _new_model(
-            self.workload, self.reference, True, self.args.seed,
-            steps_per_execution=self.spe, jit_compile=self.jit,
+            self.workload,
+            self.reference,
+            True,
+            self.args.seed,
+            steps_per_execution=self.spe,
+            jit_compile=self.jit,
         )
         self.data = None if self.name == "numpy" else _tf_data(self.x, self.y)
         self.settings = {
@@ -571,7 +634,10 @@ class _Shardfeed(_Variant):
 
         self.model = _new_model(self.workload, self.reference, False, self.args.seed)
         self.dataset = ShardedResidentDataset(
-            self.x, self.y, per_replica_batch_size=BATCH_SIZE, seed=self.args.seed,
+            self.x,
+            self.y,
+            per_replica_batch_size=BATCH_SIZE,
+            seed=self.args.seed,
             transform=_transform(self.workload),
         )
 
@@ -580,7 +646,11 @@ class _Shardfeed(_Variant):
 
         timer = _epoch_timer()
         history = shardfeed.fit(
-            self.model, self.dataset, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+            self.model,
+            self.dataset,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            verbose=0,
             callbacks=[timer],
         )
         if epoch == 0:
@@ -590,6 +660,25 @@ class _Shardfeed(_Variant):
                 "jit_compile": params["jit_compile"],
             }
         return timer.seconds[-1], timer.losses[-1]
+
+
+class _Streaming(_Shardfeed):
+    """`shardfeed.fit` streaming its rows through the two-slot ring."""
+
+    name = "streaming"
+
+    def setup(self) -> None:
+        from shardfeed import LoadOptions, ShardedResidentDataset
+
+        self.model = _new_model(self.workload, self.reference, False, self.args.seed)
+        self.dataset = ShardedResidentDataset(
+            self.x,
+            self.y,
+            per_replica_batch_size=BATCH_SIZE,
+            seed=self.args.seed,
+            transform=_transform(self.workload),
+            load_options=LoadOptions(streaming=True, stream_chunk_bytes=STREAM_CHUNK_BYTES),
+        )
 
 
 class _Floor(_Variant):
@@ -608,7 +697,9 @@ class _Floor(_Variant):
         # dataset's other rows never enter the timed loop.
         rows = self.x[:BATCH_SIZE], self.y[:BATCH_SIZE]
         dataset = ShardedResidentDataset(
-            *rows, per_replica_batch_size=BATCH_SIZE, shuffle=False,
+            *rows,
+            per_replica_batch_size=BATCH_SIZE,
+            shuffle=False,
             transform=_transform(self.workload),
         )
         loop = _loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
@@ -643,6 +734,7 @@ _VARIANT_TYPES: dict[str, Callable[..., _Variant]] = {
     "tfdata": lambda *a: _KerasFit(*a, name="tfdata"),
     "tuned": _Tuned,
     "shardfeed": _Shardfeed,
+    "streaming": _Streaming,
     "floor": _Floor,
 }
 
@@ -704,8 +796,7 @@ def probe_keras_settings(
 
 def _config_text(config: dict[str, Any]) -> str:
     head = (
-        f"steps_per_execution={config['steps_per_execution']}, "
-        f"jit_compile={config['jit_compile']}"
+        f"steps_per_execution={config['steps_per_execution']}, jit_compile={config['jit_compile']}"
     )
     if config["ms_per_step"] is None:
         return f"{head}: stopped after {config['stopped_after_s']:.0f} s (budget)"

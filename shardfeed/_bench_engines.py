@@ -1,0 +1,211 @@
+"""`shardfeed bench --engines`: per-step time of each engine, and what crosses.
+
+Separation of concerns: a benchmark of the engines only. Each engine runs in
+its own worker process(es) -- logical CPU devices must be configured before
+TensorFlow starts, and MultiWorkerMirroredStrategy and Horovod need several
+processes -- running the W2 model (MLP 64-64-1 on 32 float32 features) with
+`shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs (median).
+Reported per engine: replicas, global batch, ms per step, the ratio to the
+single-device run, and the bytes all-reduced per step (the trainable
+variables' gradients: nothing else crosses during a step).
+
+Run as a worker: `python -m shardfeed._bench_engines --engine mirrored --out f.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("single", "mirrored", "multiworker", "horovod")
+PER_REPLICA_BATCH = 256
+REPLICAS = 2
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One process of one engine: train and write timings (rank 0)."""
+    import tensorflow as tf
+
+    if args.engine == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS
+        )
+    import keras
+    import numpy as np
+
+    import shardfeed
+
+    world = shardfeed.init(args.engine)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.rows, 32)).astype("float32")
+    y = (np.tanh(x @ rng.normal(size=(32, 1))) + 0.1 * rng.normal(size=(args.rows, 1))).astype(
+        "float32"
+    )
+    with world.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        ds = shardfeed.ShardedResidentDataset(
+            x, y, per_replica_batch_size=PER_REPLICA_BATCH, seed=0, drop_remainder=True
+        )
+    times: list[float] = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    history = shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[Timer()], verbose=0)
+    if world.is_chief:
+        steps = ds.plan.steps_per_epoch
+        result = {
+            "engine": world.backend if args.engine == "auto" else args.engine,
+            "replicas": world.num_replicas_in_sync,
+            "workers": world.world_size,
+            "global_batch_size": ds.global_batch_size,
+            "steps_per_epoch": steps,
+            "warmup_s": times[0],
+            "ms_per_step": 1000 * statistics.median(times[1:]) / steps,
+            "gradient_bytes_per_step": sum(
+                int(np.prod(v.shape)) * 4 for v in model.trainable_variables
+            ),
+            "final_loss": history.history["loss"][-1],
+        }
+        Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+def _command(engine: str, worker_args: list[str], horovod_python: str | None) -> list[str]:
+    """The command that starts `engine`'s worker process(es).
+
+    Workers run this module's file as a script: `shardfeed launch` and
+    horovodrun start scripts, not `-m` modules.
+    """
+    script = str(Path(__file__).resolve())
+    if engine == "multiworker":
+        shardfeed_cli = Path(sys.executable).parent / "shardfeed"
+        return [str(shardfeed_cli), "launch", "--num-workers", str(REPLICAS), script, *worker_args]
+    if engine == "horovod":
+        python = Path(horovod_python or sys.executable)
+        return [
+            str(python.parent / "horovodrun"),
+            "-np",
+            str(REPLICAS),
+            "-H",
+            f"localhost:{REPLICAS}",
+            "--gloo",
+            str(python),
+            script,
+            *worker_args,
+        ]
+    return [sys.executable, script, *worker_args]
+
+
+def run_engines(
+    rows: int, epochs: int, horovod_python: str | None, timeout_s: float = 900
+) -> list[dict[str, Any]]:
+    """Runs every available engine and returns one result dict each.
+
+    Horovod runs only where `horovodrun` is installed (next to
+    `horovod_python`, e.g. the venv `.ci/horovod_env.sh` makes); otherwise
+    its row says why it was skipped.
+    """
+    results: list[dict[str, Any]] = []
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for engine in ENGINES:
+        python = Path(horovod_python or sys.executable)
+        if engine == "horovod" and not (python.parent / "horovodrun").exists():
+            results.append(
+                {
+                    "engine": engine,
+                    "skipped": "horovodrun not installed here (pass "
+                    "--horovod-python with the venv .ci/horovod_env.sh makes)",
+                }
+            )
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            worker_args = [
+                "--engine",
+                engine,
+                "--rows",
+                str(rows),
+                "--epochs",
+                str(epochs),
+                "--out",
+                str(out),
+            ]
+            print(f"  engines: {engine} ...", flush=True)
+            proc = subprocess.run(
+                _command(engine, worker_args, horovod_python),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                cwd=tmp,
+            )
+            if proc.returncode != 0 or not out.exists():
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+                results.append(
+                    {"engine": engine, "skipped": f"failed (exit {proc.returncode}): {tail[0]}"}
+                )
+                continue
+            results.append(json.loads(out.read_text()))
+    single = next((r for r in results if r["engine"] == "single" and "ms_per_step" in r), None)
+    for r in results:
+        if single is not None and "ms_per_step" in r:
+            r["x_single"] = r["ms_per_step"] / single["ms_per_step"]
+    return results
+
+
+def to_markdown(results: list[dict], rows: int, epochs: int) -> str:
+    lines = [
+        f"### Engines: W2 model, {rows:,} rows, per-replica batch {PER_REPLICA_BATCH}, "
+        f"median of {epochs} epochs",
+        "",
+        "| engine | workers x replicas | global batch | ms/step | x single device "
+        "| all-reduced bytes/step | warm-up s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "skipped" in r:
+            lines.append(f"| {r['engine']} | skipped: {r['skipped'].splitlines()[0]} ||||||")
+            continue
+        lines.append(
+            f"| {r['engine']} | {r['workers']} x {r['replicas'] // r['workers']} "
+            f"| {r['global_batch_size']} | {r['ms_per_step']:.3f} | {r.get('x_single', 1.0):.2f}x "
+            f"| {r['gradient_bytes_per_step'] if r['replicas'] > 1 else 0:,} "
+            f"| {r['warmup_s']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    return _worker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
