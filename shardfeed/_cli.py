@@ -30,12 +30,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     sub = parser.add_subparsers(dest="command", required=True)
     modules: dict[str, object] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if not err.name or not err.name.startswith(module_name.rsplit(".", 1)[0]):
-                raise
-            continue  # subcommand not shipped in this build
+        module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub_parser)
         modules[name] = module
