@@ -405,11 +405,11 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
         w2 = rng.standard_normal((16, 1), dtype=np.float32)
         noise = np.float32(0.1) * rng.standard_normal((rows, 1), dtype=np.float32)
         return x, (np.tanh(x @ w1) @ w2 + noise).astype(np.float32)
-    prototypes = rng.integers(0, 128, (10, 8, 8, 3), dtype=np.uint8)
+    prototypes = rng.integers(0, 48, (10, 8, 8, 3), dtype=np.uint8)
     prototypes = prototypes.repeat(4, axis=1).repeat(4, axis=2)
     y = rng.integers(0, 10, rows, dtype=np.int32)
     x = prototypes[y]
-    x += rng.integers(0, 128, x.shape, dtype=np.uint8)  # <= 254: no overflow
+    x += rng.integers(0, 208, x.shape, dtype=np.uint8)  # <= 254: no overflow
     return x, y
 
 
