@@ -147,26 +147,6 @@ class ShardedResidentDataset:
         self.seed = seed
         self.transform = transform
         self.load_options = load_options or LoadOptions()
-        global_batch = per_replica_batch_size * self.world.num_replicas_in_sync
-        if isinstance(per_replica_batch_size, int) and global_batch > self.columns.num_rows:
-            raise ValueError(
-                _errors.message(
-                    "The global batch (per_replica_batch_size x num_replicas_in_sync) "
-                    "must not be larger than the dataset.",
-                    f"per_replica_batch_size={per_replica_batch_size}, "
-                    f"num_replicas_in_sync={self.world.num_replicas_in_sync}, "
-                    f"num_rows={self.columns.num_rows}",
-                    "Lower `per_replica_batch_size` or use fewer replicas.",
-                )
-            )
-        self.plan = _plan.plan_shards(
-            self.columns.num_rows,
-            self.world.num_replicas_in_sync,
-            per_replica_batch_size,
-            placement,
-            drop_remainder,
-            training=True,
-        )
         self.eval_plan = _plan.plan_shards(
             self.columns.num_rows,
             self.world.num_replicas_in_sync,
@@ -174,7 +154,22 @@ class ShardedResidentDataset:
             placement,
             training=False,
         )
-        needed = _storage.needed_bytes(self.columns, self.plan, self.world)
+        # A dataset only evaluated or predicted on may admit no training epoch
+        # (fewer rows than replicas): that is an error only once `fit` asks.
+        self._train_plan: _plan.ShardPlan | None = None
+        self._train_plan_error: ValueError | None = None
+        try:
+            self._train_plan = _plan.plan_shards(
+                self.columns.num_rows,
+                self.world.num_replicas_in_sync,
+                per_replica_batch_size,
+                placement,
+                drop_remainder,
+                training=True,
+            )
+        except ValueError as err:
+            self._train_plan_error = err
+        needed = _storage.needed_bytes(self.columns, self.eval_plan, self.world)
         opts = self.load_options
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes
@@ -183,11 +178,11 @@ class ShardedResidentDataset:
         self.stream: _streaming.StreamPlan | None = None
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.plan_stream(
-                self.plan, self.columns.row_bytes, self._usable_per_replica(), opts
+                self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
             )
             self.stores = _streaming.allocate_rings(
                 self.columns,
-                self.plan,
+                self.eval_plan,
                 self.stream,
                 self.world.global_replica_ids,
                 self.world.local_devices,
@@ -196,28 +191,38 @@ class ShardedResidentDataset:
                 logger.warning(
                     "shardfeed: the shard does not fit (%s); streaming it in chunks of "
                     "%d rows through two slots per replica.",
-                    _memory.fit_error(misfit, opts.memory_fraction)
-                    .split(" Received: ")[1]
-                    .split(". ")[0],
+                    misfit.numbers(),
                     self.stream.chunk_rows,
                 )
         elif misfit is not None:
             raise MemoryError(_memory.fit_error(misfit, opts.memory_fraction))
         else:
-            self.stores = _storage.upload(self.columns, self.plan, self.world, opts)
-        if self.plan.dropped_rows_per_epoch and self.world.is_chief:
+            self.stores = _storage.upload(self.columns, self.eval_plan, self.world, opts)
+        train_plan = self._train_plan
+        if train_plan is not None and train_plan.dropped_rows_per_epoch and self.world.is_chief:
             logger.warning(
                 "shardfeed: %d of %d rows are left out of each training epoch so "
                 "every replica runs %d equal steps (%s).",
-                self.plan.dropped_rows_per_epoch,
-                self.plan.num_rows,
-                self.plan.steps_per_epoch,
+                train_plan.dropped_rows_per_epoch,
+                train_plan.num_rows,
+                train_plan.steps_per_epoch,
                 "drop_remainder=True"
-                if self.plan.drop_remainder
+                if train_plan.drop_remainder
                 else "a replica would have no row in the last step",
             )
 
     # -- what it holds -------------------------------------------------------
+
+    @property
+    def plan(self) -> _plan.ShardPlan:
+        """The training plan (steps per epoch, partial last step, drops).
+
+        Raises:
+            ValueError: If these rows admit no training epoch on these replicas.
+        """
+        if self._train_plan is None:
+            raise self._train_plan_error  # type: ignore[misc]
+        return self._train_plan
 
     @property
     def num_rows(self) -> int:
@@ -225,11 +230,11 @@ class ShardedResidentDataset:
 
     @property
     def per_replica_batch_size(self) -> int:
-        return self.plan.per_replica_batch_size
+        return self.eval_plan.per_replica_batch_size
 
     @property
     def global_batch_size(self) -> int:
-        return self.plan.global_batch_size
+        return self.eval_plan.global_batch_size
 
     @property
     def has_targets(self) -> bool:
@@ -242,7 +247,7 @@ class ShardedResidentDataset:
         return sum(int(tf.size(v)) * v.dtype.size for v in seen.values())
 
     def describe(self) -> str:
-        plan = self.plan
+        plan = self._train_plan or self.eval_plan
         held = ", ".join(
             f"replica {s.replica} on {s.device}: rows [{s.row_start}, {s.row_stop})"
             for s in self.stores
@@ -253,7 +258,8 @@ class ShardedResidentDataset:
             f"placement={plan.placement!r}, {plan.num_replicas} replica(s) x "
             f"{plan.per_replica_batch_size} rows = global batch {plan.global_batch_size}; "
             f"{plan.steps_per_epoch} steps/epoch, {plan.dropped_rows_per_epoch} rows "
-            f"dropped/epoch; {held}"
+            f"dropped/epoch{'' if self._train_plan else ' (evaluation only)'}"
+            f"{'; streaming' if self.stream else ''}; {held}"
         )
 
     def __repr__(self) -> str:

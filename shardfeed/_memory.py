@@ -47,6 +47,14 @@ class MemoryReport:
     def fits(self) -> bool:
         return self.usable_bytes is None or self.needed_bytes <= self.usable_bytes
 
+    def numbers(self) -> str:
+        """`needed_bytes=..., free_bytes=..., usable_bytes=...` for messages."""
+        return (
+            f"needed_bytes={self.needed_bytes:,} ({self.needed_bytes / GIB:.2f} GiB), "
+            f"free_bytes={self.free_bytes:,} ({(self.free_bytes or 0) / GIB:.2f} GiB, "
+            f"from {self.source}), usable_bytes={self.usable_bytes:,}"
+        )
+
 
 def host_available_bytes() -> int | None:
     """Returns `MemAvailable` from `/proc/meminfo`, or None off Linux."""
@@ -151,9 +159,7 @@ def fit_error(report: MemoryReport, memory_fraction: float) -> str:
     return _errors.message(
         f"The resident data must fit in {memory_fraction:.0%} of the free memory "
         f"on {report.device} (the rest is headroom for the model).",
-        f"needed_bytes={report.needed_bytes:,} ({report.needed_bytes / GIB:.2f} GiB), "
-        f"free_bytes={report.free_bytes:,} ({(report.free_bytes or 0) / GIB:.2f} GiB, "
-        f"from {report.source}), usable_bytes={report.usable_bytes:,}",
+        report.numbers(),
         "Spread the rows over more replicas with placement='shard' (more GPUs or "
         "workers), store a compact dtype (e.g. uint8 images, float16 features) "
         "and cast in `transform`, stream the shard (`LoadOptions(streaming=True)`), "

@@ -68,6 +68,22 @@ def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> 
         )
 
 
+def _check_global_batch(dataset: ShardedResidentDataset) -> None:
+    """Training needs at least one full global batch; evaluation and prediction
+    pad, so only `fit` checks this."""
+    plan = dataset.plan
+    if plan.global_batch_size > plan.num_rows:
+        raise ValueError(
+            _errors.message(
+                "The global batch (per_replica_batch_size x num_replicas_in_sync) "
+                "must not be larger than the dataset.",
+                f"per_replica_batch_size={plan.per_replica_batch_size}, "
+                f"num_replicas_in_sync={plan.num_replicas}, num_rows={plan.num_rows}",
+                "Lower `per_replica_batch_size` or use fewer replicas.",
+            )
+        )
+
+
 def _as_dataset(
     data: Any,
     y: Any,
@@ -91,7 +107,8 @@ def _as_dataset(
     batch = per_replica_batch_size or (
         template.per_replica_batch_size if template is not None else DEFAULT_EVAL_BATCH_SIZE
     )
-    # Small arrays: shrink the batch so the global batch fits the rows.
+    # Small arrays: shrink the batch so a step holds a real row on most replicas
+    # (evaluation pads the rest).
     batch = max(1, min(batch, rows // world.num_replicas_in_sync))
     return ShardedResidentDataset(
         data,
@@ -248,6 +265,7 @@ def fit(
     """
     _check_model(model, needs_compile=True)
     _check_dataset(dataset, needs_targets=True)
+    _check_global_batch(dataset)
     if not (
         isinstance(epochs, int) and isinstance(initial_epoch, int) and 0 <= initial_epoch < epochs
     ):

@@ -31,8 +31,13 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
         assert list(variants) == list(_bench.VARIANTS)
         for name, result in variants.items():
             assert len(result["epoch_s"]) == 1 and result["epoch_s"][0] > 0, name
-            for key in ("median_epoch_s", "ms_per_step", "warmup_s", "ratio_to_floor",
-                        "speedup_vs_numpy"):
+            for key in (
+                "median_epoch_s",
+                "ms_per_step",
+                "warmup_s",
+                "ratio_to_floor",
+                "speedup_vs_numpy",
+            ):
                 assert result[key] > 0, (name, key)
             assert isinstance(result["settings"]["jit_compile"], bool), name
             assert result["settings"]["steps_per_execution"] >= 1, name
@@ -68,8 +73,12 @@ def test_bench_flags_accept_letters_and_reject_unknown_names(capsys):
 
 
 def _config(spe, jit, ms):
-    return {"steps_per_execution": spe, "jit_compile": jit, "ms_per_step": ms,
-            "stopped_after_s": None if ms is not None else 130.0}
+    return {
+        "steps_per_execution": spe,
+        "jit_compile": jit,
+        "ms_per_step": ms,
+        "stopped_after_s": None if ms is not None else 130.0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -153,14 +153,6 @@ def test_shuffle_needs_a_seed():
             "`per_replica_batch_size` must be an integer >= 1. Received: per_replica_batch_size=0.",
         ),
         (
-            {"per_replica_batch_size": 104},
-            ValueError,
-            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
-            "larger than the dataset. Received: per_replica_batch_size=104, "
-            "num_replicas_in_sync=1, num_rows=103. Lower `per_replica_batch_size` or use "
-            "fewer replicas.",
-        ),
-        (
             {"x": None},
             ValueError,
             "A dataset needs inputs. Received: x=None.",

@@ -243,6 +243,24 @@ def test_model_must_be_compiled():
     )
 
 
+def test_training_needs_a_global_batch_no_larger_than_the_data():
+    x, y = _data(rows=103)
+    model = _mlp()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=104, shuffle=False)
+    with pytest.raises(ValueError) as err:
+        shardfeed.fit(model, ds)
+    assert str(err.value) == (
+        "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
+        "larger than the dataset. Received: per_replica_batch_size=104, "
+        "num_replicas_in_sync=1, num_rows=103. Lower `per_replica_batch_size` or use "
+        "fewer replicas."
+    )
+    # Evaluation and prediction pad instead: every row still counts once.
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, ds), model.evaluate(x, y, verbose=0), rtol=1e-5
+    )
+
+
 def test_fit_needs_targets_and_a_dataset():
     x, _ = _data()
     model = _mlp()
