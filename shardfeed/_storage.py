@@ -114,7 +114,9 @@ def upload(
 
 
 def _upload_column(column, start: int, stop: int, device: str, options: LoadOptions) -> tf.Variable:
-    variable = allocate((stop - start, *column.row_shape), column.dtype, device)
+    # A replica with no rows (fewer rows than replicas) still gets one zero
+    # row: its evaluation steps are all padding, and padding gathers row 0.
+    variable = allocate((max(1, stop - start), *column.row_shape), column.dtype, device)
     write_rows(column, start, stop, variable, 0, device, options)
     return variable
 

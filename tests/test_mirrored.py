@@ -160,3 +160,17 @@ def test_model_and_dataset_must_share_the_strategy():
         "strategy=MirroredStrategy. Build the model (and compile it) and the dataset "
         "inside the same `with strategy.scope():` block."
     )
+
+
+def test_predict_and_evaluate_fewer_rows_than_replicas():
+    x, y, _ = _data(3)
+    with _strategy(4).scope():
+        model = _model()
+    plain = _model()
+    plain.set_weights(model.get_weights())
+    np.testing.assert_allclose(
+        shardfeed.predict(model, x), plain.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, x, y), plain.evaluate(x, y, verbose=0), rtol=1e-5
+    )
