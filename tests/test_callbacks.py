@@ -154,3 +154,30 @@ def test_initial_epoch_continues_numbering():
     hist = shardfeed.fit(model, ds, epochs=4, initial_epoch=2, callbacks=[cb], verbose=0)
     assert seen == [2, 3]
     assert len(hist.history["loss"]) == 2
+
+
+def test_file_writing_callbacks_run_on_the_chief_only(tmp_path):
+    from shardfeed._progress import Progress
+    from shardfeed._training import _callback_list
+
+    model, _, _ = _setup()
+    stopper = keras.callbacks.EarlyStopping()
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))
+    logger = keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
+    mine = keras.callbacks.CSVLogger(str(tmp_path / "rank.csv"))
+    mine.shardfeed_all_ranks = True  # asks to run on every rank
+
+    def kinds(is_chief):
+        cbs = _callback_list([stopper, checkpoint, logger, mine], model, 1, is_chief, {})
+        return [type(c).__name__ for c in cbs.callbacks]
+
+    assert kinds(True) == [
+        "EarlyStopping",
+        "ModelCheckpoint",
+        "CSVLogger",
+        "CSVLogger",
+        Progress.__name__,
+        "History",
+    ]
+    # Other ranks get the same global logs but write nothing (except opt-ins).
+    assert kinds(False) == ["EarlyStopping", "CSVLogger", "History"]

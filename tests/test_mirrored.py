@@ -113,12 +113,15 @@ def test_each_replica_holds_only_its_rows_on_its_device():
     assert ds.nbytes_on_device == x.nbytes + y.nbytes
 
 
-@pytest.mark.parametrize("rows", [1001, 999, 1000, 1003, 7])
-def test_uneven_shards_train_and_evaluate_exactly(rows):
+@pytest.mark.parametrize(
+    ("rows", "replicas"),
+    [(1001, 3), (1001, 4), (999, 4), (1000, 4), (1003, 4), (7, 4), (1001, 2)],
+)
+def test_uneven_shards_train_and_evaluate_exactly(rows, replicas):
     x, y, w = _data(rows)
-    with _strategy(4).scope():
+    with _strategy(replicas).scope():
         model = _model()
-        batch = max(1, min(50, rows // 4))
+        batch = max(1, min(50, rows // replicas))
         ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=batch, seed=0)
     hist = shardfeed.fit(model, ds, epochs=2, verbose=0)
     assert len(hist.history["loss"]) == 2

