@@ -128,7 +128,9 @@ def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitO
     # frees its device memory); keyed per model and options so repeated
     # fit/evaluate/predict calls do not retrace.
     loops = dataset.compiled_loops
-    key = (id(model), options)
+    # A recompiled model has a new optimizer, loss and metrics: new traces.
+    compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
+    key = (id(model), compiled, options)
     loop = loops.get(key)
     if loop is None or loop.model is not model:
         engine = engine_for(dataset.world)

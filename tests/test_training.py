@@ -269,3 +269,18 @@ def test_fit_needs_targets_and_a_dataset():
     ds = ShardedResidentDataset(x, per_replica_batch_size=100, shuffle=False)
     with pytest.raises(ValueError, match="Training and evaluation need targets"):
         shardfeed.fit(model, ds)
+
+
+def test_recompiling_the_model_uses_the_new_optimizer():
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
+    model, reference = _mlp("sgd"), _mlp("sgd")
+    shardfeed.fit(model, ds, verbose=0)
+    reference.fit(x, y, batch_size=256, shuffle=False, verbose=0)
+    for m in (model, reference):
+        m.compile(optimizer=keras.optimizers.Adam(0.01), loss="mae", metrics=["mse"])
+    hist = shardfeed.fit(model, ds, verbose=0)
+    ref = reference.fit(x, y, batch_size=256, shuffle=False, verbose=0)
+    assert _max_rel_diff(reference, model) < 1e-5
+    assert set(hist.history) == {"loss", "mse"}
+    np.testing.assert_allclose(hist.history["loss"], ref.history["loss"], rtol=1e-5)
