@@ -629,6 +629,9 @@ class _Shardfeed(_Variant):
 
     name = "shardfeed"
 
+    def load_options(self) -> Any:
+        return None  # the defaults: resident
+
     def setup(self) -> None:
         from shardfeed import ShardedResidentDataset
 
@@ -639,6 +642,7 @@ class _Shardfeed(_Variant):
             per_replica_batch_size=BATCH_SIZE,
             seed=self.args.seed,
             transform=_transform(self.workload),
+            load_options=self.load_options(),
         )
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
@@ -667,18 +671,10 @@ class _Streaming(_Shardfeed):
 
     name = "streaming"
 
-    def setup(self) -> None:
-        from shardfeed import LoadOptions, ShardedResidentDataset
+    def load_options(self) -> Any:
+        from shardfeed import LoadOptions
 
-        self.model = _new_model(self.workload, self.reference, False, self.args.seed)
-        self.dataset = ShardedResidentDataset(
-            self.x,
-            self.y,
-            per_replica_batch_size=BATCH_SIZE,
-            seed=self.args.seed,
-            transform=_transform(self.workload),
-            load_options=LoadOptions(streaming=True, stream_chunk_bytes=STREAM_CHUNK_BYTES),
-        )
+        return LoadOptions(streaming=True, stream_chunk_bytes=STREAM_CHUNK_BYTES)
 
 
 class _Floor(_Variant):

@@ -125,12 +125,21 @@ class FileArray:
     def __getstate__(self) -> dict[str, Any]:
         # Open handles cannot cross processes; the receiver reopens on first read.
         state = dict(self.__dict__)
-        for name in getattr(self, "_handles", ()):
+        for name in self._handles:
             state[name] = None
         return state
 
+    # Attributes holding open handles, closed in reverse order (a stream before
+    # the archive it reads from) and dropped when pickled.
+    _handles: tuple[str, ...] = ()
+
     def close(self) -> None:
         """Closes handles kept open between reads (reopened on the next read)."""
+        for name in reversed(self._handles):
+            handle = getattr(self, name, None)
+            if handle is not None:
+                handle.close()
+            setattr(self, name, None)
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Fills `out` (C-contiguous, `stop - start` rows) with rows `[start, stop)`."""
@@ -337,13 +346,6 @@ class _DeflatedNpzArray(FileArray):
         self._zip: zipfile.ZipFile | None = None
         self._stream: Any = None
 
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        if self._zip is not None:
-            self._zip.close()
-        self._zip = self._stream = None
-
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         if self._stream is None:
             self._zip = zipfile.ZipFile(self.path)
@@ -460,11 +462,6 @@ class _Hdf5Array(FileArray):
         self.source = f"{path}[{dataset!r}]"
         self._file: Any = None
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = None
-
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         if self._file is None:
             self._file = _open_hdf5(self.path)
@@ -563,11 +560,6 @@ class _ParquetArray(FileArray):
         self._fixed = fixed  # per nesting level: fixed_size_list (True) or list
         self._group_starts = group_starts  # first row of each row group, then num_rows
         self._file: Any = None
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = None
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         import pyarrow.parquet as pq

@@ -731,18 +731,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs `shardfeed plan`: 0 when every rank fits, 1 when one does not, 2 on bad input."""
     try:
-        arrays: dict[str, Any] = {}
-        for spec in args.inputs:
-            name, leaf = _open_spec(spec)
-            if name in arrays:
-                raise ValueError(
-                    _errors.message(
-                        "Each input needs its own name.",
-                        f"name={name!r} given twice",
-                        "Rename one of the inputs.",
-                    )
-                )
-            arrays[name] = leaf
+        arrays = _split.open_inputs(args.inputs, _open_spec)
         device_memory = (
             None
             if args.device_memory is None

@@ -32,7 +32,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -387,11 +387,6 @@ class _ShardFile(_files.FileArray):
         self.source = path if file_format == "npy" else f"{path}[{column!r}]"
         self._inner: _files.FileArray | None = None
 
-    def close(self) -> None:
-        if self._inner is not None:
-            self._inner.close()
-        self._inner = None
-
     def _open(self) -> _files.FileArray:
         if self.verify:
             with open(self.path, "rb") as f:
@@ -580,6 +575,37 @@ def _open_input(spec: str) -> tuple[str, Any]:
     return name, openers[suffix](file_path, field)
 
 
+def open_inputs(
+    specs: Sequence[str], open_one: Callable[[str], tuple[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Opens `name=...` input specs (the CLI's positional arguments) by name.
+
+    Args:
+        specs: The specs, e.g. `x=x.npy`, `y=data.npz:labels`.
+        open_one: Parses one spec into `(name, leaf)`; default `_open_input`.
+
+    Returns:
+        `{name: leaf}` in the order given.
+
+    Raises:
+        ValueError: If a name is given twice, or as `open_one` raises.
+    """
+    open_one = open_one or _open_input
+    arrays: dict[str, Any] = {}
+    for spec in specs:
+        name, leaf = open_one(spec)
+        if name in arrays:
+            raise ValueError(
+                _errors.message(
+                    "Each input needs its own name.",
+                    f"name={name!r} given twice",
+                    "Rename one of the inputs.",
+                )
+            )
+        arrays[name] = leaf
+    return arrays
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds `shardfeed split`'s arguments to `parser`."""
     parser.add_argument(
@@ -606,18 +632,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs `shardfeed split`; returns the exit status (0 on success, 2 on bad input)."""
     try:
-        arrays: dict[str, Any] = {}
-        for spec in args.inputs:
-            name, leaf = _open_input(spec)
-            if name in arrays:
-                raise ValueError(
-                    _errors.message(
-                        "Each input needs its own name.",
-                        f"name={name!r} given twice",
-                        "Rename one of the inputs.",
-                    )
-                )
-            arrays[name] = leaf
+        arrays = open_inputs(args.inputs)
         path = split(
             arrays,
             args.out,
