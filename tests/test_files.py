@@ -552,18 +552,3 @@ def test_loading_a_npy_file_keeps_host_memory_near_one_chunk(tmp_path):
         )
     assert transient["files.npy"] < 0.25 * file_bytes
     assert transient["memmap"] > 0.75 * file_bytes, "control: the measurement must see memmap pages"
-
-
-def test_public_names():
-    assert files.__all__ == [
-        "FileArray",
-        "concat",
-        "directory",
-        "hdf5",
-        "manifest",
-        "npy",
-        "npz",
-        "parquet",
-        "parquet_columns",
-        "split",
-    ]
