@@ -284,3 +284,51 @@ def test_recompiling_the_model_uses_the_new_optimizer():
     assert _max_rel_diff(reference, model) < 1e-5
     assert set(hist.history) == {"loss", "mse"}
     np.testing.assert_allclose(hist.history["loss"], ref.history["loss"], rtol=1e-5)
+
+
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
+    """Epoch order is a function of (seed, epoch) and all training state lives
+    in the Keras model: save after epoch 2, reload "as after preemption",
+    continue with initial_epoch=2, and end exactly where 4 straight epochs end."""
+    x, y = _data()
+    straight = _mlp("adam")
+    shardfeed.fit(
+        straight,
+        ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=9),
+        epochs=4,
+        verbose=0,
+    )
+    first = _mlp("adam")
+    shardfeed.fit(
+        first,
+        ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=9),
+        epochs=2,
+        verbose=0,
+    )
+    first.save(tmp_path / "ckpt.keras")
+    resumed = keras.models.load_model(tmp_path / "ckpt.keras")
+    shardfeed.fit(
+        resumed,
+        ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=9),
+        epochs=4,
+        initial_epoch=2,
+        verbose=0,
+    )
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(resumed.optimizer.iterations.numpy()) == 40
+
+
+def test_mixed_precision_trains_and_matches_keras():
+    x, y = _data()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        reference, model = _mlp("adam"), _mlp("adam")
+        reference.fit(x, y, batch_size=256, shuffle=False, verbose=0)
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
+        shardfeed.fit(model, ds, verbose=0, options=FitOptions(jit_compile=False))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
