@@ -11,7 +11,7 @@ Exact global numbers. Every full step has `per_replica_batch_size` real rows
 on every replica; the replica's objective is `(data_loss + reg) / R`, whose
 gradients, summed over the R replicas, are those of one replica taking the
 whole global batch. The last step of an epoch may be partial: it runs as its
-own (non-XLA) call on the real rows only (`n_i` on replica i, `r` in all),
+own call on the real rows only (`n_i` on replica i, `r` in all),
 with objective `data_loss * n_i / r + reg / R`, so it equals Keras' partial
 last batch. Logged loss is the (sum, count) pair `(data_loss + reg) * n_i`,
 `n_i`, summed over replicas: Keras' batch-size-weighted loss mean, exactly.
@@ -114,8 +114,11 @@ class Loop:
         self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
         self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
         self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
-        self._train_partial_fn = tf.function(self._train_partial)
-        self._test_partial_fn = tf.function(self._test_partial)
+        # The partial last step's row counts differ per replica, so it is its
+        # own call: with one replica they are Python ints (static shapes, XLA
+        # as the loop), with several they are per-replica tensors (no XLA).
+        self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
+        self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -217,7 +220,10 @@ class Loop:
                     real_rows, tf.float32
                 )
 
-            # A replica may have no real row in the last evaluation step.
+            # A replica may have no real row in the last evaluation step
+            # (a Python int with one replica: decided while tracing).
+            if isinstance(real_rows, int):
+                return step() if real_rows > 0 else tf.zeros([], tf.float32)
             return tf.cond(real_rows > 0, step, lambda: tf.zeros([], tf.float32))
 
         return self.engine.sum_across_replicas(
@@ -263,6 +269,9 @@ class Loop:
         ]
 
     def _real_rows(self, plan) -> Any:
+        if self.whole_loop_jit:
+            (real_rows,) = plan.last_step_rows
+            return real_rows
         return self.engine.distribute(
             [
                 tf.constant(plan.last_step_rows[r], tf.int32)
@@ -312,8 +321,9 @@ class Loop:
             last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
             real_rows = sum(plan.last_step_rows)
             if training:
+                all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
                 value = self._train_partial_fn(
-                    self._variables, last, self._real_rows(plan), tf.constant(real_rows, tf.int32)
+                    self._variables, last, self._real_rows(plan), all_rows
                 )
             else:
                 value = self._test_partial_fn(self._variables, last, self._real_rows(plan))
