@@ -163,11 +163,16 @@ class StreamingOrder:
     # -- what the loop uses ----------------------------------------------------
 
     def prepare(self, start: int, stop: int) -> None:
-        """Makes steps `[start, stop)` resident, then starts the next upload."""
-        first, last = start // self._stream.chunk_steps, (stop - 1) // self._stream.chunk_steps
-        for position in range(first, last + 1):
-            self._upload(position).result()
-        self._upload(last + 1)
+        """Makes steps `[start, stop)` resident, then starts the next upload.
+
+        A call never spans two chunks (`call_bounds`): the next chunk's upload
+        overwrites the slot the previous call used.
+        """
+        position = start // self._stream.chunk_steps
+        if (stop - 1) // self._stream.chunk_steps != position:
+            raise RuntimeError(f"steps [{start}, {stop}) cross a streamed chunk's boundary")
+        self._upload(position).result()
+        self._upload(position + 1)
 
     def slice(self, start: int, stop: int) -> list[tf.Tensor]:
         out = []

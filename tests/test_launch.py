@@ -212,6 +212,7 @@ def test_multiworker_environment_per_rank(script):
         assert env["PYTHONUNBUFFERED"] == "1"
         assert (env["SHARDFEED_RANK"], env["SHARDFEED_WORLD_SIZE"]) == (str(rank), "3")
         assert env["SHARDFEED_LOCAL_RANK"] == str(rank)
+        assert env["SHARDFEED_LOCAL_SIZE"] == "3"
         config = json.loads(env["TF_CONFIG"])
         assert config["task"] == {"type": "worker", "index": rank}
         addresses = addresses or config["cluster"]["worker"]

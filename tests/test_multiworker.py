@@ -29,7 +29,13 @@ TIMEOUT_S = 240
 
 def _env():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    for name in ("TF_CONFIG", "SHARDFEED_RANK", "SHARDFEED_WORLD_SIZE", "SHARDFEED_LOCAL_RANK"):
+    for name in (
+        "TF_CONFIG",
+        "SHARDFEED_RANK",
+        "SHARDFEED_WORLD_SIZE",
+        "SHARDFEED_LOCAL_RANK",
+        "SHARDFEED_LOCAL_SIZE",
+    ):
         env.pop(name, None)
     return env
 

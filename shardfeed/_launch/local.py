@@ -10,8 +10,10 @@ Environment each worker gets, on top of the launcher's own:
 - `TF_CONFIG`: `{"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
   {"type": "worker", "index": K}}` (worker 0 acts as chief, as
   MultiWorkerMirroredStrategy does without a "chief" job).
-- `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK` (all
-  workers are on this host, so the local rank is the rank).
+- `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK`,
+  `SHARDFEED_LOCAL_SIZE` (all workers are on this host, so the local rank is
+  the rank and the local size the world size; `shardfeed.init` gives each
+  worker its own GPU from them).
 - `PYTHONUNBUFFERED=1` unless already set, so a worker's prints reach the
   tagged output when they happen instead of when a pipe buffer fills.
 """
@@ -80,6 +82,7 @@ def worker_specs(
             SHARDFEED_RANK=str(rank),
             SHARDFEED_WORLD_SIZE=str(len(ports)),
             SHARDFEED_LOCAL_RANK=str(rank),
+            SHARDFEED_LOCAL_SIZE=str(len(ports)),
         )
         specs.append(WorkerSpec(f"worker rank {rank}", tuple(program), env, f"[rank {rank}] "))
     return specs
