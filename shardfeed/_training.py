@@ -304,6 +304,9 @@ def fit(
     cbs = _callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
+    # `BackupAndRestore` restores the weights in on_train_begin and says where
+    # to resume through `model._initial_epoch`, as Keras' own fit reads it.
+    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
     epoch_logs: dict[str, float] = {}
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()

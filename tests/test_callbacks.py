@@ -6,6 +6,7 @@ import csv
 
 import keras
 import numpy as np
+import pytest
 from keras import layers
 
 import shardfeed
@@ -181,3 +182,31 @@ def test_file_writing_callbacks_run_on_the_chief_only(tmp_path):
     ]
     # Other ranks get the same global logs but write nothing (except opt-ins).
     assert kinds(False) == ["EarlyStopping", "CSVLogger", "History"]
+
+
+def test_backup_and_restore_resumes_a_preempted_run_exactly(tmp_path):
+    """Preempted after 2 of 4 epochs, a fresh process (here: a fresh model and
+    dataset) with the same BackupAndRestore directory resumes at epoch 2 and
+    ends where an uninterrupted run ends."""
+    _, _, (x, y) = _setup()
+
+    def run(epochs, callbacks):
+        model, _, _ = _setup()
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=50, seed=1)
+        hist = shardfeed.fit(model, ds, epochs=epochs, callbacks=callbacks, verbose=0)
+        return model, hist
+
+    straight, _ = run(4, [])
+
+    class Preempt(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise KeyboardInterrupt("preempted")
+
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        run(4, [keras.callbacks.BackupAndRestore(backup), Preempt()])
+    resumed, hist = run(4, [keras.callbacks.BackupAndRestore(backup)])
+    assert len(hist.history["loss"]) == 2  # epochs 2 and 3 only
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
