@@ -2,9 +2,9 @@
 
 Separation of concerns: this module only answers "how many bytes are free on
 this device" and "do these bytes fit with headroom"; it never allocates. The
-storage layer calls `check_fit` before it creates a single variable, so a
-dataset that cannot fit fails with numbers instead of an out-of-memory crash
-halfway through the upload.
+dataset reads `memory_reports` before it creates a single variable, so a
+shard that cannot fit streams (or fails, with `fit_error`'s numbers) instead
+of crashing out of memory halfway through the upload.
 
 TensorFlow has no public query for a GPU's *free* memory, so GPUs are read
 through NVML (`pip install nvidia-ml-py`) when it is installed; CPU devices
@@ -135,23 +135,6 @@ def memory_reports(
             free, source = free_bytes(device if device != "host" else "CPU:0")
         usable = None if free is None else int(free * memory_fraction)
         reports.append(MemoryReport(device, needed, free, usable, source))
-    return reports
-
-
-def check_fit(
-    needed_by_device: dict[str, int],
-    memory_fraction: float,
-    device_memory_bytes: int | None = None,
-) -> list[MemoryReport]:
-    """`memory_reports`, raising for the first device whose data does not fit.
-
-    Raises:
-        MemoryError: With the numbers and what to do about it.
-    """
-    reports = memory_reports(needed_by_device, memory_fraction, device_memory_bytes)
-    for report in reports:
-        if not report.fits:
-            raise MemoryError(fit_error(report, memory_fraction))
     return reports
 
 

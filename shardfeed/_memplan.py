@@ -633,7 +633,7 @@ def memory_plan(
                 bytes_per_replica=held_bytes,
                 steps_per_epoch=plan.steps_per_epoch,
                 dropped_rows_per_epoch=sum(dropped[r] for r in ids),
-                # Logical CPU devices share the host's RAM (as `_memory.check_fit` adds them).
+                # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds them).
                 needed_bytes=sum(held_bytes) if source == "meminfo" else max(held_bytes),
                 free_bytes=free,
                 usable_bytes=usable,

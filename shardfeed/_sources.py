@@ -112,17 +112,9 @@ class Columns:
     sample_weight: Any
     num_rows: int
 
-    def part_indices(self, part: str) -> list[int]:
-        structure = getattr(self, part)
-        return [] if structure is None else optree.tree_leaves(structure, none_is_leaf=True)
-
     @property
     def row_bytes(self) -> int:
         return sum(c.row_bytes for c in self.columns)
-
-    @property
-    def nbytes(self) -> int:
-        return self.row_bytes * self.num_rows
 
     def describe(self) -> str:
         return ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in self.columns)

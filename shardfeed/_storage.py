@@ -54,10 +54,6 @@ class ReplicaStore:
     def num_rows(self) -> int:
         return self.row_stop - self.row_start
 
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in self.variables)
-
 
 def allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
     with tf.device(device):

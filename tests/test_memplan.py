@@ -134,7 +134,7 @@ def test_memory_comes_from_nvml_then_host_then_unknown(monkeypatch):
 
     monkeypatch.setattr(_memory, "host_available_bytes", lambda: None)
     plan = memory_plan(data, num_workers=1, per_replica_batch_size=10)
-    # As `_memory.check_fit`: memory that cannot be read is not checked.
+    # As `_memory.memory_reports`: memory that cannot be read is not checked.
     assert plan.memory_source == "unknown" and plan.fits and plan.advice() == []
     table = plan.table()
     assert "unknown  unknown  unchecked" in table
