@@ -107,14 +107,23 @@ shopt -u nullglob
 quiet "${PIP[@]}" install "${wheels[0]}"
 
 # The project itself, editable, from this checkout (CI clones elsewhere: reinstall then).
-installed_at="$("$VENV/bin/python" - <<'EOF' 2>/dev/null || true
+# Asked from `/` in isolated mode (-I): from the repository root the checkout itself sits on
+# sys.path and always looks installed, while worker processes started elsewhere do not find it.
+installed_at() {
+    (cd / && "$VENV/bin/python" -I -c '
 import importlib.util, os
 spec = importlib.util.find_spec("shardfeed")
 print(os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else "")
-EOF
-)"
-if [[ "$installed_at" != "$REPO_ROOT" ]]; then
+' 2>/dev/null) || true
+}
+if [[ "$(installed_at)" != "$REPO_ROOT" || ! -x "$VENV/bin/shardfeed" ]]; then
     quiet "${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO_ROOT"
+fi
+# The tier must test this checkout: stop when the venv imports anything else.
+found="$(installed_at)"
+if [[ "$found" != "$REPO_ROOT" ]]; then
+    echo "horovod_env.sh: $VENV imports shardfeed from '${found:-nowhere}', not $REPO_ROOT" >&2
+    exit 1
 fi
 
 echo "$VENV"
