@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import bisect
 import importlib
+import math
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,7 +86,7 @@ class FileArray:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -201,6 +203,14 @@ def _check_layout(
                 "Save one value per row, e.g. `np.full(num_rows, value)`.",
             )
         )
+    if any(d < 0 for d in shape):
+        raise ValueError(
+            _errors.message(
+                "Every dimension of an array must be >= 0.",
+                f"{source}.shape={shape}",
+                "The header is damaged; write the file again (e.g. `np.save`).",
+            )
+        )
     if fortran_order and len(shape) > 1:
         raise ValueError(
             _errors.message(
@@ -246,7 +256,7 @@ class _RawArray(FileArray):
         self.dtype = _native(file_dtype)
         self.source = source
         self._swap = file_dtype != self.dtype
-        self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * file_dtype.itemsize
+        self._row_bytes = math.prod(shape[1:]) * file_dtype.itemsize
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         view = _byte_view(out)
@@ -264,6 +274,70 @@ class _RawArray(FileArray):
                 filled += n
         if self._swap:
             out.byteswap(inplace=True)
+
+
+class _StoredNpzArray(_RawArray):
+    """A stored (uncompressed) .npz member, read in place like a .npy file.
+
+    With `verify`, the member's CRC-32 (recorded in the zip's central
+    directory) is checked once, on the first read and before any row is
+    returned: one sequential pass over the whole member, in pieces of
+    `_STREAM_PIECE_BYTES`. A worker reading only its rows still reads the
+    whole member once, because a CRC-32 covers the member as one unit.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        shape: tuple[int, ...],
+        file_dtype: np.dtype,
+        source: str,
+        member: str,
+        member_offset: int,
+        member_bytes: int,
+        crc32: int,
+        verify: bool,
+    ) -> None:
+        super().__init__(path, offset, shape, file_dtype, source)
+        self.member = member
+        self.member_offset = member_offset
+        self.member_bytes = member_bytes
+        self.crc32 = crc32
+        self.verify = verify
+        self._verified = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The receiver may read another copy of the file: it checks again.
+        return {**super().__getstate__(), "_verified": False}
+
+    def _check_crc(self) -> None:
+        crc, left = 0, self.member_bytes
+        with open(self.path, "rb") as f:
+            f.seek(self.member_offset)
+            while left:
+                piece = f.read(min(_STREAM_PIECE_BYTES, left))
+                if not piece:
+                    break  # truncated: the CRC below cannot match
+                crc = zlib.crc32(piece, crc)
+                left -= len(piece)
+        if crc != self.crc32 or left:
+            raise ValueError(
+                _errors.message(
+                    "A .npz member's bytes must match the CRC-32 its archive records.",
+                    f"{self.source} (member {self.member!r}) crc32={crc:#010x}, "
+                    f"recorded crc32={self.crc32:#010x}",
+                    "The archive is damaged or was copied incompletely; write it again "
+                    "with `np.savez` (or copy it again). Pass `verify=False` only to "
+                    "skip the check.",
+                )
+            )
+        self._verified = True
+
+    def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        if self.verify and not self._verified:
+            self._check_crc()
+        super()._read_into(start, stop, out)
 
 
 def npy(path: PathLike) -> FileArray:
@@ -295,7 +369,9 @@ def npy(path: PathLike) -> FileArray:
         offset = f.tell()
         size = os.fstat(f.fileno()).st_size
     _check_layout(path, shape, dtype, fortran_order)
-    _check_size(path, offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, size)
+    # Python ints: a hostile header's shape product cannot wrap around (NumPy's
+    # int64 product of (2**40, 2**40) is 0), so it is caught here as a size mismatch.
+    _check_size(path, offset + math.prod(shape) * dtype.itemsize, size)
     return _RawArray(path, offset, shape, dtype, source=path)
 
 
@@ -322,6 +398,11 @@ class _DeflatedNpzArray(FileArray):
     between reads and remembers its position: reading chunks in increasing
     order decompresses the member once. Reading an earlier row restarts the
     stream from the member's start (`ZipExtFile.seek` rewinds and re-reads).
+
+    With `verify`, the first read decompresses the whole member once so that
+    zipfile checks its CRC-32 (it does so only when a read reaches the end),
+    then rewinds. Any damage -- a broken deflate stream or a CRC mismatch --
+    is a `ValueError` naming the archive and the member.
     """
 
     _handles = ("_zip", "_stream")
@@ -334,6 +415,7 @@ class _DeflatedNpzArray(FileArray):
         shape: tuple[int, ...],
         file_dtype: np.dtype,
         source: str,
+        verify: bool = True,
     ) -> None:
         self.path = path
         self.member = member
@@ -342,14 +424,33 @@ class _DeflatedNpzArray(FileArray):
         self.dtype = _native(file_dtype)
         self.source = source
         self._swap = file_dtype != self.dtype
-        self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * file_dtype.itemsize
+        self._row_bytes = math.prod(shape[1:]) * file_dtype.itemsize
+        self.verify = verify
+        self._verified = False
         self._zip: zipfile.ZipFile | None = None
         self._stream: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_verified": False}
+
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        try:
+            self._read_stream(start, stop, out)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+            # A damaged deflate stream, or zipfile's CRC-32 check at the member's end.
+            self.close()
+            raise ValueError(_damaged_member(self.source, self.member, err)) from err
+
+    def _read_stream(self, start: int, stop: int, out: np.ndarray) -> None:
         if self._stream is None:
             self._zip = zipfile.ZipFile(self.path)
             self._stream = self._zip.open(self.member)
+        if self.verify and not self._verified:
+            # zipfile checks the CRC-32 when a read reaches the member's end:
+            # decompress it all once, then rewind for the rows asked for.
+            while self._stream.read(_STREAM_PIECE_BYTES):
+                pass
+            self._verified = True
         self._stream.seek(self.header_bytes + start * self._row_bytes)
         view = _byte_view(out)
         filled = 0
@@ -365,6 +466,16 @@ class _DeflatedNpzArray(FileArray):
             filled += len(piece)
         if self._swap:
             out.byteswap(inplace=True)
+
+
+def _damaged_member(source: str, member: str, err: BaseException) -> str:
+    return _errors.message(
+        "A .npz member must read back whole: decompress (when compressed) and match the "
+        "CRC-32 its archive records.",
+        f"{source} (member {member!r}): {type(err).__name__}: {err}",
+        "The archive is damaged or was copied incompletely; write it again "
+        "(`np.savez` or `np.savez_compressed`) or copy it again.",
+    )
 
 
 def _member_data_offset(path: str, info: zipfile.ZipInfo) -> int:
@@ -385,7 +496,7 @@ def _member_data_offset(path: str, info: zipfile.ZipInfo) -> int:
     return info.header_offset + zipfile.sizeFileHeader + fields[10] + fields[11]
 
 
-def npz(path: PathLike, key: str) -> FileArray:
+def npz(path: PathLike, key: str, verify: bool = True) -> FileArray:
     """A lazy leaf over one array of a `.npz` archive.
 
     A stored member (`np.savez`) is plain .npy bytes inside the zip and is read
@@ -395,9 +506,17 @@ def npz(path: PathLike, key: str) -> FileArray:
     a re-read from the member's start for every backwards jump. Prefer
     `np.savez` (or .npy files) for data loaded by many workers.
 
+    With `verify` (the default), the member's CRC-32 from the zip's central
+    directory is checked on the first read, before any row is returned -- as
+    `np.load` does. It costs one extra sequential pass over the whole member
+    per process (a compressed member: one extra full decompression), even
+    when the process reads only some rows: a CRC-32 covers the member whole.
+
     Args:
         path: The `.npz` file.
         key: The array's name in the archive (as passed to `np.savez`).
+        verify: Check the member's CRC-32 before its first read. With False a
+            damaged stored member reads as wrong numbers, undetected.
 
     Returns:
         A `FileArray` with the member's shape and dtype.
@@ -405,7 +524,9 @@ def npz(path: PathLike, key: str) -> FileArray:
     Raises:
         FileNotFoundError: If the file does not exist.
         ValueError: If the file is not a zip archive, `key` is not in it, or
-            the member is damaged, Fortran-ordered or truncated.
+            the member is damaged, Fortran-ordered or truncated; on the first
+            read, if the member does not match its CRC-32 or does not
+            decompress (naming the archive and the member).
         TypeError: For object (pickled) or non-numeric members.
 
     Example:
@@ -434,16 +555,30 @@ def npz(path: PathLike, key: str) -> FileArray:
             )
         info = archive.getinfo(members[key])
         source = f"{path}[{key!r}]"
-        with archive.open(info) as member:
-            shape, fortran_order, dtype = _npy_header(member, source)
-            header_bytes = member.tell()
+        try:
+            with archive.open(info) as member:
+                shape, fortran_order, dtype = _npy_header(member, source)
+                header_bytes = member.tell()
+        except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+            raise ValueError(_damaged_member(source, info.filename, err)) from err
     _check_layout(source, shape, dtype, fortran_order)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     _check_size(source, header_bytes + nbytes, info.file_size)
     if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
-        offset = _member_data_offset(path, info) + header_bytes
-        return _RawArray(path, offset, shape, dtype, source=source)
-    return _DeflatedNpzArray(path, info.filename, header_bytes, shape, dtype, source)
+        member_offset = _member_data_offset(path, info)
+        return _StoredNpzArray(
+            path,
+            member_offset + header_bytes,
+            shape,
+            dtype,
+            source,
+            member=info.filename,
+            member_offset=member_offset,
+            member_bytes=info.file_size,
+            crc32=info.CRC,
+            verify=verify,
+        )
+    return _DeflatedNpzArray(path, info.filename, header_bytes, shape, dtype, source, verify)
 
 
 # -- HDF5 ------------------------------------------------------------------------------------
@@ -562,22 +697,30 @@ class _ParquetArray(FileArray):
         self._file: Any = None
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        import pyarrow.parquet as pq
-
         if self._file is None:
-            self._file = pq.ParquetFile(self.path)
+            self._file = _open_parquet(self.path)
         group = bisect.bisect_right(self._group_starts, start) - 1
         row, pos = start, 0
         while row < stop:
             group_start, group_stop = self._group_starts[group], self._group_starts[group + 1]
             take = min(stop, group_stop) - row
             if take > 0:
-                table = self._file.read_row_group(group, columns=[self.column])
+                table = self._read_group(group)
                 for chunk in table.column(0).slice(row - group_start, take).chunks:
                     out[pos : pos + len(chunk)] = self._to_numpy(chunk, row)
                     pos += len(chunk)
                     row += len(chunk)
             group += 1
+
+    def _read_group(self, group: int) -> Any:
+        import pyarrow as pa
+
+        try:
+            return self._file.read_row_group(group, columns=[self.column])
+        except (pa.ArrowException, OSError) as err:
+            # OSError: a page whose CRC-32 does not match; ArrowException: a
+            # page that does not decode (or decompress).
+            raise ValueError(_damaged_page(self.source, group, err)) from err
 
     def _to_numpy(self, array: Any, first_row: int) -> np.ndarray:
         import pyarrow.compute as pc
@@ -592,7 +735,7 @@ class _ParquetArray(FileArray):
                 bad = np.flatnonzero(lengths != width)
                 if len(bad):
                     # At nesting level L each row holds prod(shape[1:1+L]) lists.
-                    per_row = int(np.prod(self.shape[1 : 1 + level], dtype=np.int64))
+                    per_row = math.prod(self.shape[1 : 1 + level])
                     row = first_row + int(bad[0]) // max(1, per_row)
                     raise ValueError(
                         _errors.message(
@@ -662,13 +805,32 @@ def _parquet_layout(source: str, arrow_type: Any, first: Any) -> tuple[np.dtype,
     return np.dtype(arrow_type.to_pandas_dtype()), tuple(dims), tuple(fixed)
 
 
+def _damaged_page(source: str, group: int, err: BaseException) -> str:
+    return _errors.message(
+        "Every page of a Parquet column must decode and match its page checksum (when "
+        "the writer stored one).",
+        f"{source} row group {group}: {type(err).__name__}: {err}",
+        "The file is damaged or was copied incompletely; copy or write it again.",
+    )
+
+
+def _open_parquet(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    # Pages written with a CRC-32 (`write_page_checksum=True`, as `shardfeed
+    # split` writes them) are checked as they are read; pages without one are not.
+    return pq.ParquetFile(path, page_checksum_verification=True)
+
+
 def parquet(path: PathLike, column: str) -> FileArray:
     """A lazy leaf over one column of a Parquet file.
 
     A read decodes only the row groups that overlap the requested rows, and
     only `column`. Numeric columns become 1-D arrays; fixed-size lists become
     2-D (nested ones N-D); variable lists become 2-D when every row has the
-    first row's length (checked as rows are read).
+    first row's length (checked as rows are read). Pages the writer stored a
+    CRC-32 for (`write_page_checksum=True`, as `shardfeed split` does) are
+    verified as they are read; pages without one cannot be.
 
     Args:
         path: The Parquet file.
@@ -679,8 +841,8 @@ def parquet(path: PathLike, column: str) -> FileArray:
 
     Raises:
         FileNotFoundError: If the file does not exist.
-        ValueError: If `column` is missing; on read, for nulls or unequal list
-            lengths.
+        ValueError: If `column` is missing; on read, for nulls, unequal list
+            lengths, or a page that does not decode or match its checksum.
         TypeError: For non-numeric columns.
 
     Example:
@@ -709,7 +871,7 @@ def parquet_columns(path: PathLike, columns: Sequence[str]) -> dict[str, FileArr
         >>> ds = shardfeed.ShardedResidentDataset(cols["features"], cols["label"], ...)
     """
     pa = _optional("pyarrow")
-    pq = _optional("pyarrow.parquet")
+    _optional("pyarrow.parquet")
     path = _existing(path)
     if isinstance(columns, str) or not columns:
         raise ValueError(
@@ -720,7 +882,7 @@ def parquet_columns(path: PathLike, columns: Sequence[str]) -> dict[str, FileArr
             )
         )
     try:
-        file = pq.ParquetFile(path)
+        file = _open_parquet(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise ValueError(
             _errors.message(
@@ -749,7 +911,10 @@ def parquet_columns(path: PathLike, columns: Sequence[str]) -> dict[str, FileArr
             arrow_type = schema.field(column).type
             first = None
             if starts[-1] and _has_variable_list(arrow_type):
-                batch = next(file.iter_batches(batch_size=1, columns=[column]))
+                try:
+                    batch = next(file.iter_batches(batch_size=1, columns=[column]))
+                except (pa.ArrowException, OSError) as err:
+                    raise ValueError(_damaged_page(f"{path}[{column!r}]", 0, err)) from err
                 first = batch.column(0)
             dtype, dims, fixed = _parquet_layout(f"{path}[{column!r}]", arrow_type, first)
             leaves[column] = _ParquetArray(

@@ -18,23 +18,14 @@ One script runs unchanged everywhere:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from shardfeed import _cluster, _errors
+from shardfeed._host import local_size as local_size
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
-
-# Variables in which launchers say how many of their processes share this host.
-_LOCAL_SIZE_VARIABLES = (
-    "SHARDFEED_LOCAL_SIZE",
-    "HOROVOD_LOCAL_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "MPI_LOCALNRANKS",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_NTASKS_PER_NODE",
-)
 
 
 def resolve_engine(
@@ -64,15 +55,6 @@ def resolve_engine(
     if num_gpus > 1 or (num_gpus == 0 and num_cpu_devices > 1):
         return "mirrored"
     return "single"
-
-
-def local_size(environ: Mapping[str, str]) -> int | None:
-    """How many workers share this host, when the launcher says so."""
-    for name in _LOCAL_SIZE_VARIABLES:
-        text = environ.get(name, "").split("(")[0].split(",")[0]  # SLURM: "2(x3),1"
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-    return None
 
 
 def gpu_for_worker(

@@ -11,6 +11,12 @@ through NVML (`pip install nvidia-ml-py`) when it is installed; CPU devices
 (including logical CPU devices used in tests) share the host's RAM and are
 read from `/proc/meminfo`. When nothing can be read the check is skipped and
 says so in `MemoryReport.source`.
+
+Several workers on one host (e.g. `shardfeed launch --num-workers 2` on CPU)
+each read the same available RAM, so each may use only its share: the usable
+bytes of the host are divided by the number of workers the launcher says
+share it (`_host.local_size`). Workers that already loaded have lowered the
+available RAM by then, which only makes the check stricter.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from shardfeed import _errors
+from shardfeed import _errors, _host
 
 GIB = 1024**3
 MIB = 1024**2
@@ -35,6 +41,8 @@ class MemoryReport:
         usable_bytes: The share of `free_bytes` data may use (None when unknown).
         source: Where `free_bytes` came from ("given", "nvml", "meminfo",
             "unknown").
+        workers_on_host: Workers sharing `free_bytes` (the host's RAM);
+            `usable_bytes` is this worker's share.
     """
 
     device: str
@@ -42,6 +50,7 @@ class MemoryReport:
     free_bytes: int | None
     usable_bytes: int | None
     source: str
+    workers_on_host: int = 1
 
     @property
     def fits(self) -> bool:
@@ -49,11 +58,14 @@ class MemoryReport:
 
     def numbers(self) -> str:
         """`needed_bytes=..., free_bytes=..., usable_bytes=...` for messages."""
-        return (
+        text = (
             f"needed_bytes={self.needed_bytes:,} ({self.needed_bytes / GIB:.2f} GiB), "
             f"free_bytes={self.free_bytes:,} ({(self.free_bytes or 0) / GIB:.2f} GiB, "
             f"from {self.source}), usable_bytes={self.usable_bytes:,}"
         )
+        if self.workers_on_host > 1:
+            text += f" (this worker's share: {self.workers_on_host} workers share the host)"
+        return text
 
 
 def host_available_bytes() -> int | None:
@@ -107,11 +119,13 @@ def memory_reports(
     needed_by_device: dict[str, int],
     memory_fraction: float,
     device_memory_bytes: int | None = None,
+    workers_on_host: int | None = None,
 ) -> list[MemoryReport]:
     """Bytes needed against bytes usable on each device; allocates nothing.
 
     Logical CPU devices share one host, so their needs are added up and
-    checked once against the host's available memory.
+    checked once against the host's available memory -- this worker's share
+    of it when several workers share the host.
 
     Args:
         needed_by_device: Bytes each device will hold.
@@ -119,22 +133,34 @@ def memory_reports(
             headroom for the model, optimizer state and activations.
         device_memory_bytes: Free bytes per device, when given by the user
             (overrides what the device reports).
+        workers_on_host: Workers sharing this host's RAM; None reads what the
+            launcher set (`SHARDFEED_LOCAL_SIZE`, `HOROVOD_LOCAL_SIZE`, ...),
+            else 1.
 
     Returns:
         One `MemoryReport` per device (one for all CPU devices together).
+
+    Example:
+        >>> [r.fits for r in memory_reports({"/device:GPU:0": 2**30}, 0.8, 2**31)]
+        [True]
     """
+    if workers_on_host is None:
+        workers_on_host = _host.local_size(os.environ) or 1
     grouped: dict[str, int] = {}
     for device, needed in needed_by_device.items():
         key = device if "GPU:" in device.upper() or device_memory_bytes else "host"
         grouped[key] = grouped.get(key, 0) + needed
     reports = []
     for device, needed in grouped.items():
+        sharing = 1
         if device_memory_bytes is not None:
             free, source = device_memory_bytes, "given"
         else:
             free, source = free_bytes(device if device != "host" else "CPU:0")
-        usable = None if free is None else int(free * memory_fraction)
-        reports.append(MemoryReport(device, needed, free, usable, source))
+            # Every local worker reads the same available RAM: each gets its share.
+            sharing = workers_on_host if device == "host" and source == "meminfo" else 1
+        usable = None if free is None else int(free * memory_fraction) // sharing
+        reports.append(MemoryReport(device, needed, free, usable, source, sharing))
     return reports
 
 

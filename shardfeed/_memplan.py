@@ -11,7 +11,10 @@ through NVML (`_memory.gpu_free_bytes`), anything else through the host's
 
 The free memory of every device in the plan is taken to be that of this
 machine's first GPU (or the host, or the number given): the plan is for a
-cluster of like devices.
+cluster of like devices. Workers are placed on hosts in rank order,
+`workers_per_host` to a host; when the devices are the host's RAM (read from
+`/proc/meminfo`), every device of every worker on a host counts against that
+one host's memory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -27,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardfeed import _errors, _memory, _split
+from shardfeed import _errors, _host, _memory, _split
 from shardfeed._plan import Placement, ShardPlan, _check_positive, plan_shards
 from shardfeed._sources import Column, check_lengths, make_column
 
@@ -86,9 +90,11 @@ class RankPlan:
         steps_per_epoch: Training steps per epoch (the same on every rank).
         dropped_rows_per_epoch: Rows of its replicas left out of each epoch.
         needed_bytes: Bytes that must fit in `usable_bytes`: the largest
-            device's, or all its devices' together when they share host RAM.
+            device's, or, when devices share host RAM, all the devices of
+            all the workers on its host together.
         free_bytes: Free bytes per device (None when unknown).
         usable_bytes: `int(free_bytes * memory_fraction)` (None when unknown).
+        host: Index of the host it runs on (`rank // workers_per_host`).
     """
 
     rank: int
@@ -100,6 +106,7 @@ class RankPlan:
     needed_bytes: int
     free_bytes: int | None
     usable_bytes: int | None
+    host: int = 0
 
     @property
     def rows(self) -> int:
@@ -129,6 +136,7 @@ class MemoryPlan:
         memory_source: Where the free bytes came from: "given", "nvml",
             "meminfo" or "unknown".
         ranks: One `RankPlan` per worker.
+        workers_per_host: Workers on each host (the last host may have fewer).
     """
 
     shard_plan: ShardPlan
@@ -138,6 +146,16 @@ class MemoryPlan:
     memory_fraction: float
     memory_source: str
     ranks: tuple[RankPlan, ...]
+    workers_per_host: int = 1
+
+    @property
+    def num_hosts(self) -> int:
+        return -(-self.num_workers // self.workers_per_host)
+
+    @property
+    def devices_per_host(self) -> int:
+        """Devices of the largest host (all its workers' replicas)."""
+        return min(self.workers_per_host, self.num_workers) * self.replicas_per_worker
 
     @property
     def row_bytes(self) -> int:
@@ -169,7 +187,8 @@ class MemoryPlan:
             f"data: {plan.num_rows:,} rows x {self.row_bytes:,} B/row ({described}) = "
             f"{format_bytes(plan.num_rows * self.row_bytes)}",
             f"plan: {self.num_workers} worker(s) x {self.replicas_per_worker} replica(s) = "
-            f"{n_rep} replica(s); per_replica_batch_size={plan.per_replica_batch_size} "
+            f"{n_rep} replica(s){self._hosts_words()}; "
+            f"per_replica_batch_size={plan.per_replica_batch_size} "
             f"(global batch {plan.global_batch_size:,}); placement={plan.placement!r}; "
             f"drop_remainder={plan.drop_remainder}",
             "",
@@ -202,8 +221,15 @@ class MemoryPlan:
                     "unchecked" if r.usable_bytes is None else ("yes" if r.fits else "NO"),
                 )
             )
-        # Numbers right-aligned, words left-aligned, as in `nvidia-smi`.
         left = {0, 1, 8}
+        if self.workers_per_host > 1:
+            # Which host each rank is on: its needs count with its host-mates'.
+            rows = [
+                (row[0], "host" if i == 0 else str(self.ranks[i - 1].host), *row[1:])
+                for i, row in enumerate(rows)
+            ]
+            header, left = rows[0], {0, 1, 2, 9}
+        # Numbers right-aligned, words left-aligned, as in `nvidia-smi`.
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         for row in rows:
             cells = [
@@ -213,6 +239,11 @@ class MemoryPlan:
             lines.append("  ".join(cells).rstrip())
         lines += ["", self._verdict()]
         return "\n".join(lines)
+
+    def _hosts_words(self) -> str:
+        if self.workers_per_host == 1:
+            return ""
+        return f" on {self.num_hosts} host(s) of {self.workers_per_host} worker(s)"
 
     def _verdict(self) -> str:
         worst = max(self.ranks, key=lambda r: r.needed_bytes)
@@ -228,14 +259,26 @@ class MemoryPlan:
             f"{_SOURCE_WORDS.get(self.memory_source, self.memory_source)})"
         )
         what = "each device needs at most"
-        if self.shared_host and self.replicas_per_worker > 1:
+        if self.shared_host and self.workers_per_host > 1:
+            what = (
+                f"the {self.workers_per_host} workers on each host ({self.devices_per_host} "
+                "devices) share its RAM and need"
+            )
+        elif self.shared_host and self.replicas_per_worker > 1:
             what = f"each worker's {self.replicas_per_worker} devices share the host and need"
+        assumed = ""
+        if self.shared_host and self.workers_per_host == 1 and self.num_workers > 1:
+            # The plan cannot know where workers run: say what it assumed.
+            assumed = (
+                " Assumed one worker per host; pass workers_per_host (--workers-per-host) "
+                "when several share one."
+            )
         if self.fits:
-            return f"fits: {what} {format_bytes(worst.needed_bytes)} of {memory}."
+            return f"fits: {what} {format_bytes(worst.needed_bytes)} of {memory}.{assumed}"
         misfits = ", ".join(str(r.rank) for r in self.ranks if not r.fits)
         return (
             f"does NOT fit on rank(s) {misfits}: {what} {format_bytes(worst.needed_bytes)}, "
-            f"over {memory}."
+            f"over {memory}.{assumed}"
         )
 
     def advice(self) -> list[str]:
@@ -265,6 +308,24 @@ class MemoryPlan:
         plan, r_per_w = self.shard_plan, self.replicas_per_worker
         max_rows = usable // self.row_bytes
         limit = format_bytes(usable)
+        if self.shared_host and self.workers_per_host > 1:
+            # All devices of all workers on a host share its RAM: only more hosts help.
+            per_host = self.workers_per_host * r_per_w
+            if max_rows < per_host:
+                return (
+                    f"Even one row per device ({per_host} devices on a host x "
+                    f"{format_bytes(self.row_bytes)}) does not fit in {limit} usable: use "
+                    "fewer workers per host, fewer replicas per worker or a compact dtype."
+                )
+            hosts = max(1, -(-plan.num_rows // max_rows))
+            while _largest_rank_rows(plan.num_rows, hosts, per_host) > max_rows:
+                hosts += 1
+            return (
+                f"Use more hosts: the {self.workers_per_host} workers on a host "
+                f"({per_host} device(s)) share its RAM, so with placement='shard' at least "
+                f"{hosts} host(s) of {self.workers_per_host} worker(s) keep every host within "
+                f"{limit} usable (now {self.num_hosts})."
+            )
         if self.shared_host:
             # A worker's devices share the host's RAM, so only more workers help.
             if max_rows < r_per_w:
@@ -323,7 +384,9 @@ class MemoryPlan:
         usable = worst.usable_bytes or 0
         listed = ", ".join(f"{c.name} {c.dtype.name}->{_COMPACT[c.dtype].name}" for c in casts)
         verdict = "fits in" if needed <= usable else "is still over"
-        where = "per worker" if self.shared_host else "per device"
+        where = "per device"
+        if self.shared_host:
+            where = "per host" if self.workers_per_host > 1 else "per worker"
         return [
             f"Store a compact dtype and cast in `transform` ({listed}): "
             f"{format_bytes(needed)} {where} instead of {format_bytes(worst.needed_bytes)}, "
@@ -338,7 +401,7 @@ class MemoryPlan:
                 "replica streams its own rows."
             )
         # Replicas on one host share its RAM, as in `ShardedResidentDataset`.
-        per_device = usable // (self.replicas_per_worker if self.shared_host else 1)
+        per_device = usable // (self.devices_per_host if self.shared_host else 1)
         b = plan.per_replica_batch_size
         step_bytes = b * self.row_bytes
         # Two slots (double buffering) of whole steps, as `_streaming.plan_stream` cuts them.
@@ -357,10 +420,11 @@ class MemoryPlan:
         )
 
 
-def _largest_rank_rows(num_rows: int, num_workers: int, replicas_per_worker: int) -> int:
-    # Rank 0 holds the largest shards: `split_rows` gives the first ones a row more.
-    base, extra = divmod(num_rows, num_workers * replicas_per_worker)
-    return replicas_per_worker * base + min(replicas_per_worker, extra)
+def _largest_rank_rows(num_rows: int, num_groups: int, replicas_per_group: int) -> int:
+    # The first worker (or host) holds the largest shards: `split_rows` gives
+    # the first ones a row more.
+    base, extra = divmod(num_rows, num_groups * replicas_per_group)
+    return replicas_per_group * base + min(replicas_per_group, extra)
 
 
 def format_bytes(num_bytes: int) -> str:
@@ -531,6 +595,7 @@ def memory_plan(
     drop_remainder: bool = False,
     device_memory_bytes: int | None = None,
     memory_fraction: float = 0.8,
+    workers_per_host: int = 1,
 ) -> MemoryPlan:
     """Plans where the rows go and whether each worker's devices can hold them.
 
@@ -554,13 +619,18 @@ def memory_plan(
             worker's devices share it, as logical CPU devices do).
         memory_fraction: Share of free memory the data may take; the rest is
             headroom for the model, optimizer state and activations.
+        workers_per_host: Workers sharing one host, in rank order (e.g. 2
+            for `shardfeed launch --num-workers 2` on one machine). When the
+            devices are the host's RAM, all their shards must fit in it
+            together.
 
     Returns:
         The `MemoryPlan`; `.table()` prints it and `.advice()` says what to
         change when it does not fit.
 
     Raises:
-        ValueError: For non-positive counts or sizes, a `memory_fraction`
+        ValueError: For non-positive counts or sizes, more workers per host
+            than workers, a `memory_fraction`
             outside (0, 1], an unknown placement, arrays of different
             lengths, a global batch larger than the data, or an epoch with
             no step.
@@ -577,6 +647,17 @@ def memory_plan(
     _check_positive(
         "replicas_per_worker", replicas_per_worker, "Pass the devices per worker, e.g. 8."
     )
+    _check_positive(
+        "workers_per_host", workers_per_host, "Pass the workers started on each host, e.g. 1."
+    )
+    if workers_per_host > num_workers:
+        raise ValueError(
+            _errors.message(
+                "`workers_per_host` must be at most `num_workers`.",
+                f"workers_per_host={workers_per_host}, num_workers={num_workers}",
+                "Pass the workers started on each host (all of them: num_workers).",
+            )
+        )
     if not 0.0 < memory_fraction <= 1.0:
         raise ValueError(
             _errors.message(
@@ -620,11 +701,17 @@ def memory_plan(
     free, source = _free_device_bytes(device_memory_bytes)
     usable = None if free is None else int(free * memory_fraction)
     dropped = _dropped_per_replica(plan)
+    shared_host = source == "meminfo"
+    host_bytes: dict[int, int] = {}
+    for replica in range(num_replicas):
+        host = replica // replicas_per_worker // workers_per_host
+        host_bytes[host] = host_bytes.get(host, 0) + plan.shard_rows(replica) * row_bytes
     ranks = []
     for rank in range(num_workers):
         ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
         held = tuple(plan.shard_rows(r) for r in ids)
         held_bytes = tuple(n * row_bytes for n in held)
+        host = rank // workers_per_host
         ranks.append(
             RankPlan(
                 rank=rank,
@@ -633,10 +720,12 @@ def memory_plan(
                 bytes_per_replica=held_bytes,
                 steps_per_epoch=plan.steps_per_epoch,
                 dropped_rows_per_epoch=sum(dropped[r] for r in ids),
-                # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds them).
-                needed_bytes=sum(held_bytes) if source == "meminfo" else max(held_bytes),
+                # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
+                # them), and so do all the workers on one host.
+                needed_bytes=host_bytes[host] if shared_host else max(held_bytes),
                 free_bytes=free,
                 usable_bytes=usable,
+                host=host,
             )
         )
     return MemoryPlan(
@@ -647,6 +736,7 @@ def memory_plan(
         memory_fraction=memory_fraction,
         memory_source=source,
         ranks=tuple(ranks),
+        workers_per_host=workers_per_host,
     )
 
 
@@ -700,6 +790,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="devices per worker (default 1)",
     )
     parser.add_argument(
+        "--workers-per-host",
+        metavar="W",
+        type=int,
+        default=None,
+        help="workers started on each host (default: what the launcher set, e.g. "
+        "SHARDFEED_LOCAL_SIZE, else 1); with host RAM as the device memory, all their "
+        "shards must fit in one host together",
+    )
+    parser.add_argument(
         "--per-replica-batch-size",
         metavar="B",
         type=int,
@@ -746,6 +845,11 @@ def run(args: argparse.Namespace) -> int:
             drop_remainder=args.drop_remainder,
             device_memory_bytes=device_memory,
             memory_fraction=args.memory_fraction,
+            workers_per_host=(
+                args.workers_per_host
+                if args.workers_per_host is not None
+                else min(_host.local_size(os.environ) or 1, max(1, args.num_workers))
+            ),
         )
     except (ValueError, TypeError, OSError, ImportError) as err:
         print(f"shardfeed plan: error: {err}", file=sys.stderr)

@@ -15,6 +15,7 @@ dataset is never materialised whole on the host.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +59,7 @@ class Column:
 
     @property
     def row_bytes(self) -> int:
-        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.row_shape) * self.dtype.itemsize
 
     def read(self, start: int, stop: int, check_finite: bool = False) -> np.ndarray:
         """Reads rows `[start, stop)` as a C-contiguous NumPy array.

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -114,7 +115,7 @@ def _write_npy(
         np.lib.format.write_array_header_1_0(out, header)
     except ValueError:  # header longer than 64 KiB: only version 2.0 can hold it
         np.lib.format.write_array_header_2_0(out, header)
-    row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
+    row_bytes = math.prod(row_shape) * dtype.itemsize
     for a, b in _chunks(start, stop, row_bytes, chunk_bytes):
         out.write(_read_rows(array, a, b, dtype).reshape(-1).view(np.uint8))
 
@@ -142,8 +143,9 @@ def _write_parquet(
 
     row_shape = tuple(array.shape[1:])
     schema = pa.schema([pa.field(name, _arrow_type(dtype, row_shape), nullable=False)])
-    row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
-    with pq.ParquetWriter(out, schema) as writer:
+    row_bytes = math.prod(row_shape) * dtype.itemsize
+    # Page checksums let readers (`files.parquet`) detect a damaged page.
+    with pq.ParquetWriter(out, schema, write_page_checksum=True) as writer:
         # One row group per chunk: a reader then decodes at most one chunk of
         # one column at a time.
         for a, b in _chunks(start, stop, row_bytes, chunk_bytes):
@@ -432,11 +434,50 @@ def _manifest_error(path: Path, problem: str) -> ValueError:
     )
 
 
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_entry(path: Path, where: str, entry: Any) -> None:
+    """Refuses a shard file entry that is not `{"path": str, "bytes": int, "sha256": hex}`."""
+    if not isinstance(entry, dict):
+        problem = f"{where} is a {type(entry).__name__}, not an object"
+    elif not isinstance(entry.get("path"), str) or not entry["path"]:
+        problem = f"{where}.path={entry.get('path')!r} (needs a non-empty string)"
+    elif isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int):
+        problem = f"{where}.bytes={entry.get('bytes')!r} (needs an integer)"
+    elif entry["bytes"] < 0:
+        problem = f"{where}.bytes={entry['bytes']!r} (needs an integer >= 0)"
+    elif not isinstance(entry.get("sha256"), str) or not _SHA256_RE.fullmatch(entry["sha256"]):
+        problem = f"{where}.sha256={entry.get('sha256')!r} (needs 64 lowercase hex digits)"
+    else:
+        return
+    raise _manifest_error(path, problem)
+
+
+def _confined(path: Path, root: str, where: str, name: str) -> Path:
+    """The shard file `name` under the manifest's directory `root` (a realpath),
+    refusing absolute paths and any that resolve (`..`, symlinks) outside it."""
+    resolved = os.path.realpath(os.path.join(root, name))
+    if os.path.isabs(name) or os.path.commonpath([root, resolved]) != root:
+        raise ValueError(
+            _errors.message(
+                "A manifest's shard files must lie inside the manifest's directory: "
+                "relative paths that stay inside it after `..` and symlinks are resolved.",
+                f"{path} {where}.path={name!r}",
+                "Copy the shard files into the manifest's directory and list them by "
+                "name, or split the data again with `shardfeed split`.",
+            )
+        )
+    return path.parent / name
+
+
 def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.FileArray]:
     """Lazy leaves over a split dataset, one per array, in global row order.
 
     Only `manifest.json` is read here, and each shard file's size is checked
-    (a stat, no read). A shard file is opened on the first read of one of its
+    (a stat, no read). Shard file paths must be relative and stay inside the
+    manifest's directory once `..` and symlinks are resolved; any other path
+    is refused before that file is looked at. A shard file is opened on the first read of one of its
     rows; its header is compared with the manifest and, with `verify`, its
     sha256 is checked first (one extra pass over that file). Workers reading
     only their rows thus open and verify only their own files.
@@ -451,7 +492,9 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.F
     Raises:
         FileNotFoundError: If the manifest or a shard file is missing.
         ValueError: For a manifest of another format or version, rows that
-            do not add up, a shard file of the wrong size; on read, a
+            do not add up, a malformed file entry (naming the shard index and
+            array), a path outside the manifest's directory, a shard file of
+            the wrong size; on read, a
             checksum or header mismatch (naming the file).
 
     Example:
@@ -491,6 +534,11 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.F
         raise _manifest_error(path, f"missing or malformed field {err}") from err
     if file_format not in FILE_FORMATS:
         raise _manifest_error(path, f"file_format={file_format!r}")
+    for name, (dtype, row_shape) in arrays.items():
+        if dtype.kind not in _NUMERIC_KINDS or any(d < 0 for d in row_shape):
+            raise _manifest_error(
+                path, f"arrays[{name!r}] dtype={dtype.str}, row_shape={list(row_shape)}"
+            )
     expected_start = 0
     for start, stop, _ in shards:
         if start != expected_start or stop < start:
@@ -500,16 +548,21 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.F
         expected_start = stop
     if expected_start != num_rows:
         raise _manifest_error(path, f"shards hold {expected_start} rows, num_rows={num_rows}")
+    root = os.path.realpath(path.parent)
     leaves = {}
     for name, (dtype, row_shape) in arrays.items():
         parts = []
-        for start, stop, files in shards:
+        for index, (start, stop, files) in enumerate(shards):
             entry = files.get(name) if isinstance(files, dict) else None
             if entry is None:
                 raise _manifest_error(
                     path, f"shard rows [{start}, {stop}) list no file for {name!r}"
                 )
-            file_path = path.parent / entry["path"]
+            where = f"shards[{index}].files[{name!r}]"
+            _check_entry(path, where, entry)
+            # Checked before the file is looked at, so a manifest cannot make
+            # shardfeed open, hash or even stat a file outside its directory.
+            file_path = _confined(path, root, where, entry["path"])
             if not file_path.is_file():
                 raise FileNotFoundError(
                     _errors.message(
@@ -517,6 +570,15 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.F
                         f"{file_path} (array {name!r}, rows [{start}, {stop}))",
                         "Copy the whole split directory, or split the data again.",
                     )
+                )
+            # An .npy shard holds at least its rows' bytes: a row_shape that
+            # claims more is refused here, before any memory is planned for it.
+            data_bytes = (stop - start) * math.prod(row_shape) * dtype.itemsize
+            if file_format == "npy" and entry["bytes"] < data_bytes:
+                raise _manifest_error(
+                    path,
+                    f"{where}.bytes={entry['bytes']} is less than its {stop - start} rows of "
+                    f"{dtype.str}{list(row_shape)} take ({data_bytes} bytes)",
                 )
             size = file_path.stat().st_size
             if size != entry["bytes"]:

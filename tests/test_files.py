@@ -134,6 +134,37 @@ def test_npy_refuses_truncated_file(tmp_path):
     )
 
 
+def test_npy_header_whose_shape_overflows_int64_is_refused(tmp_path):
+    # A hand-written header: 2**40 x 2**40 float64 rows. The element count
+    # (2**80) wraps to 0 in int64, so a NumPy product would call 0 bytes right.
+    path = tmp_path / "hostile.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f8", "fortran_order": False, "shape": (2**40, 2**40)}
+        )
+    assert int(np.prod((2**40, 2**40), dtype=np.int64)) == 0
+    with pytest.raises(ValueError) as info:
+        files.npy(path)
+    assert str(info.value) == (
+        "The file must hold exactly the bytes its header describes. Received: "
+        f"{path} expected_bytes={128 + 2**80 * 8}, actual_bytes=128. The file is truncated "
+        "or was not written completely; write it again (e.g. `np.save`) and check the copy "
+        "finished."
+    )
+    # Negative dimensions whose product is positive are refused too.
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f8", "fortran_order": False, "shape": (-2, -2)}
+        )
+        f.write(bytes(32))
+    with pytest.raises(ValueError) as info:
+        files.npy(path)
+    assert str(info.value) == (
+        "Every dimension of an array must be >= 0. Received: "
+        f"{path}.shape=(-2, -2). The header is damaged; write the file again (e.g. `np.save`)."
+    )
+
+
 def test_npy_truncated_after_open_is_caught_on_read(tmp_path):
     path = tmp_path / "t.npy"
     np.save(path, _data())
@@ -171,7 +202,65 @@ def test_npz_round_trip(tmp_path, save):
 
 def test_npz_stored_member_is_read_in_place(tmp_path):
     np.savez(tmp_path / "d.npz", x=_data())
-    assert type(files.npz(tmp_path / "d.npz", "x")).__name__ == "_RawArray"
+    assert type(files.npz(tmp_path / "d.npz", "x")).__name__ == "_StoredNpzArray"
+
+
+def _flip_byte(path, needle: bytes) -> None:
+    """Flips one bit of the first occurrence of `needle` in the file."""
+    raw = bytearray(path.read_bytes())
+    at = raw.index(needle)
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_npz_stored_member_is_checked_against_its_crc(tmp_path):
+    path = tmp_path / "d.npz"
+    # Large enough (24 KB) that reading the header does not reach the member's end.
+    data = np.arange(6000, dtype="float32").reshape(2000, 3)
+    np.savez(path, x=data)
+    _flip_byte(path, data[1500].tobytes())  # a data byte of row 1500; the header stays valid
+    with pytest.raises(zipfile.BadZipFile, match=r"Bad CRC-32 for file 'x\.npy'"):
+        np.load(path)["x"]  # what NumPy does with the same file
+    leaf = files.npz(path, "x")
+    # Any read checks the whole member first, even of rows far from the damage.
+    with pytest.raises(ValueError) as info:
+        leaf[0:2]
+    message = str(info.value)
+    assert re.fullmatch(
+        r"A \.npz member's bytes must match the CRC-32 its archive records\. Received: "
+        + re.escape(f"{path}['x'] (member 'x.npy')")
+        + r" crc32=0x[0-9a-f]{8}, recorded crc32=0x[0-9a-f]{8}\. The archive is damaged or "
+        r"was copied incompletely; write it again with `np\.savez` \(or copy it again\)\. "
+        r"Pass `verify=False` only to skip the check\.",
+        message,
+    ), message
+    # verify=False reads the damaged bytes as they are; an undamaged file passes.
+    assert not np.array_equal(files.npz(path, "x", verify=False)[:], data)
+    np.savez(tmp_path / "ok.npz", x=data)
+    np.testing.assert_array_equal(files.npz(tmp_path / "ok.npz", "x")[3:9], data[3:9])
+
+
+def test_npz_deflated_member_damage_names_archive_and_member(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez_compressed(path, x=np.random.default_rng(0).random((2000, 8)))
+    raw = bytearray(path.read_bytes())
+    info = zipfile.ZipFile(path).getinfo("x.npy")
+    # A byte in the middle of the deflate stream, past the .npy header.
+    raw[info.header_offset + 30 + len("x.npy") + info.compress_size // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    leaf = files.npz(path, "x")
+    with pytest.raises(ValueError) as info_err:
+        leaf[0:2]
+    message = str(info_err.value)
+    assert message.startswith(
+        "A .npz member must read back whole: decompress (when compressed) and match the "
+        f"CRC-32 its archive records. Received: {path}['x'] (member 'x.npy'): "
+    ), message
+    assert message.endswith(
+        "The archive is damaged or was copied incompletely; write it again "
+        "(`np.savez` or `np.savez_compressed`) or copy it again."
+    )
+    assert re.search(r"\(member 'x\.npy'\): (BadZipFile|error): ", message)
 
 
 def test_npz_deflated_reads_sequentially_and_rewinds(tmp_path):
@@ -348,6 +437,32 @@ def test_parquet_refuses_unequal_lists_and_nulls_on_read(tmp_path):
         ValueError, match=r"cannot hold nulls.* Received: .*\['values'\] has 1 null"
     ):
         leaves["values"][0:ROWS]
+
+
+def test_parquet_page_checksums_are_verified(tmp_path):
+    path = tmp_path / "d.parquet"
+    data = np.arange(1000, dtype="float64") + 0.5
+    # Plain, uncompressed pages, so the flipped byte is a value's byte.
+    table = pa.table({"x": data})
+    pq.write_table(table, path, compression="none", use_dictionary=False, write_page_checksum=True)
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(data[600].tobytes())] ^= 0x01
+    path.write_bytes(bytes(raw))
+    leaf = files.parquet(path, "x")
+    with pytest.raises(ValueError) as info:
+        leaf[0:10]
+    assert str(info.value) == (
+        "Every page of a Parquet column must decode and match its page checksum (when the "
+        f"writer stored one). Received: {path}['x'] row group 0: OSError: could not verify "
+        "page integrity, CRC checksum verification failed for page_ordinal 0. The file is "
+        "damaged or was copied incompletely; copy or write it again."
+    )
+    # Without checksums in the file the same damage cannot be seen: a wrong value.
+    pq.write_table(table, path, compression="none", use_dictionary=False)
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(data[600].tobytes())] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert files.parquet(path, "x")[600:601][0] != data[600]
 
 
 # -- directories of shards -------------------------------------------------------------------

@@ -231,6 +231,97 @@ def test_advice_when_devices_share_the_host(monkeypatch):
     ]
 
 
+SHARED_HOST_TABLE = """\
+data: 1,000 rows x 136 B/row (x: float32[32], y: int64[]) = 132.81 KiB
+plan: 2 worker(s) x 1 replica(s) = 2 replica(s) on 1 host(s) of 2 worker(s); \
+per_replica_batch_size=10 (global batch 20); placement='shard'; drop_remainder=False
+
+rank  host  replicas  rows/device  bytes/device  steps/epoch  dropped rows        free      \
+usable  fits
+0     0     0                 500     66.41 KiB           50             0  146.48 KiB  \
+117.19 KiB  NO
+1     0     1                 500     66.41 KiB           50             0  146.48 KiB  \
+117.19 KiB  NO
+
+does NOT fit on rank(s) 0, 1: the 2 workers on each host (2 devices) share its RAM and need \
+132.81 KiB, over 117.19 KiB usable (80% of 146.48 KiB free, this host's available RAM, \
+/proc/meminfo).\
+"""
+
+
+def test_workers_on_one_host_share_its_ram(monkeypatch):
+    # 1,000 rows x 136 B over 2 workers: 68,000 B each, 136,000 B together; usable 120,000 B.
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 150_000)
+    kwargs = {"num_workers": 2, "per_replica_batch_size": 10}
+    apart = memory_plan(_data(1000), **kwargs)
+    # Each rank alone fits; the plan says what it assumed about hosts.
+    assert apart.fits and [r.needed_bytes for r in apart.ranks] == [68_000, 68_000]
+    assert apart.table().endswith(
+        "Assumed one worker per host; pass workers_per_host (--workers-per-host) when "
+        "several share one."
+    )
+    together = memory_plan(_data(1000), workers_per_host=2, **kwargs)
+    assert not together.fits
+    assert [(r.host, r.needed_bytes, r.usable_bytes) for r in together.ranks] == [
+        (0, 136_000, 120_000),
+        (0, 136_000, 120_000),
+    ]
+    assert together.table() == SHARED_HOST_TABLE
+    # max rows per host: 120,000 // 136 = 882 -> 2 hosts of 2 workers hold 500 rows each.
+    # Streaming: 120,000 B over the host's 2 devices, 30,000 B per slot // 1,360 B = 22 steps.
+    assert together.advice() == [
+        "Use more hosts: the 2 workers on a host (2 device(s)) share its RAM, so with "
+        "placement='shard' at least 2 host(s) of 2 worker(s) keep every host within "
+        "117.19 KiB usable (now 1).",
+        "Store a compact dtype and cast in `transform` (x float32->float16): 70.31 KiB per "
+        "host instead of 132.81 KiB, which fits in 117.19 KiB usable.",
+        "Stream the shard with `LoadOptions(streaming=True)`: it keeps two double-buffered "
+        "chunks per device, and chunks of up to 220 rows (22 steps of 10, 29.22 KiB each) fit "
+        "in 58.59 KiB usable per device.",
+    ]
+    # With GPUs each worker has its own device: host-mates do not add up.
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: 150_000)
+    gpus = memory_plan(_data(1000), workers_per_host=2, **kwargs)
+    assert gpus.fits and [r.needed_bytes for r in gpus.ranks] == [68_000, 68_000]
+
+
+def test_cli_workers_per_host_flag_and_launcher_default(monkeypatch, capsys):
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 150_000)
+    monkeypatch.delenv("SHARDFEED_LOCAL_SIZE", raising=False)
+    argv = ["--num-workers=2", "--per-replica-batch-size=10", "x=1000x32:float32", "y=1000:int64"]
+    assert _plan_cli(capsys, *argv)[0] == 0
+    code, out, _ = _plan_cli(capsys, *argv, "--workers-per-host=2")
+    assert code == 1 and out.startswith(SHARED_HOST_TABLE + "\n\nto make it fit:\n- Use more hosts")
+    # Inside a launched job the launcher's count is the default (capped at the workers).
+    monkeypatch.setenv("SHARDFEED_LOCAL_SIZE", "4")
+    assert _plan_cli(capsys, *argv)[0] == 1
+    assert _plan_cli(capsys, *argv, "--workers-per-host=1")[0] == 0
+
+
+def test_memory_reports_give_each_local_worker_its_share_of_the_host(monkeypatch):
+    # The dataset's in-process check: two workers on one CPU host each read the
+    # same available RAM, so each may use half of it.
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 1000)
+    monkeypatch.delenv("SHARDFEED_LOCAL_SIZE", raising=False)
+    needed = {"/job:worker/replica:0/task:0/device:CPU:0": 300}
+    (alone,) = _memory.memory_reports(needed, 0.5)
+    assert (alone.usable_bytes, alone.workers_on_host, alone.fits) == (500, 1, True)
+    monkeypatch.setenv("SHARDFEED_LOCAL_SIZE", "2")
+    (shared,) = _memory.memory_reports(needed, 0.5)
+    assert (shared.usable_bytes, shared.workers_on_host, shared.fits) == (250, 2, False)
+    assert shared.numbers() == (
+        "needed_bytes=300 (0.00 GiB), free_bytes=1,000 (0.00 GiB, from meminfo), "
+        "usable_bytes=250 (this worker's share: 2 workers share the host)"
+    )
+    # A GPU is the worker's own, and given sizes are per device: no share taken.
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: 1000)
+    (gpu,) = _memory.memory_reports({"/device:GPU:0": 300}, 0.5)
+    (given,) = _memory.memory_reports(needed, 0.5, device_memory_bytes=1000)
+    assert (gpu.usable_bytes, gpu.fits, given.usable_bytes, given.fits) == (500, True, 500, True)
+
+
 # -- sizes ---------------------------------------------------------------------------------
 
 
@@ -337,6 +428,16 @@ def test_validation_matches_the_dataset(x):
             "`placement` must be one of ('shard', 'replicate'). Received: placement='mirror'. "
             'Use "shard" to split rows across replicas or "replicate" to give every replica '
             "all rows.",
+        ),
+        (
+            {"workers_per_host": 0},
+            "`workers_per_host` must be an integer >= 1. Received: workers_per_host=0. "
+            "Pass the workers started on each host, e.g. 1.",
+        ),
+        (
+            {"workers_per_host": 2},
+            "`workers_per_host` must be at most `num_workers`. Received: workers_per_host=2, "
+            "num_workers=1. Pass the workers started on each host (all of them: num_workers).",
         ),
         (
             {"per_replica_batch_size": 4, "num_workers": 3},

@@ -9,6 +9,7 @@ import pickle
 
 import keras
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
@@ -161,6 +162,147 @@ def test_manifest_refuses_a_shard_from_another_split(tmp_path):
         r"manifest shape=\(5, 2\) dtype=float32\.",
     ):
         files.manifest(tmp_path / "a")["x"][0:1]
+
+
+def _point_entry_at(split_dir, target, name: str) -> None:
+    """Makes shard 0's "x" entry name `name`, with `target`'s true size and sha256."""
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    entry = manifest["shards"][0]["files"]["x"]
+    data = target.read_bytes()
+    entry.update(path=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (split_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "absolute",  # "/.../outside/secret.npy"
+        "dotdot",  # "../outside/secret.npy"
+        "symlink",  # "link.npy" -> ../outside/secret.npy
+        "symlinked_dir",  # "sub/secret.npy" with sub -> ../outside
+    ],
+)
+def test_manifest_paths_cannot_leave_its_directory(tmp_path, how):
+    split_dir, outside = tmp_path / "split", tmp_path / "outside"
+    files.split({"x": np.zeros((10, 2), "float32")}, split_dir, 2)
+    outside.mkdir()
+    secret = outside / "secret.npy"
+    np.save(secret, np.full((5, 2), 7.0, "float32"))  # a valid shard, by size and hash
+    if how == "absolute":
+        name = str(secret)
+    elif how == "dotdot":
+        name = "../outside/secret.npy"
+    elif how == "symlink":
+        (split_dir / "link.npy").symlink_to(secret)
+        name = "link.npy"
+    else:
+        (split_dir / "sub").symlink_to(outside, target_is_directory=True)
+        name = "sub/secret.npy"
+    _point_entry_at(split_dir, secret, name)
+    with pytest.raises(ValueError) as info:
+        files.manifest(split_dir)
+    message = str(info.value)
+    assert message == (
+        "A manifest's shard files must lie inside the manifest's directory: relative paths "
+        "that stay inside it after `..` and symlinks are resolved. Received: "
+        f"{split_dir / 'manifest.json'} shards[0].files['x'].path={name!r}. Copy the shard "
+        "files into the manifest's directory and list them by name, or split the data again "
+        "with `shardfeed split`."
+    )
+    # Nothing about the outside file is disclosed, even when the manifest's numbers are wrong.
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    manifest["shards"][0]["files"]["x"].update(bytes=1, sha256="0" * 64)
+    (split_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as info:
+        files.manifest(split_dir)
+    assert str(info.value) == message
+    assert str(secret.stat().st_size) not in message
+
+
+def test_manifest_paths_may_use_subdirectories_and_links_inside_it(tmp_path):
+    split_dir = tmp_path / "split"
+    x = np.arange(20, dtype="float32").reshape(10, 2)
+    files.split({"x": x}, split_dir, 2)
+    (split_dir / "sub").mkdir()
+    shard = split_dir / "x-00000-of-00002.npy"
+    shard.rename(split_dir / "sub" / shard.name)
+    (split_dir / "link.npy").symlink_to(split_dir / "sub" / shard.name)
+    for name in (f"sub/{shard.name}", f"sub/../sub/{shard.name}", "link.npy"):
+        _point_entry_at(split_dir, split_dir / "sub" / shard.name, name)
+        np.testing.assert_array_equal(files.manifest(split_dir)["x"][:], x)
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"path": _MISSING}, "path=None (needs a non-empty string)"),  # the raw KeyError before
+        ({"path": 7}, "path=7 (needs a non-empty string)"),
+        ({"path": ""}, "path='' (needs a non-empty string)"),
+        ({"bytes": "128"}, "bytes='128' (needs an integer)"),
+        ({"bytes": True}, "bytes=True (needs an integer)"),  # bool is not a byte count
+        ({"bytes": -1}, "bytes=-1 (needs an integer >= 0)"),
+        ({"sha256": _MISSING}, "sha256=None (needs 64 lowercase hex digits)"),
+        ({"sha256": "abc"}, "sha256='abc' (needs 64 lowercase hex digits)"),
+        (["x-00001-of-00002.npy"], " is a list, not an object"),  # not an entry at all
+    ],
+)
+def test_manifest_refuses_malformed_file_entries(tmp_path, change, problem):
+    files.split({"x": np.zeros((10, 2), "float32")}, tmp_path, 2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    shard_files = manifest["shards"][1]["files"]
+    if isinstance(change, dict):
+        for key, value in change.items():
+            if value is _MISSING:
+                del shard_files["x"][key]
+            else:
+                shard_files["x"][key] = value
+    else:
+        shard_files["x"] = change
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    where = "shards[1].files['x']" + ("." if not problem.startswith(" ") else "")
+    assert str(info.value) == (
+        "The manifest must be one written by `shardfeed split` (format 'shardfeed.split', "
+        f"version 1). Received: {tmp_path / 'manifest.json'}: {where}{problem}. Split the data "
+        "again with `shardfeed split`, or pass the manifest's path."
+    )
+
+
+def test_manifest_refuses_a_row_shape_larger_than_its_files(tmp_path):
+    files.split({"x": np.zeros((10, 2), "float32")}, tmp_path, 2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["arrays"]["x"]["row_shape"] = [2**40, 2**40]  # 2**80 elements: wraps in int64
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert f"shards[0].files['x'].bytes=168 is less than its 5 rows of <f4[{2**40}, {2**40}] " in (
+        str(info.value)
+    )
+
+
+def test_split_parquet_pages_carry_checksums(tmp_path):
+    files.split({"x": np.arange(1000, dtype="float64")}, tmp_path, 2, "parquet")
+    shard = tmp_path / "x-00000-of-00002.parquet"
+    chunk = pq.ParquetFile(shard).metadata.row_group(0).column(0)
+    raw = bytearray(shard.read_bytes())
+    # A byte near the end of the column chunk: inside the last page's (compressed) values.
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    raw[start + chunk.total_compressed_size - 10] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    leaf = files.manifest(tmp_path, verify=False)["x"]  # the sha256 would catch it first
+    with pytest.raises(ValueError) as info:
+        leaf[0:10]
+    assert str(info.value).startswith(
+        "Every page of a Parquet column must decode and match its page checksum (when the "
+        f"writer stored one). Received: {shard}['x'] row group 0: OSError: could not verify "
+        "page integrity, CRC checksum verification failed"
+    ), str(info.value)
+    assert manifest["shards"][0]["files"]["x"]["path"] == shard.name
 
 
 def test_manifest_refuses_other_formats(tmp_path):
