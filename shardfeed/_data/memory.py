@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 GIB = 1024**3
 MIB = 1024**2
