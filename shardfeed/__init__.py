@@ -13,35 +13,35 @@ __version__ = "0.1.0"
 
 # public name -> private module that defines it
 _EXPORTS = {
-    "FitOptions": "shardfeed._options",
-    "LoadOptions": "shardfeed._options",
-    "MemoryPlan": "shardfeed._memplan",
-    "ShardPlan": "shardfeed._plan",
-    "ShardedResidentDataset": "shardfeed._dataset",
-    "World": "shardfeed._world",
-    "evaluate": "shardfeed._training",
-    "fit": "shardfeed._training",
-    "init": "shardfeed._init",
-    "memory_plan": "shardfeed._memplan",
-    "plan_shards": "shardfeed._plan",
-    "predict": "shardfeed._training",
+    "FitOptions": "shardfeed._training.options",
+    "LoadOptions": "shardfeed._data.options",
+    "MemoryPlan": "shardfeed._data.memplan",
+    "ShardPlan": "shardfeed._data.plan",
+    "ShardedResidentDataset": "shardfeed._data.dataset",
+    "World": "shardfeed._distribute.world",
+    "evaluate": "shardfeed._training.api",
+    "fit": "shardfeed._training.api",
+    "init": "shardfeed._distribute.initialize",
+    "memory_plan": "shardfeed._data.memplan",
+    "plan_shards": "shardfeed._data.plan",
+    "predict": "shardfeed._training.api",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
-    from shardfeed._dataset import ShardedResidentDataset as ShardedResidentDataset
-    from shardfeed._init import init as init
-    from shardfeed._memplan import MemoryPlan as MemoryPlan
-    from shardfeed._memplan import memory_plan as memory_plan
-    from shardfeed._options import FitOptions as FitOptions
-    from shardfeed._options import LoadOptions as LoadOptions
-    from shardfeed._plan import ShardPlan as ShardPlan
-    from shardfeed._plan import plan_shards as plan_shards
-    from shardfeed._training import evaluate as evaluate
-    from shardfeed._training import fit as fit
-    from shardfeed._training import predict as predict
-    from shardfeed._world import World as World
+    from shardfeed._data.dataset import ShardedResidentDataset as ShardedResidentDataset
+    from shardfeed._data.memplan import MemoryPlan as MemoryPlan
+    from shardfeed._data.memplan import memory_plan as memory_plan
+    from shardfeed._data.options import LoadOptions as LoadOptions
+    from shardfeed._data.plan import ShardPlan as ShardPlan
+    from shardfeed._data.plan import plan_shards as plan_shards
+    from shardfeed._distribute.initialize import init as init
+    from shardfeed._distribute.world import World as World
+    from shardfeed._training.api import evaluate as evaluate
+    from shardfeed._training.api import fit as fit
+    from shardfeed._training.api import predict as predict
+    from shardfeed._training.options import FitOptions as FitOptions
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -3,8 +3,8 @@
 Each function returns a leaf usable wherever an array is accepted in `x`,
 `y` or `sample_weight`; a worker reads only the rows its replicas own, one
 chunk at a time. `split` writes per-rank shard files plus a manifest, and
-`manifest` reads them back as leaves. Implementation: `shardfeed._files` and
-`shardfeed._split`.
+`manifest` reads them back as leaves. Implementation: `shardfeed._data.files` and
+`shardfeed._data.split`.
 
 Example:
     >>> from shardfeed import files
@@ -12,16 +12,16 @@ Example:
     ...     files.npy("x.npy"), files.npy("y.npy"), per_replica_batch_size=256, seed=0)
 """
 
-from shardfeed._files import FileArray as FileArray
-from shardfeed._files import concat as concat
-from shardfeed._files import directory as directory
-from shardfeed._files import hdf5 as hdf5
-from shardfeed._files import npy as npy
-from shardfeed._files import npz as npz
-from shardfeed._files import parquet as parquet
-from shardfeed._files import parquet_columns as parquet_columns
-from shardfeed._split import manifest as manifest
-from shardfeed._split import split as split
+from shardfeed._data.files import FileArray as FileArray
+from shardfeed._data.files import concat as concat
+from shardfeed._data.files import directory as directory
+from shardfeed._data.files import hdf5 as hdf5
+from shardfeed._data.files import npy as npy
+from shardfeed._data.files import npz as npz
+from shardfeed._data.files import parquet as parquet
+from shardfeed._data.files import parquet_columns as parquet_columns
+from shardfeed._data.split import manifest as manifest
+from shardfeed._data.split import split as split
 
 __all__ = [
     "FileArray",

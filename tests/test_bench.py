@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from shardfeed import _bench
-from shardfeed._cli import build_parser, main
+from shardfeed._commands import bench as _bench
+from shardfeed._commands.cli import build_parser, main
 
 
 @pytest.mark.slow

@@ -158,8 +158,8 @@ def test_initial_epoch_continues_numbering():
 
 
 def test_file_writing_callbacks_run_on_the_chief_only(tmp_path):
-    from shardfeed._progress import Progress
-    from shardfeed._training import _callback_list
+    from shardfeed._training.api import _callback_list
+    from shardfeed._training.progress import Progress
 
     model, _, _ = _setup()
     stopper = keras.callbacks.EarlyStopping()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed import _cluster
-from shardfeed._cluster import (
+from shardfeed._distribute import cluster as _cluster
+from shardfeed._distribute.cluster import (
     LaunchEnv,
     detect_launch_env,
     ensure_tf_config,
@@ -344,7 +344,7 @@ def _has_mpi4py() -> bool:
 # binding it, and prints the dict.
 MPI_RANK = """
 import json, socket
-from shardfeed._cluster import tf_config_from_mpi
+from shardfeed._distribute.cluster import tf_config_from_mpi
 config = tf_config_from_mpi(host="127.0.0.1")
 own = config["cluster"]["worker"][config["task"]["index"]]
 with socket.socket() as s:

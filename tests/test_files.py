@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
-from shardfeed import _sources, files
+from shardfeed import files
+from shardfeed._data import sources as _sources
 
 ROWS = 23
 # Row ranges: whole, interior, a single row, empty, the last row, and ones

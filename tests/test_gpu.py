@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import shardfeed
-from shardfeed import _memory
+from shardfeed._data import memory as _memory
 
 pytestmark = [
     pytest.mark.gpu,

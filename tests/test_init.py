@@ -12,7 +12,9 @@ import types
 
 import pytest
 
-from shardfeed import _cluster, _init, _memory
+from shardfeed._data import memory as _memory
+from shardfeed._distribute import cluster as _cluster
+from shardfeed._distribute import initialize as _init
 
 
 def _env(launcher="single", rank=0, world_size=1, local_rank=None):

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from shardfeed import _launch
+from shardfeed._common.ports import PortReservation, free_port
 from shardfeed._launch import cli, delegate, local, process
-from shardfeed._launch.ports import PortReservation, free_port
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_cli_reports_missing_script_with_exit_2(capsys, tmp_path):
 
 
 def test_cli_is_registered_with_shardfeed_command():
-    from shardfeed import _cli
+    from shardfeed._commands import cli as _cli
 
     parser, modules = _cli.build_parser()
     assert modules["launch"] is cli
@@ -525,7 +525,8 @@ def test_launcher_does_not_import_tensorflow():
     # The launcher process must stay light: workers pay for TensorFlow, it does not.
     code = (
         "import sys\n"
-        "import shardfeed._cli, shardfeed._launch.cli, shardfeed._cluster, shardfeed.launch\n"
+        "import shardfeed._commands.cli, shardfeed._launch.cli, shardfeed._distribute.cluster\n"
+        "import shardfeed.launch\n"
         "assert shardfeed.launch.run is shardfeed._launch.run\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('tensorflow', 'keras', 'numpy', 'mpi4py'))\n"

@@ -201,7 +201,7 @@ def test_function_exception_fails_the_launch(functions):
 
 
 def test_shardfeed_command_end_to_end(worker, tmp_path, capfd):
-    from shardfeed import _cli
+    from shardfeed._commands import cli as _cli
 
     argv = ["launch", "--num-workers", "2", "--timeout-s", "30", "--grace-s", "5"]
     code = _cli.main([*argv, str(worker), str(tmp_path), "sleep", "fail3"])

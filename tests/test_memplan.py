@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 import shardfeed
-from shardfeed import _cli, _memory, _memplan, files
-from shardfeed._memplan import format_bytes, memory_plan, parse_size
+from shardfeed import files
+from shardfeed._commands import cli as _cli
+from shardfeed._data import memory as _memory
+from shardfeed._data import memplan as _memplan
+from shardfeed._data.memplan import format_bytes, memory_plan, parse_size
 
 GIB = 1024**3
 # x: float32[32] (128 B) + y: int64 (8 B) = 136 B per row.
@@ -386,7 +389,7 @@ def test_format_bytes():
     ],
 )
 def test_validation_matches_the_dataset(x):
-    from shardfeed._sources import columns_from_arrays  # imports Keras; fine in tests
+    from shardfeed._data.sources import columns_from_arrays  # imports Keras; fine in tests
 
     with pytest.raises((TypeError, ValueError)) as expected:
         columns_from_arrays(x)
@@ -681,7 +684,7 @@ def test_cli_missing_required_argument_exits_2(capsys):
 def test_plan_runs_without_tensorflow():
     code = (
         "import sys\n"
-        "from shardfeed import _cli\n"
+        "from shardfeed._commands import cli as _cli\n"
         "status = _cli.main(['plan', '--num-workers=2', '--per-replica-batch-size=8',\n"
         "                    '--device-memory=1GiB', 'x=1000x4:float32'])\n"
         "print(status, 'tensorflow' in sys.modules, 'keras' in sys.modules)"

@@ -3,7 +3,7 @@
 import pytest
 
 from shardfeed import plan_shards
-from shardfeed._plan import split_rows
+from shardfeed._data.plan import split_rows
 
 # (rows, replicas, batch, placement, drop, training) ->
 #   (steps, last_step_rows, dropped)

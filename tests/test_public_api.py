@@ -57,8 +57,8 @@ def test_public_submodules_snapshot():
 
 def test_importing_the_package_and_cli_does_not_import_tensorflow():
     code = (
-        "import sys, shardfeed, shardfeed._cli\n"
-        "shardfeed._cli.build_parser()\n"
+        "import sys, shardfeed, shardfeed._commands.cli\n"
+        "shardfeed._commands.cli.build_parser()\n"
         "print('tensorflow' in sys.modules)"
     )
     out = subprocess.run(

@@ -13,8 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
-from shardfeed import _cli, _split, files
-from shardfeed._plan import split_rows
+from shardfeed import files
+from shardfeed._commands import cli as _cli
+from shardfeed._data import split as _split
+from shardfeed._data.plan import split_rows
 
 ROWS = 103
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 from shardfeed._launch import delegate, local
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 

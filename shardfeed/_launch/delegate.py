@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 from shardfeed._launch.process import System
 
 MpiFlavor = Literal["openmpi", "hydra", "unknown"]

@@ -26,9 +26,9 @@ import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 
-from shardfeed import _errors
-from shardfeed._cluster import worker_tf_config
-from shardfeed._launch.ports import PortReservation
+from shardfeed._common import errors as _errors
+from shardfeed._common.ports import PortReservation
+from shardfeed._distribute.cluster import worker_tf_config
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 
 LOCAL_HOST = "127.0.0.1"

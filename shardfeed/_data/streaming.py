@@ -27,11 +27,11 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from shardfeed import _errors
-from shardfeed._options import LoadOptions
-from shardfeed._plan import ShardPlan
-from shardfeed._sources import Columns
-from shardfeed._storage import ReplicaStore, allocate, write_rows
+from shardfeed._common import errors as _errors
+from shardfeed._data.options import LoadOptions
+from shardfeed._data.plan import ShardPlan
+from shardfeed._data.sources import Columns
+from shardfeed._data.storage import ReplicaStore, allocate, write_rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,9 +35,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._dataset import ShardedResidentDataset
-from shardfeed._engine import Engine
-from shardfeed._options import FitOptions
+from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._distribute.engine import Engine
+from shardfeed._training.options import FitOptions
 
 _CONV_LAYERS = (
     keras.layers.Conv1D,

@@ -21,8 +21,9 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
-from shardfeed import _cluster, _errors
-from shardfeed._host import local_size as local_size
+from shardfeed._common import errors as _errors
+from shardfeed._common.host import local_size as local_size
+from shardfeed._distribute import cluster as _cluster
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
@@ -100,7 +101,7 @@ def init(engine: EngineName = "auto"):
     """
     import tensorflow as tf
 
-    from shardfeed import _world
+    from shardfeed._distribute import world as _world
 
     launch_env = _cluster.detect_launch_env(os.environ)
     physical_gpus = tf.config.list_physical_devices("GPU")
@@ -141,7 +142,7 @@ def _init_horovod(tf, physical_gpus):
                 "tf.distribute engines (`shardfeed launch --engine multiworker`).",
             )
         ) from err
-    from shardfeed import _world
+    from shardfeed._distribute import world as _world
 
     hvd.init()
     if physical_gpus:

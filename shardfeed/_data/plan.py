@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 Placement = Literal["shard", "replicate"]
 PLACEMENTS = ("shard", "replicate")

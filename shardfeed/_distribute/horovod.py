@@ -1,6 +1,6 @@
 """The Horovod engine: one process per device, our own step, Horovod's allreduce.
 
-Imported only when Horovod is initialised (`_engine.engine_for`), so a
+Imported only when Horovod is initialised (`engine.engine_for`), so a
 missing Horovod never breaks `import shardfeed`. `horovod.tensorflow.keras`
 is not used: on Keras 3 its `BroadcastGlobalVariablesCallback` fails and its
 `DistributedOptimizer` silently does not average gradients (measured, see
@@ -26,8 +26,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._engine import metric_results
-from shardfeed._world import World
+from shardfeed._distribute.metrics import metric_results
+from shardfeed._distribute.world import World
 
 
 class HorovodEngine:

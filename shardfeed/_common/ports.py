@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import socket
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 
 class PortReservation:

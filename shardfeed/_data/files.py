@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 PathLike = str | os.PathLike
 

@@ -39,8 +39,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardfeed import _errors, _files
-from shardfeed._plan import split_rows
+from shardfeed._common import errors as _errors
+from shardfeed._data import files as _files
+from shardfeed._data.plan import split_rows
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "shardfeed.split"

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from shardfeed import _errors, _host
+from shardfeed._common import errors as _errors
+from shardfeed._common import host as _host
 
 GIB = 1024**3
 MIB = 1024**2

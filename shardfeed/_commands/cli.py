@@ -14,14 +14,17 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "demo": ("shardfeed._demo", "train the main job on built-in data, then compare with model.fit"),
+    "demo": (
+        "shardfeed._commands.demo",
+        "train the main job on built-in data, then compare with model.fit",
+    ),
     "bench": (
-        "shardfeed._bench",
+        "shardfeed._commands.bench",
         "benchmark shardfeed.fit against model.fit and the compute floor",
     ),
     "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),
-    "plan": ("shardfeed._memplan", "print per-rank rows, bytes, steps and memory fit"),
-    "split": ("shardfeed._split", "write a dataset as per-rank shard files plus a manifest"),
+    "plan": ("shardfeed._data.memplan", "print per-rank rows, bytes, steps and memory fit"),
+    "split": ("shardfeed._data.split", "write a dataset as per-rank shard files plus a manifest"),
 }
 
 

@@ -41,7 +41,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Literal
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 Launcher = Literal["shardfeed", "tf_config", "horovod", "mpi", "slurm", "single"]
 
@@ -331,7 +331,7 @@ def tf_config_from_mpi(
 
     A collective call: every rank of `comm` must call it. Each rank picks a
     free port (bound and released just before the exchange; see
-    `shardfeed._launch.ports` for the window until TensorFlow binds it), then
+    `shardfeed._common.ports` for the window until TensorFlow binds it), then
     `comm.allgather` gives every rank the same address list in rank order.
 
     Args:
@@ -369,7 +369,7 @@ def tf_config_from_mpi(
         comm = MPI.COMM_WORLD
     host = host or socket.gethostname()
     if port is None:
-        from shardfeed._launch.ports import free_port
+        from shardfeed._common.ports import free_port
 
         # TensorFlow's server listens on every interface, so check the port is
         # free on all of them; a loopback-only cluster only needs loopback.

@@ -30,9 +30,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed import _errors, _memory, _plan, _sources, _storage, _streaming
-from shardfeed._options import LoadOptions
-from shardfeed._world import World, current_world
+from shardfeed._common import errors as _errors
+from shardfeed._data import memory as _memory
+from shardfeed._data import plan as _plan
+from shardfeed._data import sources as _sources
+from shardfeed._data import storage as _storage
+from shardfeed._data import streaming as _streaming
+from shardfeed._data.options import LoadOptions
+from shardfeed._distribute.world import World, current_world
 
 logger = logging.getLogger("shardfeed")
 

@@ -31,9 +31,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardfeed import _errors, _host, _memory, _split
-from shardfeed._plan import Placement, ShardPlan, _check_positive, plan_shards
-from shardfeed._sources import Column, check_lengths, make_column
+from shardfeed._common import errors as _errors
+from shardfeed._common import host as _host
+from shardfeed._data import memory as _memory
+from shardfeed._data import split as _split
+from shardfeed._data.plan import Placement, ShardPlan, _check_positive, plan_shards
+from shardfeed._data.sources import Column, check_lengths, make_column
 
 # The compact dtype advised for each float dtype (cast back in `transform`).
 _COMPACT = {np.dtype("float64"): np.dtype("float32"), np.dtype("float32"): np.dtype("float16")}

@@ -9,7 +9,7 @@ Reported per engine: replicas, global batch, ms per step, the ratio to the
 single-device run, and the bytes all-reduced per step (the trainable
 variables' gradients: nothing else crosses during a step).
 
-Run as a worker: `python -m shardfeed._bench_engines --engine mirrored --out f.json`.
+Run as a worker: `python -m shardfeed._commands.bench_engines --engine mirrored --out f.json`.
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         0 on success (the CLI's exit status).
 
     Example:
-        >>> from shardfeed._cli import main
+        >>> from shardfeed._commands.cli import main
         >>> main(["bench", "--workloads", "W2", "--rows-scale", "0.02", "--epochs", "1"])
         0
     """
@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         report["workloads"][name] = _run_workload(WORKLOADS[name], args)
         _release_loops()
     if args.engines:
-        from shardfeed import _bench_engines
+        from shardfeed._commands import bench_engines as _bench_engines
 
         report["engines"] = _bench_engines.run_engines(
             args.engine_rows, args.epochs, args.horovod_python
@@ -686,7 +686,7 @@ class _Floor(_Variant):
         import tensorflow as tf
 
         from shardfeed import FitOptions, ShardedResidentDataset
-        from shardfeed._training import _loop_for
+        from shardfeed._training.api import _loop_for
 
         self.model = _new_model(self.workload, self.reference, False, self.args.seed)
         # Only the first batch is needed: the loop is built for it, then the

@@ -14,14 +14,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed import _errors
-from shardfeed._dataset import ShardedResidentDataset
-from shardfeed._engine import Engine, engine_for
-from shardfeed._loop import Loop
-from shardfeed._options import FitOptions
-from shardfeed._progress import Progress
-from shardfeed._sources import columns_from_arrays
-from shardfeed._world import current_world
+from shardfeed._common import errors as _errors
+from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.sources import columns_from_arrays
+from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._distribute.world import current_world
+from shardfeed._training.loop import Loop
+from shardfeed._training.options import FitOptions
+from shardfeed._training.progress import Progress
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 

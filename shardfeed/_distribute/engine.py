@@ -4,12 +4,12 @@ Separation of concerns: an engine owns the distribution mechanics -- placing
 per-replica values, running a function on every local replica, summing values
 across all replicas, making gradients global before the optimizer applies
 them, reading metrics as global values, and gathering rows from every
-replica. The compiled loop (`_loop.py`) is written once against this small
+replica. The compiled loop (`_training/loop.py`) is written once against this small
 interface and runs unchanged under every engine.
 
 `StrategyEngine` covers the default (single device) strategy,
 `MirroredStrategy` and `MultiWorkerMirroredStrategy`. `HorovodEngine`
-(`_horovod.py`) covers one process per device with Horovod's allreduce; it
+(`horovod.py`) covers one process per device with Horovod's allreduce; it
 is imported only when Horovod is in use.
 """
 
@@ -22,7 +22,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._world import World, is_default_strategy
+from shardfeed._distribute.metrics import metric_results
+from shardfeed._distribute.world import World, is_default_strategy
 
 
 class Engine(Protocol):
@@ -52,15 +53,10 @@ class Engine(Protocol):
 def engine_for(world: World) -> Engine:
     """The engine for `world`: Horovod's when Horovod runs, else the strategy's."""
     if world.backend == "horovod":
-        from shardfeed._horovod import HorovodEngine
+        from shardfeed._distribute.horovod import HorovodEngine
 
         return HorovodEngine(world)
     return StrategyEngine(world)
-
-
-def metric_results(model: keras.Model) -> dict[str, float]:
-    """The model's metric results as floats (flattening dict results)."""
-    return {name: float(value) for name, value in model.get_metrics_result().items()}
 
 
 class StrategyEngine:

@@ -26,10 +26,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from shardfeed._options import LoadOptions
-from shardfeed._plan import ShardPlan
-from shardfeed._sources import Columns
-from shardfeed._world import World
+from shardfeed._data.options import LoadOptions
+from shardfeed._data.plan import ShardPlan
+from shardfeed._data.sources import Columns
+from shardfeed._distribute.world import World
 
 
 @dataclasses.dataclass(frozen=True)

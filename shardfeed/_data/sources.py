@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import optree
 
-from shardfeed import _errors
+from shardfeed._common import errors as _errors
 
 # optree (what keras.tree uses) instead of keras.tree: this layer must not
 # import TensorFlow, so `shardfeed plan` and `shardfeed split` start fast.

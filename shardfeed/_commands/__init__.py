@@ -1,0 +1,5 @@
+"""`shardfeed` CLI: the subcommand table (`cli`) and the demo and bench subcommands.
+
+The top layer: may import any other. Subcommand modules are imported lazily so
+`shardfeed launch`, `plan` and `split` do not import TensorFlow.
+"""

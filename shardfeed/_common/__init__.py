@@ -1,0 +1,4 @@
+"""Neutral helpers every layer may use: error messages, free ports.
+
+Imports nothing else from shardfeed, and never TensorFlow or Keras.
+"""

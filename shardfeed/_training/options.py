@@ -1,0 +1,48 @@
+"""`FitOptions`: how the compiled training loop runs, validated when built.
+
+Separation of concerns: options are plain values (see `shardfeed._data.options`
+for `LoadOptions`, the storage layer's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from shardfeed._data.options import _require
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """How the compiled training loop runs.
+
+    Attributes:
+        steps_per_execution: Steps per compiled call, or "auto" (about 10
+            calls per epoch, at most 512 steps each). Only each call's logs
+            come back to Python, so callbacks' `on_*_batch_end` hooks and the
+            progress bar see one update per call.
+        jit_compile: XLA for the step: True, False, or "auto" (on for GPUs;
+            on CPUs only for models without convolutions, which XLA's CPU
+            backend runs far slower inside loops).
+
+    Example:
+        >>> FitOptions(steps_per_execution=64, jit_compile=False)
+    """
+
+    steps_per_execution: int | Literal["auto"] = "auto"
+    jit_compile: bool | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        spe = self.steps_per_execution
+        _require(
+            spe == "auto" or (isinstance(spe, int) and not isinstance(spe, bool) and spe >= 1),
+            '`steps_per_execution` must be "auto" or an integer >= 1.',
+            f"steps_per_execution={spe!r}",
+            'Use "auto" or e.g. 64.',
+        )
+        _require(
+            self.jit_compile in (True, False, "auto"),
+            '`jit_compile` must be True, False or "auto".',
+            f"jit_compile={self.jit_compile!r}",
+            'Use "auto" unless you measured otherwise.',
+        )
