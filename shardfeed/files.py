@@ -3,8 +3,8 @@
 Each function returns a leaf usable wherever an array is accepted in `x`,
 `y` or `sample_weight`; a worker reads only the rows its replicas own, one
 chunk at a time. `split` writes per-rank shard files plus a manifest, and
-`manifest` reads them back as leaves. Implementation: `shardfeed._data.files` and
-`shardfeed._data.split`.
+`manifest` reads them back as leaves. Implementation: one module per format in
+`shardfeed._data.formats`, and the writer `shardfeed._data.split`.
 
 Example:
     >>> from shardfeed import files
@@ -12,15 +12,15 @@ Example:
     ...     files.npy("x.npy"), files.npy("y.npy"), per_replica_batch_size=256, seed=0)
 """
 
-from shardfeed._data.files import FileArray as FileArray
-from shardfeed._data.files import concat as concat
-from shardfeed._data.files import directory as directory
-from shardfeed._data.files import hdf5 as hdf5
-from shardfeed._data.files import npy as npy
-from shardfeed._data.files import npz as npz
-from shardfeed._data.files import parquet as parquet
-from shardfeed._data.files import parquet_columns as parquet_columns
-from shardfeed._data.split import manifest as manifest
+from shardfeed._data.formats.base import FileArray as FileArray
+from shardfeed._data.formats.base import concat as concat
+from shardfeed._data.formats.directory import directory as directory
+from shardfeed._data.formats.hdf5 import hdf5 as hdf5
+from shardfeed._data.formats.manifest import manifest as manifest
+from shardfeed._data.formats.npy import npy as npy
+from shardfeed._data.formats.npz import npz as npz
+from shardfeed._data.formats.parquet import parquet as parquet
+from shardfeed._data.formats.parquet import parquet_columns as parquet_columns
 from shardfeed._data.split import split as split
 
 __all__ = [

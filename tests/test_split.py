@@ -15,7 +15,7 @@ import pytest
 import shardfeed
 from shardfeed import files
 from shardfeed._commands import cli as _cli
-from shardfeed._data import split as _split
+from shardfeed._commands import split as _split
 from shardfeed._data.plan import split_rows
 
 ROWS = 103

@@ -24,7 +24,10 @@ SUBCOMMANDS = {
     ),
     "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),
     "plan": ("shardfeed._data.memplan", "print per-rank rows, bytes, steps and memory fit"),
-    "split": ("shardfeed._data.split", "write a dataset as per-rank shard files plus a manifest"),
+    "split": (
+        "shardfeed._commands.split",
+        "write a dataset as per-rank shard files plus a manifest",
+    ),
 }
 
 

@@ -1,52 +1,42 @@
-"""`shardfeed split`: write a dataset as per-rank shard files plus a manifest.
+"""`files.split`: write a dataset as per-rank shard files plus a manifest.
 
-Separation of concerns: this module owns the *on-disk layout* of a split
-dataset -- which rows go into which shard file (`_plan.split_rows`, the same
-balanced contiguous ranges the plan gives replicas), the manifest that
-records them, and the reader that maps global row ranges back to files. It
-reads its inputs through row slicing and its outputs through `_files`; it
-knows nothing of devices or strategies (TensorFlow is not imported here).
+Separation of concerns: this module owns *writing* the on-disk layout of a
+split dataset -- which rows go into which shard file (`_plan.split_rows`, the
+same balanced contiguous ranges the plan gives replicas), the shard files
+(.npy or Parquet with page checksums), their sha256, and the manifest
+(`formats.manifest` defines its format and reads it back). It reads its inputs
+through row slicing; it knows nothing of devices or strategies (TensorFlow is
+not imported here). The `shardfeed split` command is `_commands/split.py`.
 
 Why split at all: `ShardedResidentDataset` already reads only the rows a
 worker owns, from any file. Splitting makes "the rows a worker owns" one
 file per array, so each host can be given only its own files, and a
 checksum per file catches a bad copy before it trains on it.
-
-Manifest (`manifest.json`, format version 1)::
-
-    {"format": "shardfeed.split", "format_version": 1, "file_format": "npy",
-     "num_rows": 1000, "num_shards": 4,
-     "arrays": {"x": {"dtype": "<f4", "row_shape": [32]}, ...},
-     "shards": [{"shard_index": 0, "row_start": 0, "row_stop": 250, "num_rows": 250,
-                 "files": {"x": {"path": "x-00000-of-00004.npy", "bytes": 32128,
-                                 "sha256": "..."}, ...}}, ...]}
-
-File paths are relative to the manifest, so a split directory can be moved.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data import files as _files
+from shardfeed._data.formats.base import optional
+from shardfeed._data.formats.manifest import (
+    FILE_FORMATS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+)
 from shardfeed._data.plan import split_rows
 
-MANIFEST_NAME = "manifest.json"
-FORMAT_NAME = "shardfeed.split"
-FORMAT_VERSION = 1
-FILE_FORMATS = ("npy", "parquet")
 DEFAULT_CHUNK_BYTES = 64 * 1024**2
 # Array names become file names and Parquet column names.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -168,7 +158,7 @@ def _validate(
             )
         )
     if file_format == "parquet":
-        _files._optional("pyarrow.parquet")
+        optional("pyarrow.parquet")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise ValueError(
             _errors.message(
@@ -356,360 +346,12 @@ def split(
     return manifest_path
 
 
-# -- reading ---------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # Temporary, until `shardfeed plan`'s command line moves to `_commands/plan.py`:
+    # `memplan` still reads input specs through this module. Imported on use only,
+    # so `_data` does not import `_commands` at module level.
+    if name in ("_open_input", "open_inputs"):
+        from shardfeed._commands import inputs
 
-
-class _ShardFile(_files.FileArray):
-    """One shard file as the manifest describes it, checked on first read.
-
-    Shape and dtype come from the manifest, so building the leaf opens no
-    file; the first read opens the file, compares its header with the
-    manifest and (with `verify`) its sha256. A worker therefore checks only
-    the files holding the rows it reads.
-    """
-
-    _handles = ("_inner",)
-
-    def __init__(
-        self,
-        path: str,
-        file_format: str,
-        column: str,
-        shape: tuple[int, ...],
-        dtype: np.dtype,
-        sha256: str,
-        verify: bool,
-    ) -> None:
-        self.path = path
-        self.file_format = file_format
-        self.column = column
-        self.shape = shape
-        self.dtype = dtype
-        self.sha256 = sha256
-        self.verify = verify
-        self.source = path if file_format == "npy" else f"{path}[{column!r}]"
-        self._inner: _files.FileArray | None = None
-
-    def _open(self) -> _files.FileArray:
-        if self.verify:
-            with open(self.path, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            if digest != self.sha256:
-                raise ValueError(
-                    _errors.message(
-                        "A shard file's sha256 must match the manifest.",
-                        f"{self.path} sha256={digest}, manifest sha256={self.sha256}",
-                        "The file changed or was copied incompletely; copy it again "
-                        "(or split again). Pass `verify=False` only to skip the check.",
-                    )
-                )
-        if self.file_format == "npy":
-            inner = _files.npy(self.path)
-        else:
-            inner = _files.parquet(self.path, self.column)
-        if inner.shape != self.shape or inner.dtype != self.dtype:
-            raise ValueError(
-                _errors.message(
-                    "A shard file must hold the rows, dtype and row shape the manifest says.",
-                    f"{inner.source} shape={inner.shape} dtype={inner.dtype}, manifest "
-                    f"shape={self.shape} dtype={self.dtype}",
-                    "The file does not belong to this manifest; split the data again.",
-                )
-            )
-        return inner
-
-    def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        if self._inner is None:
-            self._inner = self._open()
-        self._inner._read_into(start, stop, out)
-
-
-def _manifest_error(path: Path, problem: str) -> ValueError:
-    return ValueError(
-        _errors.message(
-            f"The manifest must be one written by `shardfeed split` (format "
-            f"{FORMAT_NAME!r}, version {FORMAT_VERSION}).",
-            f"{path}: {problem}",
-            "Split the data again with `shardfeed split`, or pass the manifest's path.",
-        )
-    )
-
-
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
-def _check_entry(path: Path, where: str, entry: Any) -> None:
-    """Refuses a shard file entry that is not `{"path": str, "bytes": int, "sha256": hex}`."""
-    if not isinstance(entry, dict):
-        problem = f"{where} is a {type(entry).__name__}, not an object"
-    elif not isinstance(entry.get("path"), str) or not entry["path"]:
-        problem = f"{where}.path={entry.get('path')!r} (needs a non-empty string)"
-    elif isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int):
-        problem = f"{where}.bytes={entry.get('bytes')!r} (needs an integer)"
-    elif entry["bytes"] < 0:
-        problem = f"{where}.bytes={entry['bytes']!r} (needs an integer >= 0)"
-    elif not isinstance(entry.get("sha256"), str) or not _SHA256_RE.fullmatch(entry["sha256"]):
-        problem = f"{where}.sha256={entry.get('sha256')!r} (needs 64 lowercase hex digits)"
-    else:
-        return
-    raise _manifest_error(path, problem)
-
-
-def _confined(path: Path, root: str, where: str, name: str) -> Path:
-    """The shard file `name` under the manifest's directory `root` (a realpath),
-    refusing absolute paths and any that resolve (`..`, symlinks) outside it."""
-    resolved = os.path.realpath(os.path.join(root, name))
-    if os.path.isabs(name) or os.path.commonpath([root, resolved]) != root:
-        raise ValueError(
-            _errors.message(
-                "A manifest's shard files must lie inside the manifest's directory: "
-                "relative paths that stay inside it after `..` and symlinks are resolved.",
-                f"{path} {where}.path={name!r}",
-                "Copy the shard files into the manifest's directory and list them by "
-                "name, or split the data again with `shardfeed split`.",
-            )
-        )
-    return path.parent / name
-
-
-def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, _files.FileArray]:
-    """Lazy leaves over a split dataset, one per array, in global row order.
-
-    Only `manifest.json` is read here, and each shard file's size is checked
-    (a stat, no read). Shard file paths must be relative and stay inside the
-    manifest's directory once `..` and symlinks are resolved; any other path
-    is refused before that file is looked at. A shard file is opened on the first read of one of its
-    rows; its header is compared with the manifest and, with `verify`, its
-    sha256 is checked first (one extra pass over that file). Workers reading
-    only their rows thus open and verify only their own files.
-
-    Args:
-        path: The `manifest.json`, or the directory holding it.
-        verify: Check each shard file's sha256 before its first read.
-
-    Returns:
-        `{name: FileArray}` with `shape == (num_rows, *row_shape)`.
-
-    Raises:
-        FileNotFoundError: If the manifest or a shard file is missing.
-        ValueError: For a manifest of another format or version, rows that
-            do not add up, a malformed file entry (naming the shard index and
-            array), a path outside the manifest's directory, a shard file of
-            the wrong size; on read, a
-            checksum or header mismatch (naming the file).
-
-    Example:
-        >>> leaves = shardfeed.files.manifest("train_split/")
-        >>> ds = shardfeed.ShardedResidentDataset(leaves["x"], leaves["y"], ...)
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / MANIFEST_NAME
-    if not path.is_file():
-        raise FileNotFoundError(
-            _errors.message(
-                "The split dataset's manifest must exist.",
-                f"path={os.fspath(path)!r}",
-                "Pass the directory `shardfeed split --out` wrote, or its manifest.json.",
-            )
-        )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise _manifest_error(path, f"not JSON ({err})") from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise _manifest_error(path, "format is not 'shardfeed.split'")
-    if data.get("format_version") != FORMAT_VERSION:
-        raise _manifest_error(
-            path, f"format_version={data.get('format_version')!r} (this reader: {FORMAT_VERSION})"
-        )
-    try:
-        file_format = data["file_format"]
-        num_rows = int(data["num_rows"])
-        arrays = {
-            name: (np.dtype(spec["dtype"]), tuple(int(d) for d in spec["row_shape"]))
-            for name, spec in data["arrays"].items()
-        }
-        shards = [(int(s["row_start"]), int(s["row_stop"]), s["files"]) for s in data["shards"]]
-    except (KeyError, TypeError, ValueError) as err:
-        raise _manifest_error(path, f"missing or malformed field {err}") from err
-    if file_format not in FILE_FORMATS:
-        raise _manifest_error(path, f"file_format={file_format!r}")
-    for name, (dtype, row_shape) in arrays.items():
-        if dtype.kind not in _NUMERIC_KINDS or any(d < 0 for d in row_shape):
-            raise _manifest_error(
-                path, f"arrays[{name!r}] dtype={dtype.str}, row_shape={list(row_shape)}"
-            )
-    expected_start = 0
-    for start, stop, _ in shards:
-        if start != expected_start or stop < start:
-            raise _manifest_error(
-                path, f"shard rows [{start}, {stop}) do not follow row {expected_start}"
-            )
-        expected_start = stop
-    if expected_start != num_rows:
-        raise _manifest_error(path, f"shards hold {expected_start} rows, num_rows={num_rows}")
-    root = os.path.realpath(path.parent)
-    leaves = {}
-    for name, (dtype, row_shape) in arrays.items():
-        parts = []
-        for index, (start, stop, files) in enumerate(shards):
-            entry = files.get(name) if isinstance(files, dict) else None
-            if entry is None:
-                raise _manifest_error(
-                    path, f"shard rows [{start}, {stop}) list no file for {name!r}"
-                )
-            where = f"shards[{index}].files[{name!r}]"
-            _check_entry(path, where, entry)
-            # Checked before the file is looked at, so a manifest cannot make
-            # shardfeed open, hash or even stat a file outside its directory.
-            file_path = _confined(path, root, where, entry["path"])
-            if not file_path.is_file():
-                raise FileNotFoundError(
-                    _errors.message(
-                        "Every shard file the manifest lists must exist.",
-                        f"{file_path} (array {name!r}, rows [{start}, {stop}))",
-                        "Copy the whole split directory, or split the data again.",
-                    )
-                )
-            # An .npy shard holds at least its rows' bytes: a row_shape that
-            # claims more is refused here, before any memory is planned for it.
-            data_bytes = (stop - start) * math.prod(row_shape) * dtype.itemsize
-            if file_format == "npy" and entry["bytes"] < data_bytes:
-                raise _manifest_error(
-                    path,
-                    f"{where}.bytes={entry['bytes']} is less than its {stop - start} rows of "
-                    f"{dtype.str}{list(row_shape)} take ({data_bytes} bytes)",
-                )
-            size = file_path.stat().st_size
-            if size != entry["bytes"]:
-                raise ValueError(
-                    _errors.message(
-                        "A shard file must have the size the manifest records.",
-                        f"{file_path} expected_bytes={entry['bytes']}, actual_bytes={size}",
-                        "The file is truncated or was replaced; copy it again.",
-                    )
-                )
-            parts.append(
-                _ShardFile(
-                    os.fspath(file_path),
-                    file_format,
-                    name,
-                    (stop - start, *row_shape),
-                    dtype,
-                    entry["sha256"],
-                    verify,
-                )
-            )
-        leaves[name] = _files.concat(parts, source=f"{path}[{name!r}]")
-    return leaves
-
-
-# -- command line ----------------------------------------------------------------------------
-
-
-def _open_input(spec: str) -> tuple[str, Any]:
-    """Parses `name=path.npy` (or `name=file.npz:key`, `.h5:dataset`,
-    `.parquet:column`) into a name and a lazy leaf."""
-    name, sep, location = spec.partition("=")
-    if not sep or not name or not location:
-        raise ValueError(
-            _errors.message(
-                "Each input must be written `name=path`.",
-                f"input={spec!r}",
-                "Write e.g. `x=train_x.npy y=train_y.npy`.",
-            )
-        )
-    if location.lower().endswith(".npy"):
-        return name, _files.npy(location)
-    file_path, sep, field = location.rpartition(":")
-    suffix = Path(file_path).suffix.lower()
-    openers = {".npz": _files.npz, ".parquet": _files.parquet, ".pq": _files.parquet}
-    openers.update(dict.fromkeys(_files._HDF5_SUFFIXES, _files.hdf5))
-    if not sep or suffix not in openers or not field:
-        raise ValueError(
-            _errors.message(
-                "An input must be a .npy file, or `file.npz:key`, `file.h5:dataset` or "
-                "`file.parquet:column`.",
-                f"input={spec!r}",
-                "Name the array inside .npz, HDF5 and Parquet files after a colon.",
-            )
-        )
-    return name, openers[suffix](file_path, field)
-
-
-def open_inputs(
-    specs: Sequence[str], open_one: Callable[[str], tuple[str, Any]] | None = None
-) -> dict[str, Any]:
-    """Opens `name=...` input specs (the CLI's positional arguments) by name.
-
-    Args:
-        specs: The specs, e.g. `x=x.npy`, `y=data.npz:labels`.
-        open_one: Parses one spec into `(name, leaf)`; default `_open_input`.
-
-    Returns:
-        `{name: leaf}` in the order given.
-
-    Raises:
-        ValueError: If a name is given twice, or as `open_one` raises.
-    """
-    open_one = open_one or _open_input
-    arrays: dict[str, Any] = {}
-    for spec in specs:
-        name, leaf = open_one(spec)
-        if name in arrays:
-            raise ValueError(
-                _errors.message(
-                    "Each input needs its own name.",
-                    f"name={name!r} given twice",
-                    "Rename one of the inputs.",
-                )
-            )
-        arrays[name] = leaf
-    return arrays
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds `shardfeed split`'s arguments to `parser`."""
-    parser.add_argument(
-        "inputs",
-        nargs="+",
-        metavar="NAME=PATH",
-        help="arrays to split: name=file.npy, name=file.npz:key, name=file.h5:dataset or "
-        "name=file.parquet:column (all with the same number of rows)",
-    )
-    parser.add_argument(
-        "--num-shards", type=int, required=True, help="shards per array (usually the workers)"
-    )
-    parser.add_argument("--out", required=True, help="directory to write the shards into")
-    parser.add_argument("--format", choices=FILE_FORMATS, default="npy", help="shard file format")
-    parser.add_argument(
-        "--chunk-mib",
-        type=int,
-        default=DEFAULT_CHUNK_BYTES // 1024**2,
-        help="MiB of one array read at a time (bounds host memory; default 64)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing split")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs `shardfeed split`; returns the exit status (0 on success, 2 on bad input)."""
-    try:
-        arrays = open_inputs(args.inputs)
-        path = split(
-            arrays,
-            args.out,
-            args.num_shards,
-            args.format,
-            chunk_bytes=args.chunk_mib * 1024**2,
-            overwrite=args.overwrite,
-        )
-    except (ValueError, TypeError, OSError) as err:
-        print(f"shardfeed split: error: {err}", file=sys.stderr)
-        return 2
-    summary = json.loads(path.read_text())
-    print(
-        f"shardfeed split: wrote {summary['num_rows']} rows of {', '.join(arrays)} as "
-        f"{args.num_shards} shard(s) of {args.format} files; manifest: {path}"
-    )
-    return 0
+        return getattr(inputs, name.removeprefix("_"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

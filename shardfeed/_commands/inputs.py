@@ -1,0 +1,80 @@
+"""Input specs of the `split` and `plan` commands: `name=path[:field]` -> a lazy leaf.
+
+Separation of concerns: this module owns parsing the commands' positional
+`NAME=PATH` arguments and opening each with its format's reader (headers
+only; no rows are read). The readers themselves live in `_data/formats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.formats.base import HDF5_SUFFIXES
+from shardfeed._data.formats.hdf5 import hdf5
+from shardfeed._data.formats.npy import npy
+from shardfeed._data.formats.npz import npz
+from shardfeed._data.formats.parquet import parquet
+
+
+def open_input(spec: str) -> tuple[str, Any]:
+    """Parses `name=path.npy` (or `name=file.npz:key`, `.h5:dataset`,
+    `.parquet:column`) into a name and a lazy leaf."""
+    name, sep, location = spec.partition("=")
+    if not sep or not name or not location:
+        raise ValueError(
+            _errors.message(
+                "Each input must be written `name=path`.",
+                f"input={spec!r}",
+                "Write e.g. `x=train_x.npy y=train_y.npy`.",
+            )
+        )
+    if location.lower().endswith(".npy"):
+        return name, npy(location)
+    file_path, sep, field = location.rpartition(":")
+    suffix = Path(file_path).suffix.lower()
+    openers = {".npz": npz, ".parquet": parquet, ".pq": parquet}
+    openers.update(dict.fromkeys(HDF5_SUFFIXES, hdf5))
+    if not sep or suffix not in openers or not field:
+        raise ValueError(
+            _errors.message(
+                "An input must be a .npy file, or `file.npz:key`, `file.h5:dataset` or "
+                "`file.parquet:column`.",
+                f"input={spec!r}",
+                "Name the array inside .npz, HDF5 and Parquet files after a colon.",
+            )
+        )
+    return name, openers[suffix](file_path, field)
+
+
+def open_inputs(
+    specs: Sequence[str], open_one: Callable[[str], tuple[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Opens `name=...` input specs (the CLI's positional arguments) by name.
+
+    Args:
+        specs: The specs, e.g. `x=x.npy`, `y=data.npz:labels`.
+        open_one: Parses one spec into `(name, leaf)`; default `open_input`.
+
+    Returns:
+        `{name: leaf}` in the order given.
+
+    Raises:
+        ValueError: If a name is given twice, or as `open_one` raises.
+    """
+    open_one = open_one or open_input
+    arrays: dict[str, Any] = {}
+    for spec in specs:
+        name, leaf = open_one(spec)
+        if name in arrays:
+            raise ValueError(
+                _errors.message(
+                    "Each input needs its own name.",
+                    f"name={name!r} given twice",
+                    "Rename one of the inputs.",
+                )
+            )
+        arrays[name] = leaf
+    return arrays

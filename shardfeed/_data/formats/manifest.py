@@ -1,0 +1,294 @@
+"""Split manifests: the reader `files.manifest` and the manifest format.
+
+Separation of concerns: this module owns the *manifest* of a split dataset
+(written by `shardfeed._data.split`) and reading it back: mapping global row
+ranges to shard files, one lazy leaf per array (`base.concat` of one
+`_ShardFile` per shard). Each shard file is read by its format's reader.
+
+Manifest (`manifest.json`, format version 1)::
+
+    {"format": "shardfeed.split", "format_version": 1, "file_format": "npy",
+     "num_rows": 1000, "num_shards": 4,
+     "arrays": {"x": {"dtype": "<f4", "row_shape": [32]}, ...},
+     "shards": [{"shard_index": 0, "row_start": 0, "row_stop": 250, "num_rows": 250,
+                 "files": {"x": {"path": "x-00000-of-00004.npy", "bytes": 32128,
+                                 "sha256": "..."}, ...}}, ...]}
+
+File paths are relative to the manifest, so a split directory can be moved.
+
+Verifies, when the leaves are built (only `manifest.json` is read, plus a
+stat per shard file): format and version, rows that add up, each file
+entry's types, each shard file's path (relative, inside the manifest's
+directory after `..` and symlinks are resolved, checked before the file is
+looked at) and size. On a shard file's first read: with `verify=True` (the
+default) its sha256, then that its header matches the manifest, then the
+file format's own checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.formats import npy as _npy
+from shardfeed._data.formats import parquet as _parquet
+from shardfeed._data.formats.base import NUMERIC_KINDS, FileArray, concat
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "shardfeed.split"
+FORMAT_VERSION = 1
+FILE_FORMATS = ("npy", "parquet")
+
+
+class _ShardFile(FileArray):
+    """One shard file as the manifest describes it, checked on first read.
+
+    Shape and dtype come from the manifest, so building the leaf opens no
+    file; the first read opens the file, compares its header with the
+    manifest and (with `verify`) its sha256. A worker therefore checks only
+    the files holding the rows it reads.
+    """
+
+    _handles = ("_inner",)
+
+    def __init__(
+        self,
+        path: str,
+        file_format: str,
+        column: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        sha256: str,
+        verify: bool,
+    ) -> None:
+        self.path = path
+        self.file_format = file_format
+        self.column = column
+        self.shape = shape
+        self.dtype = dtype
+        self.sha256 = sha256
+        self.verify = verify
+        self.source = path if file_format == "npy" else f"{path}[{column!r}]"
+        self._inner: FileArray | None = None
+
+    def _open(self) -> FileArray:
+        if self.verify:
+            with open(self.path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            if digest != self.sha256:
+                raise ValueError(
+                    _errors.message(
+                        "A shard file's sha256 must match the manifest.",
+                        f"{self.path} sha256={digest}, manifest sha256={self.sha256}",
+                        "The file changed or was copied incompletely; copy it again "
+                        "(or split again). Pass `verify=False` only to skip the check.",
+                    )
+                )
+        if self.file_format == "npy":
+            inner = _npy.npy(self.path)
+        else:
+            inner = _parquet.parquet(self.path, self.column)
+        if inner.shape != self.shape or inner.dtype != self.dtype:
+            raise ValueError(
+                _errors.message(
+                    "A shard file must hold the rows, dtype and row shape the manifest says.",
+                    f"{inner.source} shape={inner.shape} dtype={inner.dtype}, manifest "
+                    f"shape={self.shape} dtype={self.dtype}",
+                    "The file does not belong to this manifest; split the data again.",
+                )
+            )
+        return inner
+
+    def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        if self._inner is None:
+            self._inner = self._open()
+        self._inner._read_into(start, stop, out)
+
+
+def _manifest_error(path: Path, problem: str) -> ValueError:
+    return ValueError(
+        _errors.message(
+            f"The manifest must be one written by `shardfeed split` (format "
+            f"{FORMAT_NAME!r}, version {FORMAT_VERSION}).",
+            f"{path}: {problem}",
+            "Split the data again with `shardfeed split`, or pass the manifest's path.",
+        )
+    )
+
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_entry(path: Path, where: str, entry: Any) -> None:
+    """Refuses a shard file entry that is not `{"path": str, "bytes": int, "sha256": hex}`."""
+    if not isinstance(entry, dict):
+        problem = f"{where} is a {type(entry).__name__}, not an object"
+    elif not isinstance(entry.get("path"), str) or not entry["path"]:
+        problem = f"{where}.path={entry.get('path')!r} (needs a non-empty string)"
+    elif isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int):
+        problem = f"{where}.bytes={entry.get('bytes')!r} (needs an integer)"
+    elif entry["bytes"] < 0:
+        problem = f"{where}.bytes={entry['bytes']!r} (needs an integer >= 0)"
+    elif not isinstance(entry.get("sha256"), str) or not _SHA256_RE.fullmatch(entry["sha256"]):
+        problem = f"{where}.sha256={entry.get('sha256')!r} (needs 64 lowercase hex digits)"
+    else:
+        return
+    raise _manifest_error(path, problem)
+
+
+def _confined(path: Path, root: str, where: str, name: str) -> Path:
+    """The shard file `name` under the manifest's directory `root` (a realpath),
+    refusing absolute paths and any that resolve (`..`, symlinks) outside it."""
+    resolved = os.path.realpath(os.path.join(root, name))
+    if os.path.isabs(name) or os.path.commonpath([root, resolved]) != root:
+        raise ValueError(
+            _errors.message(
+                "A manifest's shard files must lie inside the manifest's directory: "
+                "relative paths that stay inside it after `..` and symlinks are resolved.",
+                f"{path} {where}.path={name!r}",
+                "Copy the shard files into the manifest's directory and list them by "
+                "name, or split the data again with `shardfeed split`.",
+            )
+        )
+    return path.parent / name
+
+
+def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArray]:
+    """Lazy leaves over a split dataset, one per array, in global row order.
+
+    Only `manifest.json` is read here, and each shard file's size is checked
+    (a stat, no read). Shard file paths must be relative and stay inside the
+    manifest's directory once `..` and symlinks are resolved; any other path
+    is refused before that file is looked at. A shard file is opened on the first read of one of its
+    rows; its header is compared with the manifest and, with `verify`, its
+    sha256 is checked first (one extra pass over that file). Workers reading
+    only their rows thus open and verify only their own files.
+
+    Args:
+        path: The `manifest.json`, or the directory holding it.
+        verify: Check each shard file's sha256 before its first read.
+
+    Returns:
+        `{name: FileArray}` with `shape == (num_rows, *row_shape)`.
+
+    Raises:
+        FileNotFoundError: If the manifest or a shard file is missing.
+        ValueError: For a manifest of another format or version, rows that
+            do not add up, a malformed file entry (naming the shard index and
+            array), a path outside the manifest's directory, a shard file of
+            the wrong size; on read, a
+            checksum or header mismatch (naming the file).
+
+    Example:
+        >>> leaves = shardfeed.files.manifest("train_split/")
+        >>> ds = shardfeed.ShardedResidentDataset(leaves["x"], leaves["y"], ...)
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            _errors.message(
+                "The split dataset's manifest must exist.",
+                f"path={os.fspath(path)!r}",
+                "Pass the directory `shardfeed split --out` wrote, or its manifest.json.",
+            )
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _manifest_error(path, f"not JSON ({err})") from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise _manifest_error(path, "format is not 'shardfeed.split'")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise _manifest_error(
+            path, f"format_version={data.get('format_version')!r} (this reader: {FORMAT_VERSION})"
+        )
+    try:
+        file_format = data["file_format"]
+        num_rows = int(data["num_rows"])
+        arrays = {
+            name: (np.dtype(spec["dtype"]), tuple(int(d) for d in spec["row_shape"]))
+            for name, spec in data["arrays"].items()
+        }
+        shards = [(int(s["row_start"]), int(s["row_stop"]), s["files"]) for s in data["shards"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise _manifest_error(path, f"missing or malformed field {err}") from err
+    if file_format not in FILE_FORMATS:
+        raise _manifest_error(path, f"file_format={file_format!r}")
+    for name, (dtype, row_shape) in arrays.items():
+        if dtype.kind not in NUMERIC_KINDS or any(d < 0 for d in row_shape):
+            raise _manifest_error(
+                path, f"arrays[{name!r}] dtype={dtype.str}, row_shape={list(row_shape)}"
+            )
+    expected_start = 0
+    for start, stop, _ in shards:
+        if start != expected_start or stop < start:
+            raise _manifest_error(
+                path, f"shard rows [{start}, {stop}) do not follow row {expected_start}"
+            )
+        expected_start = stop
+    if expected_start != num_rows:
+        raise _manifest_error(path, f"shards hold {expected_start} rows, num_rows={num_rows}")
+    root = os.path.realpath(path.parent)
+    leaves = {}
+    for name, (dtype, row_shape) in arrays.items():
+        parts = []
+        for index, (start, stop, files) in enumerate(shards):
+            entry = files.get(name) if isinstance(files, dict) else None
+            if entry is None:
+                raise _manifest_error(
+                    path, f"shard rows [{start}, {stop}) list no file for {name!r}"
+                )
+            where = f"shards[{index}].files[{name!r}]"
+            _check_entry(path, where, entry)
+            # Checked before the file is looked at, so a manifest cannot make
+            # shardfeed open, hash or even stat a file outside its directory.
+            file_path = _confined(path, root, where, entry["path"])
+            if not file_path.is_file():
+                raise FileNotFoundError(
+                    _errors.message(
+                        "Every shard file the manifest lists must exist.",
+                        f"{file_path} (array {name!r}, rows [{start}, {stop}))",
+                        "Copy the whole split directory, or split the data again.",
+                    )
+                )
+            # An .npy shard holds at least its rows' bytes: a row_shape that
+            # claims more is refused here, before any memory is planned for it.
+            data_bytes = (stop - start) * math.prod(row_shape) * dtype.itemsize
+            if file_format == "npy" and entry["bytes"] < data_bytes:
+                raise _manifest_error(
+                    path,
+                    f"{where}.bytes={entry['bytes']} is less than its {stop - start} rows of "
+                    f"{dtype.str}{list(row_shape)} take ({data_bytes} bytes)",
+                )
+            size = file_path.stat().st_size
+            if size != entry["bytes"]:
+                raise ValueError(
+                    _errors.message(
+                        "A shard file must have the size the manifest records.",
+                        f"{file_path} expected_bytes={entry['bytes']}, actual_bytes={size}",
+                        "The file is truncated or was replaced; copy it again.",
+                    )
+                )
+            parts.append(
+                _ShardFile(
+                    os.fspath(file_path),
+                    file_format,
+                    name,
+                    (stop - start, *row_shape),
+                    dtype,
+                    entry["sha256"],
+                    verify,
+                )
+            )
+        leaves[name] = concat(parts, source=f"{path}[{name!r}]")
+    return leaves
