@@ -341,7 +341,19 @@ def test_manifest_refuses_other_formats(tmp_path):
         (
             {"arrays": {"x": np.array(["a"] * 5)}},
             TypeError,
-            r"numeric with a leading row dimension\. Received: arrays\['x'\]\.dtype=<U1",
+            r"must be numeric \(bool, integer, float or complex\)\. "
+            r"Received: arrays\['x'\]\.dtype=<U1\. .* before splitting\.",
+        ),
+        (
+            {"arrays": {"x": np.array([object()] * 5)}},
+            TypeError,
+            r"Object \(pickled\) arrays cannot be uploaded to a device: .* "
+            r"Received: arrays\['x'\]\.dtype=object\. .* before splitting\.",
+        ),  # the same rules as the dataset's, one validator
+        (
+            {"arrays": {"x": np.zeros(())}},
+            ValueError,
+            r"Each array needs a leading row dimension\. Received: arrays\['x'\]\.shape=\(\)\.",
         ),
         (
             {"arrays": {"x": np.zeros(5, "complex64")}, "format": "parquet"},

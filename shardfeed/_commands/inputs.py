@@ -12,16 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.formats.base import HDF5_SUFFIXES
-from shardfeed._data.formats.hdf5 import hdf5
+from shardfeed._data.formats.base import reader_for
 from shardfeed._data.formats.npy import npy
-from shardfeed._data.formats.npz import npz
-from shardfeed._data.formats.parquet import parquet
 
 
 def open_input(spec: str) -> tuple[str, Any]:
-    """Parses `name=path.npy` (or `name=file.npz:key`, `.h5:dataset`,
-    `.parquet:column`) into a name and a lazy leaf."""
+    """Parses one input spec into a name and a lazy leaf (reads headers only).
+
+    Args:
+        spec: `name=path.npy`, `name=file.npz:key`, `name=file.h5:dataset` or
+            `name=file.parquet:column` (suffixes as in `formats.base.READERS`).
+
+    Returns:
+        `(name, leaf)`.
+
+    Raises:
+        ValueError: For a malformed spec or an unsupported suffix; otherwise
+            as the format's reader raises (FileNotFoundError, TypeError, ...).
+
+    Example:
+        >>> open_input("y=data.npz:labels")
+    """
     name, sep, location = spec.partition("=")
     if not sep or not name or not location:
         raise ValueError(
@@ -34,10 +45,9 @@ def open_input(spec: str) -> tuple[str, Any]:
     if location.lower().endswith(".npy"):
         return name, npy(location)
     file_path, sep, field = location.rpartition(":")
-    suffix = Path(file_path).suffix.lower()
-    openers = {".npz": npz, ".parquet": parquet, ".pq": parquet}
-    openers.update(dict.fromkeys(HDF5_SUFFIXES, hdf5))
-    if not sep or suffix not in openers or not field:
+    # Every reader but .npy's takes the array's name inside the file.
+    reader = reader_for(Path(file_path).suffix)
+    if not sep or reader is None or reader is npy or not field:
         raise ValueError(
             _errors.message(
                 "An input must be a .npy file, or `file.npz:key`, `file.h5:dataset` or "
@@ -46,7 +56,7 @@ def open_input(spec: str) -> tuple[str, Any]:
                 "Name the array inside .npz, HDF5 and Parquet files after a colon.",
             )
         )
-    return name, openers[suffix](file_path, field)
+    return name, reader(file_path, field)
 
 
 def open_inputs(

@@ -23,12 +23,10 @@ import numpy as np
 import optree
 
 from shardfeed._common import errors as _errors
+from shardfeed._data.validate import check_array
 
 # optree (what keras.tree uses) instead of keras.tree: this layer must not
 # import TensorFlow, so `shardfeed plan` and `shardfeed split` start fast.
-
-# Kinds NumPy uses for numbers: bool, signed/unsigned integers, floats, complex.
-_NUMERIC_KINDS = "biufc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,38 +145,12 @@ def make_column(name: str, leaf: Any, part: str = "x") -> Column:
 
     Raises:
         TypeError: For non-array leaves, object or non-numeric dtypes.
-        ValueError: For a leaf without a row dimension.
+        ValueError: For a leaf without a row dimension (or with a negative one).
     """
     data = _as_array_like(leaf, name)
     shape = tuple(int(d) for d in data.shape)
     dtype = np.dtype(getattr(data.dtype, "as_numpy_dtype", data.dtype))
-    if dtype.kind == "O":
-        raise TypeError(
-            _errors.message(
-                "Object (pickled) arrays cannot be uploaded to a device: their "
-                "rows are Python objects, not numbers.",
-                f"{name}.dtype=object",
-                "Convert the data to a numeric dtype (e.g. "
-                "`np.stack(list_of_arrays).astype('float32')`).",
-            )
-        )
-    if dtype.kind not in _NUMERIC_KINDS:
-        raise TypeError(
-            _errors.message(
-                "Resident data must be numeric (bool, integer, float or complex).",
-                f"{name}.dtype={dtype}",
-                "Encode strings or records as numbers (e.g. a vocabulary "
-                "lookup) before building the dataset.",
-            )
-        )
-    if len(shape) == 0:
-        raise ValueError(
-            _errors.message(
-                "Each array needs a leading row dimension.",
-                f"{name}.shape=()",
-                "Pass one value per row, e.g. `np.full(num_rows, value)`.",
-            )
-        )
+    check_array(name, shape, dtype, "array")
     return Column(name=name, part=part, data=data, shape=shape, dtype=dtype)
 
 

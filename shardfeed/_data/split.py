@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.formats.base import optional
+from shardfeed._data.formats.base import native, optional
 from shardfeed._data.formats.manifest import (
     FILE_FORMATS,
     FORMAT_NAME,
@@ -36,11 +36,11 @@ from shardfeed._data.formats.manifest import (
     MANIFEST_NAME,
 )
 from shardfeed._data.plan import split_rows
+from shardfeed._data.validate import check_array
 
 DEFAULT_CHUNK_BYTES = 64 * 1024**2
 # Array names become file names and Parquet column names.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_NUMERIC_KINDS = "biufc"
 
 
 class _HashingWriter:
@@ -195,14 +195,7 @@ def _validate(
                 )
             )
         dtype = np.dtype(array.dtype)
-        if dtype.kind not in _NUMERIC_KINDS or not array.shape:
-            raise TypeError(
-                _errors.message(
-                    "Each array must be numeric with a leading row dimension.",
-                    f"arrays[{name!r}].dtype={dtype}, shape={tuple(array.shape)}",
-                    "Convert it to numbers, one row per example, before splitting.",
-                )
-            )
+        check_array(f"arrays[{name!r}]", tuple(array.shape), dtype, "split")
         if file_format == "parquet" and dtype.kind == "c":
             raise TypeError(
                 _errors.message(
@@ -211,7 +204,7 @@ def _validate(
                     'Use format="npy", or store real and imaginary parts as two arrays.',
                 )
             )
-        dtypes[name] = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+        dtypes[name] = native(dtype)
     lengths = {name: int(array.shape[0]) for name, array in arrays.items()}
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
@@ -277,8 +270,8 @@ def split(
         The path of the written `manifest.json`.
 
     Raises:
-        ValueError: For bad names, sizes, format, lengths that disagree, or
-            more shards than rows.
+        ValueError: For bad names, sizes, format, lengths that disagree, an
+            array without a row dimension, or more shards than rows.
         TypeError: For non-array or non-numeric inputs.
         FileExistsError: If `out_dir` already holds a manifest and
             `overwrite` is False.

@@ -1,4 +1,4 @@
-"""File leaves: the `FileArray` type, the ranged-read machinery and `concat`.
+"""File leaves: the `FileArray` type, the ranged-read machinery, `concat`, `READERS`.
 
 Separation of concerns: this module owns what every file format shares. A
 leaf -- an object with `shape`, `dtype`, `ndim`, `len()` and `leaf[start:stop]`
@@ -6,7 +6,8 @@ leaf -- an object with `shape`, `dtype`, `ndim`, `len()` and `leaf[start:stop]`
 The sources layer still decides what a column is, the plan which rows a
 replica owns, and the storage how many rows to read at once; a leaf only
 answers "rows `[start, stop)` of this file". Each format's module builds its
-leaves; `concat` joins leaves along rows.
+leaves; `concat` joins leaves along rows; `READERS` (`reader_for`) is the one
+table from a file suffix to its format's reader.
 
 Why not `np.load(mmap_mode="r")`: pages of a memory map that the upload has
 touched stay in the process' resident set until the kernel needs them back, so
@@ -33,7 +34,7 @@ import bisect
 import importlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,10 +43,18 @@ from shardfeed._common import errors as _errors
 
 PathLike = str | os.PathLike
 
-# Kinds NumPy uses for numbers: bool, signed/unsigned integers, floats, complex.
-NUMERIC_KINDS = "biufc"
-HDF5_SUFFIXES = (".h5", ".hdf5", ".he5")
-PARQUET_SUFFIXES = (".parquet", ".pq")
+# The one suffix -> reader table (`files.directory` and the CLI's inputs): the
+# module of this package and its function of the same name, imported on use
+# because the readers import this module.
+READERS: dict[str, str] = {
+    ".npy": "npy",
+    ".npz": "npz",
+    ".h5": "hdf5",
+    ".hdf5": "hdf5",
+    ".he5": "hdf5",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 
 def optional(module: str) -> Any:
@@ -60,6 +69,18 @@ def optional(module: str) -> Any:
                 "Install it with `pip install shardfeed[files]`.",
             )
         ) from err
+
+
+def reader_for(suffix: str) -> Callable[..., FileArray] | None:
+    """The reader for files with `suffix` (e.g. `".npz"`, any case), or None.
+
+    Example:
+        >>> reader_for(".h5")("train.h5", "images")
+    """
+    name = READERS.get(suffix.lower())
+    if name is None:
+        return None
+    return getattr(importlib.import_module(f"shardfeed._data.formats.{name}"), name)
 
 
 class FileArray:
@@ -146,56 +167,6 @@ class FileArray:
         """Fills `out` (C-contiguous, `stop - start` rows) with rows `[start, stop)`."""
         raise NotImplementedError
 
-
-
-def check_layout(
-    source: str, shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool = False
-) -> None:
-    if dtype.hasobject:
-        raise TypeError(
-            _errors.message(
-                "Object arrays cannot be read: their rows are pickled Python objects "
-                "(shardfeed never unpickles, `allow_pickle` stays off) and could not "
-                "be uploaded to a device anyway.",
-                f"{source}.dtype={dtype}",
-                "Convert the data to a numeric dtype and save it again, e.g. "
-                "`np.save(path, np.stack(list_of_arrays).astype('float32'))`.",
-            )
-        )
-    if dtype.kind not in NUMERIC_KINDS:
-        raise TypeError(
-            _errors.message(
-                "Resident data must be numeric (bool, integer, float or complex).",
-                f"{source}.dtype={dtype}",
-                "Encode strings or records as numbers (e.g. a vocabulary lookup) "
-                "and save those instead.",
-            )
-        )
-    if not shape:
-        raise ValueError(
-            _errors.message(
-                "Each array needs a leading row dimension.",
-                f"{source}.shape=()",
-                "Save one value per row, e.g. `np.full(num_rows, value)`.",
-            )
-        )
-    if any(d < 0 for d in shape):
-        raise ValueError(
-            _errors.message(
-                "Every dimension of an array must be >= 0.",
-                f"{source}.shape={shape}",
-                "The header is damaged; write the file again (e.g. `np.save`).",
-            )
-        )
-    if fortran_order and len(shape) > 1:
-        raise ValueError(
-            _errors.message(
-                "Rows must be contiguous in the file (C order) so a row range is one "
-                "read; a Fortran-order file interleaves every row with all others.",
-                f"{source} fortran_order=True, shape={shape}",
-                "Save it in C order: `np.save(path, np.ascontiguousarray(array))`.",
-            )
-        )
 
 
 def check_size(source: str, expected: int, actual: int) -> None:

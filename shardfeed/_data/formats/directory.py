@@ -2,8 +2,8 @@
 
 Separation of concerns: this module owns turning the files of a directory
 that match a glob into one leaf: sorted by name, one format for all (chosen
-by suffix), joined along rows by `base.concat`. Each shard is opened by its
-format's reader; only headers are read here.
+by suffix from `base.READERS`), joined along rows by `base.concat`. Each
+shard is opened by its format's reader; only headers are read here.
 
 Verifies, when the leaf is built: at least one file matches, all have one
 supported suffix, `field` is given exactly when the format needs one, and
@@ -14,22 +14,11 @@ format's own checks.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.formats.base import (
-    HDF5_SUFFIXES,
-    PARQUET_SUFFIXES,
-    FileArray,
-    PathLike,
-    concat,
-)
-from shardfeed._data.formats.hdf5 import hdf5
+from shardfeed._data.formats.base import FileArray, PathLike, concat, reader_for
 from shardfeed._data.formats.npy import npy
-from shardfeed._data.formats.npz import npz
-from shardfeed._data.formats.parquet import parquet
 
 
 def directory(path: PathLike, pattern: str = "*.npy", *, field: str | None = None) -> FileArray:
@@ -78,12 +67,7 @@ def directory(path: PathLike, pattern: str = "*.npy", *, field: str | None = Non
             )
         )
     suffix = suffixes[0]
-    openers: Mapping[str, Any] = {".npy": npy, ".npz": npz}
-    opener = openers.get(suffix)
-    if suffix in HDF5_SUFFIXES:
-        opener = hdf5
-    elif suffix in PARQUET_SUFFIXES:
-        opener = parquet
+    opener = reader_for(suffix)
     if opener is None:
         raise ValueError(
             _errors.message(

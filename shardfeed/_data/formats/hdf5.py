@@ -22,11 +22,11 @@ from shardfeed._common import errors as _errors
 from shardfeed._data.formats.base import (
     FileArray,
     PathLike,
-    check_layout,
     existing,
     native,
     optional,
 )
+from shardfeed._data.validate import check_array
 
 
 class _Hdf5Array(FileArray):
@@ -106,5 +106,5 @@ def hdf5(path: PathLike, dataset: str) -> FileArray:
         shape = tuple(int(d) for d in node.shape) if node.shape is not None else ()
         dtype = np.dtype(node.dtype)
     source = f"{path}[{dataset!r}]"
-    check_layout(source, shape, dtype)
+    check_array(source, shape, dtype, "file")
     return _Hdf5Array(path, dataset, shape, native(dtype))

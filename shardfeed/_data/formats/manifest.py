@@ -40,7 +40,8 @@ import numpy as np
 from shardfeed._common import errors as _errors
 from shardfeed._data.formats import npy as _npy
 from shardfeed._data.formats import parquet as _parquet
-from shardfeed._data.formats.base import NUMERIC_KINDS, FileArray, concat
+from shardfeed._data.formats.base import FileArray, concat
+from shardfeed._data.validate import is_numeric
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "shardfeed.split"
@@ -225,7 +226,7 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
     if file_format not in FILE_FORMATS:
         raise _manifest_error(path, f"file_format={file_format!r}")
     for name, (dtype, row_shape) in arrays.items():
-        if dtype.kind not in NUMERIC_KINDS or any(d < 0 for d in row_shape):
+        if not is_numeric(dtype) or any(d < 0 for d in row_shape):
             raise _manifest_error(
                 path, f"arrays[{name!r}] dtype={dtype.str}, row_shape={list(row_shape)}"
             )

@@ -21,14 +21,8 @@ from typing import Any
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.formats.base import (
-    FileArray,
-    PathLike,
-    RawArray,
-    check_layout,
-    check_size,
-    existing,
-)
+from shardfeed._data.formats.base import FileArray, PathLike, RawArray, check_size, existing
+from shardfeed._data.validate import check_array
 
 
 def _npy_header(fp: Any, source: str) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -51,6 +45,27 @@ def _npy_header(fp: Any, source: str) -> tuple[tuple[int, ...], bool, np.dtype]:
         ) from err
     return tuple(int(d) for d in shape), bool(fortran_order), np.dtype(dtype)
 
+
+
+def check_header(
+    source: str, shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool
+) -> None:
+    """Refuses a .npy header (of a file or an .npz member) that cannot be read by rows.
+
+    Raises:
+        TypeError: For object (pickled) or non-numeric dtypes.
+        ValueError: For no row dimension, a negative dimension or Fortran order.
+    """
+    check_array(source, shape, dtype, "file")
+    if fortran_order and len(shape) > 1:
+        raise ValueError(
+            _errors.message(
+                "Rows must be contiguous in the file (C order) so a row range is one "
+                "read; a Fortran-order file interleaves every row with all others.",
+                f"{source} fortran_order=True, shape={shape}",
+                "Save it in C order: `np.save(path, np.ascontiguousarray(array))`.",
+            )
+        )
 
 
 def npy(path: PathLike) -> FileArray:
@@ -81,7 +96,7 @@ def npy(path: PathLike) -> FileArray:
         shape, fortran_order, dtype = _npy_header(f, path)
         offset = f.tell()
         size = os.fstat(f.fileno()).st_size
-    check_layout(path, shape, dtype, fortran_order)
+    check_header(path, shape, dtype, fortran_order)
     # Python ints: a hostile header's shape product cannot wrap around (NumPy's
     # int64 product of (2**40, 2**40) is 0), so it is caught here as a size mismatch.
     check_size(path, offset + math.prod(shape) * dtype.itemsize, size)

@@ -30,12 +30,11 @@ from shardfeed._data.formats.base import (
     PathLike,
     RawArray,
     byte_view,
-    check_layout,
     check_size,
     existing,
     native,
 )
-from shardfeed._data.formats.npy import _npy_header
+from shardfeed._data.formats.npy import _npy_header, check_header
 
 # A compressed .npz member is decompressed in pieces of this size, so reading
 # a chunk never holds the chunk twice.
@@ -277,7 +276,7 @@ def npz(path: PathLike, key: str, verify: bool = True) -> FileArray:
                 header_bytes = member.tell()
         except (zipfile.BadZipFile, zlib.error, EOFError) as err:
             raise ValueError(_damaged_member(source, info.filename, err)) from err
-    check_layout(source, shape, dtype, fortran_order)
+    check_header(source, shape, dtype, fortran_order)
     nbytes = math.prod(shape) * dtype.itemsize
     check_size(source, header_bytes + nbytes, info.file_size)
     if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
