@@ -25,7 +25,7 @@ from shardfeed._data.formats.base import FileArray, PathLike, RawArray, check_si
 from shardfeed._data.validate import check_array
 
 
-def _npy_header(fp: Any, source: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+def read_header(fp: Any, source: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Reads a .npy header with NumPy's own helpers, refusing pickled data."""
     try:
         version = np.lib.format.read_magic(fp)
@@ -93,7 +93,7 @@ def npy(path: PathLike) -> FileArray:
     """
     path = existing(path)
     with open(path, "rb") as f:
-        shape, fortran_order, dtype = _npy_header(f, path)
+        shape, fortran_order, dtype = read_header(f, path)
         offset = f.tell()
         size = os.fstat(f.fileno()).st_size
     check_header(path, shape, dtype, fortran_order)

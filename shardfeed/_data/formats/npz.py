@@ -34,7 +34,7 @@ from shardfeed._data.formats.base import (
     existing,
     native,
 )
-from shardfeed._data.formats.npy import _npy_header, check_header
+from shardfeed._data.formats.npy import check_header, read_header
 
 # A compressed .npz member is decompressed in pieces of this size, so reading
 # a chunk never holds the chunk twice.
@@ -272,7 +272,7 @@ def npz(path: PathLike, key: str, verify: bool = True) -> FileArray:
         source = f"{path}[{key!r}]"
         try:
             with archive.open(info) as member:
-                shape, fortran_order, dtype = _npy_header(member, source)
+                shape, fortran_order, dtype = read_header(member, source)
                 header_bytes = member.tell()
         except (zipfile.BadZipFile, zlib.error, EOFError) as err:
             raise ValueError(_damaged_member(source, info.filename, err)) from err
