@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed._distribute import cluster as _cluster
-from shardfeed._distribute.cluster import (
-    LaunchEnv,
-    detect_launch_env,
+from shardfeed._distribute import tf_config as _tf_config
+from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env
+from shardfeed._distribute.tf_config import (
     ensure_tf_config,
     tf_config_from_mpi,
     tf_config_from_slurm,
@@ -344,7 +343,7 @@ def _has_mpi4py() -> bool:
 # binding it, and prints the dict.
 MPI_RANK = """
 import json, socket
-from shardfeed._distribute.cluster import tf_config_from_mpi
+from shardfeed._distribute.tf_config import tf_config_from_mpi
 config = tf_config_from_mpi(host="127.0.0.1")
 own = config["cluster"]["worker"][config["task"]["index"]]
 with socket.socket() as s:
@@ -407,7 +406,7 @@ def test_ensure_tf_config_rejects_bad_port_base():
 
 
 def test_ensure_tf_config_from_mpi(monkeypatch):
-    monkeypatch.setattr(_cluster, "tf_config_from_mpi", lambda: worker_tf_config(3, ["x"] * 4))
+    monkeypatch.setattr(_tf_config, "tf_config_from_mpi", lambda: worker_tf_config(3, ["x"] * 4))
     environ = dict(OMPI)
     assert ensure_tf_config(environ).launcher == "mpi"
     assert json.loads(environ["TF_CONFIG"])["task"]["index"] == 3

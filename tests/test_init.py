@@ -13,12 +13,12 @@ import types
 import pytest
 
 from shardfeed._data import memory as _memory
-from shardfeed._distribute import cluster as _cluster
 from shardfeed._distribute import initialize as _init
+from shardfeed._distribute import launch_env as _launch_env
 
 
 def _env(launcher="single", rank=0, world_size=1, local_rank=None):
-    return _cluster.LaunchEnv(launcher, rank, world_size, local_rank)
+    return _launch_env.LaunchEnv(launcher, rank, world_size, local_rank)
 
 
 @pytest.mark.parametrize(

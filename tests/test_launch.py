@@ -525,7 +525,8 @@ def test_launcher_does_not_import_tensorflow():
     # The launcher process must stay light: workers pay for TensorFlow, it does not.
     code = (
         "import sys\n"
-        "import shardfeed._commands.cli, shardfeed._launch.cli, shardfeed._distribute.cluster\n"
+        "import shardfeed._commands.cli, shardfeed._launch.cli\n"
+        "import shardfeed._distribute.launch_env, shardfeed._distribute.tf_config\n"
         "import shardfeed.launch\n"
         "assert shardfeed.launch.run is shardfeed._launch.run\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "

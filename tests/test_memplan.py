@@ -13,9 +13,10 @@ import pytest
 import shardfeed
 from shardfeed import files
 from shardfeed._commands import cli as _cli
+from shardfeed._common.units import format_bytes, parse_size
 from shardfeed._data import memory as _memory
 from shardfeed._data import memplan as _memplan
-from shardfeed._data.memplan import format_bytes, memory_plan, parse_size
+from shardfeed._data.memplan import memory_plan
 
 GIB = 1024**3
 # x: float32[32] (128 B) + y: int64 (8 B) = 136 B per row.

@@ -1,4 +1,4 @@
-"""`shardfeed` CLI: the subcommand table (`cli`), the demo, bench and split subcommands,
+"""`shardfeed` CLI: the subcommand table (`cli`), the demo, bench, plan and split subcommands,
 and the `NAME=PATH` input specs (`inputs`) of `split` and `plan`.
 
 The top layer: may import any other. Subcommand modules are imported lazily so

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed._common.units import GIB, KIB, MIB
+
 BATCH_SIZE = 256
 LEARNING_RATE = 1e-3
 MIN_ROWS = 2 * BATCH_SIZE  # `--rows-scale` never goes below two batches
@@ -75,7 +77,7 @@ VARIANTS: dict[str, str] = {
     "streaming": "shardfeed.fit (streaming)",
 }
 VARIANT_ALIASES = dict(zip("abcdef", VARIANTS, strict=True))
-STREAM_CHUNK_BYTES = 16 * 1024**2
+STREAM_CHUNK_BYTES = 16 * MIB
 
 VARIANT_NOTES: dict[str, str] = {
     "numpy": (
@@ -327,7 +329,7 @@ def _ram_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
+                return round(int(line.split()[1]) * KIB / GIB, 1)  # kB -> GiB
     except OSError:
         pass
     return None

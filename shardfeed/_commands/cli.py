@@ -23,7 +23,7 @@ SUBCOMMANDS = {
         "benchmark shardfeed.fit against model.fit and the compute floor",
     ),
     "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),
-    "plan": ("shardfeed._data.memplan", "print per-rank rows, bytes, steps and memory fit"),
+    "plan": ("shardfeed._commands.plan", "print per-rank rows, bytes, steps and memory fit"),
     "split": (
         "shardfeed._commands.split",
         "write a dataset as per-rank shard files plus a manifest",

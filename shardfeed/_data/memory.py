@@ -26,9 +26,53 @@ import os
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import host as _host
+from shardfeed._common.units import GIB
+from shardfeed._data.plan import ShardPlan
 
-GIB = 1024**3
-MIB = 1024**2
+# `free_bytes`' source for the host's available RAM: every device read this way shares it.
+HOST_RAM_SOURCE = "meminfo"
+
+
+def check_memory_fraction(memory_fraction: float) -> None:
+    """Refuses a share of free memory outside (0, 1].
+
+    Args:
+        memory_fraction: Share of free memory the data may take.
+
+    Raises:
+        ValueError: If it is not in (0, 1].
+
+    Example:
+        >>> check_memory_fraction(0.8)
+    """
+    if not 0.0 < memory_fraction <= 1.0:
+        raise ValueError(
+            _errors.message(
+                "`memory_fraction` must be in (0, 1].",
+                f"memory_fraction={memory_fraction!r}",
+                "Use e.g. 0.8 to leave 20% of free memory for the model.",
+            )
+        )
+
+
+def shares_host_ram(source: str) -> bool:
+    """Whether devices whose free bytes came from `source` share one host's RAM.
+
+    Logical CPU devices, and all the workers on one host, read the same
+    available RAM (`/proc/meminfo`), so their needs add up against it; a GPU
+    (NVML) or a size the user gave (`device_memory_bytes`) is per device.
+
+    Args:
+        source: Where the free bytes came from, as `free_bytes` says.
+
+    Returns:
+        True for the host's available RAM.
+
+    Example:
+        >>> shares_host_ram("meminfo"), shares_host_ram("nvml")
+        (True, False)
+    """
+    return source == HOST_RAM_SOURCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +157,7 @@ def free_bytes(device: str) -> tuple[int | None, str]:
         free = gpu_free_bytes(index)
         return free, ("nvml" if free is not None else "unknown")
     free = host_available_bytes()
-    return free, ("meminfo" if free is not None else "unknown")
+    return free, (HOST_RAM_SOURCE if free is not None else "unknown")
 
 
 def memory_reports(
@@ -159,10 +203,42 @@ def memory_reports(
         else:
             free, source = free_bytes(device if device != "host" else "CPU:0")
             # Every local worker reads the same available RAM: each gets its share.
-            sharing = workers_on_host if device == "host" and source == "meminfo" else 1
+            sharing = workers_on_host if shares_host_ram(source) else 1
         usable = None if free is None else int(free * memory_fraction) // sharing
         reports.append(MemoryReport(device, needed, free, usable, source, sharing))
     return reports
+
+
+def stream_chunk_steps(
+    plan: ShardPlan, row_bytes: int, usable_bytes: int | None, slot_bytes: int | None = None
+) -> int:
+    """Whole steps per chunk of a streamed shard: two chunks (double buffering) fit.
+
+    Both slots of a replica's ring must fit in `usable_bytes` together, each
+    slot holds at most `slot_bytes`, and a chunk never has more steps than
+    the epoch.
+
+    Args:
+        plan: The epoch's plan (its per-replica batch and steps per epoch).
+        row_bytes: Bytes of one row, all columns together.
+        usable_bytes: Bytes one replica may use (None when unknown).
+        slot_bytes: Largest slot (`LoadOptions.stream_chunk_bytes`); None for
+            no limit but the memory.
+
+    Returns:
+        Steps per chunk; 0 when not even one step fits twice.
+
+    Example:
+        >>> from shardfeed._data.plan import plan_shards
+        >>> stream_chunk_steps(plan_shards(1000, 1, 10, "shard", False), 8, 1000)
+        6
+    """
+    budget = slot_bytes
+    if usable_bytes is not None:
+        budget = usable_bytes // 2 if budget is None else min(budget, usable_bytes // 2)
+    if budget is None:
+        return plan.steps_per_epoch
+    return min(budget // max(1, plan.per_replica_batch_size * row_bytes), plan.steps_per_epoch)
 
 
 def fit_error(report: MemoryReport, memory_fraction: float) -> str:

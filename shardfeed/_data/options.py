@@ -12,7 +12,8 @@ import dataclasses
 from typing import Literal
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.memory import MIB
+from shardfeed._common.units import MIB
+from shardfeed._data.memory import check_memory_fraction
 
 
 def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
@@ -57,12 +58,7 @@ class LoadOptions:
             f"chunk_bytes={self.chunk_bytes!r}",
             "Use e.g. 64 * 1024**2 (64 MiB).",
         )
-        _require(
-            0.0 < self.memory_fraction <= 1.0,
-            "`memory_fraction` must be in (0, 1].",
-            f"memory_fraction={self.memory_fraction!r}",
-            "Use e.g. 0.8 to leave 20% of free memory for the model.",
-        )
+        check_memory_fraction(self.memory_fraction)
         _require(
             self.device_memory_bytes is None
             or (isinstance(self.device_memory_bytes, int) and self.device_memory_bytes > 0),

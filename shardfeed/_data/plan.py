@@ -104,6 +104,37 @@ def _check_positive(name: str, value: int, fix: str) -> None:
         )
 
 
+def check_global_batch(per_replica_batch_size: int, num_replicas: int, num_rows: int) -> None:
+    """Refuses a global batch larger than the data: training needs one full step.
+
+    Evaluation and prediction pad, so only training (`fit`, `memory_plan`)
+    checks this.
+
+    Args:
+        per_replica_batch_size: Rows each replica takes per step.
+        num_replicas: Replicas across all workers (`num_replicas_in_sync`).
+        num_rows: Rows in the dataset.
+
+    Raises:
+        ValueError: If `per_replica_batch_size * num_replicas > num_rows`.
+
+    Example:
+        >>> check_global_batch(256, 4, 1000)
+        Traceback (most recent call last):
+        ValueError: The global batch (per_replica_batch_size x num_replicas_in_sync) must not ...
+    """
+    if per_replica_batch_size * num_replicas > num_rows:
+        raise ValueError(
+            _errors.message(
+                "The global batch (per_replica_batch_size x num_replicas_in_sync) "
+                "must not be larger than the dataset.",
+                f"per_replica_batch_size={per_replica_batch_size}, "
+                f"num_replicas_in_sync={num_replicas}, num_rows={num_rows}",
+                "Lower `per_replica_batch_size` or use fewer replicas.",
+            )
+        )
+
+
 def plan_shards(
     num_rows: int,
     num_replicas: int,

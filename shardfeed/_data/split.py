@@ -337,14 +337,3 @@ def split(
     tmp.write_text(json.dumps(manifest_data, indent=1) + "\n")
     os.replace(tmp, manifest_path)
     return manifest_path
-
-
-def __getattr__(name: str) -> Any:
-    # Temporary, until `shardfeed plan`'s command line moves to `_commands/plan.py`:
-    # `memplan` still reads input specs through this module. Imported on use only,
-    # so `_data` does not import `_commands` at module level.
-    if name in ("_open_input", "open_inputs"):
-        from shardfeed._commands import inputs
-
-        return getattr(inputs, name.removeprefix("_"))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

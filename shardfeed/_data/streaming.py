@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data.memory import stream_chunk_steps
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
 from shardfeed._data.sources import Columns
@@ -68,10 +69,7 @@ def plan_stream(
             )
         )
     b = plan.per_replica_batch_size
-    budget = options.stream_chunk_bytes
-    if usable_bytes is not None:
-        budget = min(budget, usable_bytes // 2)
-    steps = min(budget // max(1, b * row_bytes), plan.steps_per_epoch)
+    steps = stream_chunk_steps(plan, row_bytes, usable_bytes, options.stream_chunk_bytes)
     if steps < 1:
         raise MemoryError(
             _errors.message(

@@ -23,7 +23,7 @@ from typing import Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
-from shardfeed._distribute import cluster as _cluster
+from shardfeed._distribute import tf_config as _cluster  # LaunchEnv, detect_launch_env too
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.ports import PortReservation
-from shardfeed._distribute.cluster import worker_tf_config
+from shardfeed._distribute.tf_config import worker_tf_config
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 
 LOCAL_HOST = "127.0.0.1"

@@ -1,0 +1,268 @@
+"""`MemoryPlan`'s words: its table, its verdict and the advice when it does not fit.
+
+Separation of concerns: `_memplan` computes the numbers (rows, bytes and
+usable memory per rank); this module only turns a `MemoryPlan` into text:
+the aligned per-rank table, one verdict line, and the ways out when a rank
+does not fit (more replicas, workers or hosts; compact dtypes; streaming),
+each with numbers. It computes no plan and reads no memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shardfeed._common.units import format_bytes
+from shardfeed._data.memory import HOST_RAM_SOURCE, stream_chunk_steps
+
+if TYPE_CHECKING:
+    from shardfeed._data.memplan import MemoryPlan, RankMemory
+
+# The compact dtype advised for each float dtype (cast back in `transform`).
+_COMPACT = {np.dtype("float64"): np.dtype("float32"), np.dtype("float32"): np.dtype("float16")}
+_SOURCE_WORDS = {
+    "given": "given",
+    "nvml": "GPU:0 via NVML",
+    HOST_RAM_SOURCE: "this host's available RAM, /proc/meminfo",
+}
+
+
+def table(mem: MemoryPlan) -> str:
+    """`MemoryPlan.table()`: a summary, one aligned row per rank, the verdict."""
+    plan, n_rep = mem.shard_plan, mem.shard_plan.num_replicas
+    described = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in mem.columns)
+    lines = [
+        f"data: {plan.num_rows:,} rows x {mem.row_bytes:,} B/row ({described}) = "
+        f"{format_bytes(plan.num_rows * mem.row_bytes)}",
+        f"plan: {mem.num_workers} worker(s) x {mem.replicas_per_worker} replica(s) = "
+        f"{n_rep} replica(s){_hosts_words(mem)}; "
+        f"per_replica_batch_size={plan.per_replica_batch_size} "
+        f"(global batch {plan.global_batch_size:,}); placement={plan.placement!r}; "
+        f"drop_remainder={plan.drop_remainder}",
+        "",
+    ]
+    header = (
+        "rank",
+        "replicas",
+        "rows/device",
+        "bytes/device",
+        "steps/epoch",
+        "dropped rows",
+        "free",
+        "usable",
+        "fits",
+    )
+    rows = [header]
+    for r in mem.ranks:
+        lo, hi = min(r.rows_per_replica), max(r.rows_per_replica)
+        first, last = r.replica_ids[0], r.replica_ids[-1]
+        rows.append(
+            (
+                str(r.rank),
+                str(first) if first == last else f"{first}-{last}",
+                f"{hi:,}" if lo == hi else f"{lo:,}-{hi:,}",
+                format_bytes(r.bytes_per_device),
+                f"{r.steps_per_epoch:,}",
+                f"{r.dropped_rows_per_epoch:,}",
+                "unknown" if r.free_bytes is None else format_bytes(r.free_bytes),
+                "unknown" if r.usable_bytes is None else format_bytes(r.usable_bytes),
+                "unchecked" if r.usable_bytes is None else ("yes" if r.fits else "NO"),
+            )
+        )
+    left = {0, 1, 8}
+    if mem.workers_per_host > 1:
+        # Which host each rank is on: its needs count with its host-mates'.
+        rows = [
+            (row[0], "host" if i == 0 else str(mem.ranks[i - 1].host), *row[1:])
+            for i, row in enumerate(rows)
+        ]
+        header, left = rows[0], {0, 1, 2, 9}
+    # Numbers right-aligned, words left-aligned, as in `nvidia-smi`.
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = [
+            cell.ljust(w) if i in left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    lines += ["", _verdict(mem)]
+    return "\n".join(lines)
+
+
+def _hosts_words(mem: MemoryPlan) -> str:
+    if mem.workers_per_host == 1:
+        return ""
+    return f" on {mem.num_hosts} host(s) of {mem.workers_per_host} worker(s)"
+
+
+def _verdict(mem: MemoryPlan) -> str:
+    worst = max(mem.ranks, key=lambda r: r.needed_bytes)
+    if worst.usable_bytes is None:
+        return (
+            "not checked: the free device memory is unknown (no GPU through NVML, no "
+            "/proc/meminfo); pass device_memory_bytes (--device-memory)."
+        )
+    per = "" if mem.shared_host else " per device"
+    memory = (
+        f"{format_bytes(worst.usable_bytes)} usable ({mem.memory_fraction:.0%} of "
+        f"{format_bytes(worst.free_bytes or 0)} free{per}, "
+        f"{_SOURCE_WORDS.get(mem.memory_source, mem.memory_source)})"
+    )
+    what = "each device needs at most"
+    if mem.shared_host and mem.workers_per_host > 1:
+        what = (
+            f"the {mem.workers_per_host} workers on each host ({mem.devices_per_host} "
+            "devices) share its RAM and need"
+        )
+    elif mem.shared_host and mem.replicas_per_worker > 1:
+        what = f"each worker's {mem.replicas_per_worker} devices share the host and need"
+    assumed = ""
+    if mem.shared_host and mem.workers_per_host == 1 and mem.num_workers > 1:
+        # The plan cannot know where workers run: say what it assumed.
+        assumed = (
+            " Assumed one worker per host; pass workers_per_host (--workers-per-host) "
+            "when several share one."
+        )
+    if mem.fits:
+        return f"fits: {what} {format_bytes(worst.needed_bytes)} of {memory}.{assumed}"
+    misfits = ", ".join(str(r.rank) for r in mem.ranks if not r.fits)
+    return (
+        f"does NOT fit on rank(s) {misfits}: {what} {format_bytes(worst.needed_bytes)}, "
+        f"over {memory}.{assumed}"
+    )
+
+
+def advice(mem: MemoryPlan) -> list[str]:
+    """`MemoryPlan.advice()`: what would make the data fit, one sentence per way out."""
+    if mem.fits:
+        return []
+    worst = max(mem.ranks, key=lambda r: r.needed_bytes)
+    usable = worst.usable_bytes or 0  # known: unknown memory always "fits"
+    return [_more_replicas(mem, usable), *_compact(mem, worst), _streaming(mem, usable)]
+
+
+def _more_replicas(mem: MemoryPlan, usable: int) -> str:
+    plan, r_per_w = mem.shard_plan, mem.replicas_per_worker
+    max_rows = usable // mem.row_bytes
+    limit = format_bytes(usable)
+    if mem.shared_host and mem.workers_per_host > 1:
+        # All devices of all workers on a host share its RAM: only more hosts help.
+        per_host = mem.workers_per_host * r_per_w
+        if max_rows < per_host:
+            return (
+                f"Even one row per device ({per_host} devices on a host x "
+                f"{format_bytes(mem.row_bytes)}) does not fit in {limit} usable: use "
+                "fewer workers per host, fewer replicas per worker or a compact dtype."
+            )
+        hosts = max(1, -(-plan.num_rows // max_rows))
+        while _largest_rank_rows(plan.num_rows, hosts, per_host) > max_rows:
+            hosts += 1
+        return (
+            f"Use more hosts: the {mem.workers_per_host} workers on a host "
+            f"({per_host} device(s)) share its RAM, so with placement='shard' at least "
+            f"{hosts} host(s) of {mem.workers_per_host} worker(s) keep every host within "
+            f"{limit} usable (now {mem.num_hosts})."
+        )
+    if mem.shared_host:
+        # A worker's devices share the host's RAM, so only more workers help.
+        if max_rows < r_per_w:
+            return (
+                f"Even one row per device ({r_per_w} devices x "
+                f"{format_bytes(mem.row_bytes)}) does not fit in {limit} usable: use "
+                "fewer replicas per worker or a compact dtype."
+            )
+        workers = max(1, -(-plan.num_rows // max_rows))
+        while _largest_rank_rows(plan.num_rows, workers, r_per_w) > max_rows:
+            workers += 1
+        return (
+            f"Use more workers: each worker's {r_per_w} device(s) share one host's RAM, so "
+            f"with placement='shard' at least {workers} worker(s) keep every worker within "
+            f"{limit} usable (now {mem.num_workers})."
+        )
+    if max_rows == 0:
+        return (
+            f"One row ({format_bytes(mem.row_bytes)}) is larger than {limit} usable per "
+            "device: no number of replicas helps; store a compact dtype."
+        )
+    replicas = -(-plan.num_rows // max_rows)
+    workers = -(-replicas // r_per_w)
+    if replicas <= plan.num_replicas:  # only when replicating now
+        rows = -(-plan.num_rows // plan.num_replicas)
+        return (
+            f"Shard instead of replicating: with placement='shard', the current "
+            f"{plan.num_replicas} replicas hold at most {rows:,} rows "
+            f"({format_bytes(rows * mem.row_bytes)}) per device, within {limit} usable "
+            f"({replicas:,} replica(s) would do)."
+        )
+    change = (
+        "Shard instead of replicating" if plan.placement == "replicate" else "Use more replicas"
+    )
+    text = (
+        f"{change}: with placement='shard', at least {replicas:,} replicas in total keep "
+        f"every device within {limit} usable, e.g. {workers:,} worker(s) x {r_per_w} "
+        f"replica(s) (now {plan.num_replicas})."
+    )
+    if replicas * plan.per_replica_batch_size > plan.num_rows:
+        # The dataset refuses a global batch larger than the data.
+        text += (
+            f" With that many replicas, per_replica_batch_size must be at most "
+            f"{plan.num_rows // replicas:,}."
+        )
+    return text
+
+
+def _compact(mem: MemoryPlan, worst: RankMemory) -> list[str]:
+    casts = [c for c in mem.columns if c.dtype in _COMPACT]
+    if not casts:
+        return []
+    compact_row_bytes = sum(
+        math.prod(c.row_shape) * _COMPACT.get(c.dtype, c.dtype).itemsize for c in mem.columns
+    )
+    needed = worst.needed_bytes // mem.row_bytes * compact_row_bytes
+    usable = worst.usable_bytes or 0
+    listed = ", ".join(f"{c.name} {c.dtype.name}->{_COMPACT[c.dtype].name}" for c in casts)
+    verdict = "fits in" if needed <= usable else "is still over"
+    where = "per device"
+    if mem.shared_host:
+        where = "per host" if mem.workers_per_host > 1 else "per worker"
+    return [
+        f"Store a compact dtype and cast in `transform` ({listed}): "
+        f"{format_bytes(needed)} {where} instead of {format_bytes(worst.needed_bytes)}, "
+        f"which {verdict} {format_bytes(usable)} usable."
+    ]
+
+
+def _streaming(mem: MemoryPlan, usable: int) -> str:
+    plan = mem.shard_plan
+    if plan.placement != "shard":
+        return (
+            "Streaming (`LoadOptions(streaming=True)`) needs placement='shard': each "
+            "replica streams its own rows."
+        )
+    # Replicas on one host share its RAM, as in `ShardedResidentDataset`.
+    per_device = usable // (mem.devices_per_host if mem.shared_host else 1)
+    b = plan.per_replica_batch_size
+    step_bytes = b * mem.row_bytes
+    # Two slots (double buffering) of whole steps, as `_streaming.plan_stream` cuts them.
+    steps = stream_chunk_steps(plan, mem.row_bytes, per_device)
+    if steps < 1:
+        return (
+            f"Streaming (`LoadOptions(streaming=True)`) needs two chunks of at least one "
+            f"step ({b:,} rows, {format_bytes(step_bytes)} each), more than "
+            f"{format_bytes(per_device)} usable per device: lower per_replica_batch_size."
+        )
+    return (
+        "Stream the shard with `LoadOptions(streaming=True)`: it keeps two "
+        f"double-buffered chunks per device, and chunks of up to {steps * b:,} rows "
+        f"({steps:,} steps of {b:,}, {format_bytes(steps * step_bytes)} each) fit in "
+        f"{format_bytes(per_device)} usable per device."
+    )
+
+
+def _largest_rank_rows(num_rows: int, num_groups: int, replicas_per_group: int) -> int:
+    # The first worker (or host) holds the largest shards: `split_rows` gives
+    # the first ones a row more.
+    base, extra = divmod(num_rows, num_groups * replicas_per_group)
+    return replicas_per_group * base + min(replicas_per_group, extra)

@@ -1,0 +1,299 @@
+"""Launch environment: which launcher started this process, and its rank among the workers.
+
+Separation of concerns: the launcher (`shardfeed._launch`, horovodrun, mpirun,
+srun) starts processes and sets environment variables; this module only reads
+them and describes this process's place among the workers (`LaunchEnv`); the
+engine builds its strategy from that. Reading is pure (an environment mapping
+in, values out), so every launcher is tested with a plain dict. Writing a
+TF_CONFIG from MPI or SLURM is `_tf_config`'s job. Imports nothing heavy.
+
+Which launcher `detect_launch_env` reports, first match wins:
+
+1. `shardfeed`: `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK`,
+   set per process by `shardfeed launch`.
+2. `tf_config`: a `TF_CONFIG` with a cluster. It was written for this very
+   process, by a person or a tool, so it beats inference from launcher
+   variables. If a launcher below is also present and started a different
+   number of processes, the TF_CONFIG is stale (e.g. exported once for all
+   tasks) and detection refuses to guess.
+3. `horovod`: `HOROVOD_RANK`, `HOROVOD_SIZE`, `HOROVOD_LOCAL_RANK` (horovodrun
+   with Gloo). Before MPI because horovodrun can itself run on top of mpirun.
+4. `mpi`: Open MPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`/`_LOCAL_RANK`, else
+   MPICH/Intel MPI (Hydra) `PMI_RANK`/`PMI_SIZE` with `MPI_LOCALRANKID`.
+   `PMIX_RANK` alone carries no world size: under `srun --mpi=pmix` the SLURM
+   variables give it, anywhere else detection raises. Before SLURM because
+   mpirun inside a SLURM allocation starts its daemons with srun, so the ranks
+   inherit step variables describing the daemons, not the ranks.
+5. `slurm`: `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` (else `SLURM_NTASKS`),
+   `SLURM_LOCALID`, only inside a job step (srun sets `SLURM_STEP_NUM_TASKS`
+   and `SLURM_STEP_NODELIST`). An sbatch script itself carries the job's
+   `SLURM_NTASKS` but is one process, so it counts as a single process.
+6. `single`: none of the above; rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from shardfeed._common import errors as _errors
+
+Launcher = Literal["shardfeed", "tf_config", "horovod", "mpi", "slurm", "single"]
+
+# Task types that take part in MultiWorkerMirroredStrategy training, in rank order.
+_TRAINING_TASK_TYPES = ("chief", "worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits among the workers, as its launcher described it.
+
+    Attributes:
+        launcher: Which launcher's variables the values come from (see the
+            module docstring for the precedence).
+        rank: This process's index among `world_size` workers.
+        world_size: Number of worker processes.
+        local_rank: This process's index among the workers on its host; None
+            when the launcher does not say (a hand-written TF_CONFIG).
+        variables: Names of the environment variables the values were read from.
+
+    Raises:
+        ValueError: If the numbers are inconsistent.
+
+    Example:
+        >>> detect_launch_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+        LaunchEnv(launcher='mpi', rank=1, world_size=2, local_rank=None, variables=(...))
+    """
+
+    launcher: Launcher
+    rank: int
+    world_size: int
+    local_rank: int | None
+    variables: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        received = (
+            f"rank={self.rank!r}, world_size={self.world_size!r}, local_rank={self.local_rank!r}"
+        )
+        if self.variables:
+            received += f" (from {', '.join(self.variables)})"
+        ok = (
+            self.world_size >= 1
+            and 0 <= self.rank < self.world_size
+            and (self.local_rank is None or 0 <= self.local_rank < self.world_size)
+        )
+        if not ok:
+            raise ValueError(
+                _errors.message(
+                    "A worker's rank and local rank must lie in [0, world_size), with "
+                    "world_size >= 1.",
+                    received,
+                    "Check the variables your launcher set for this process.",
+                )
+            )
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this is rank 0, the worker that writes checkpoints and logs."""
+        return self.rank == 0
+
+
+def received(environ: Mapping[str, str], names: Sequence[str]) -> str:
+    """`NAME='value', ...` for the `Received:` part of an error message (`<unset>` if unset)."""
+    return ", ".join(f"{name}={environ.get(name, '<unset>')!r}" for name in names)
+
+
+def read_int(environ: Mapping[str, str], name: str, together: Sequence[str], fix: str) -> int:
+    """Reads `environ[name]` as an integer; on failure the error shows `together` and `fix`."""
+    value = environ.get(name)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(
+            _errors.message(
+                f"`{name}` must be set to an integer.",
+                received(environ, together),
+                fix,
+            )
+        ) from None
+
+
+def _from_variables(
+    environ: Mapping[str, str],
+    launcher: Launcher,
+    rank_var: str,
+    size_var: str,
+    local_var: str | None,
+    fix: str,
+) -> LaunchEnv:
+    names = [rank_var, size_var] + ([local_var] if local_var else [])
+    rank = read_int(environ, rank_var, names, fix)
+    world_size = read_int(environ, size_var, names, fix)
+    local_rank = None
+    if local_var and local_var in environ:
+        local_rank = read_int(environ, local_var, names, fix)
+    used = tuple(name for name in names if name in environ)
+    try:
+        return LaunchEnv(launcher, rank, world_size, local_rank, used)
+    except ValueError:
+        raise ValueError(
+            _errors.message(
+                "A worker's rank and local rank must lie in [0, world_size).",
+                received(environ, names),
+                fix,
+            )
+        ) from None
+
+
+def _parse_tf_config(environ: Mapping[str, str]) -> LaunchEnv | None:
+    text = environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return None
+    fix = (
+        'Set TF_CONFIG like {"cluster": {"worker": ["host1:port", "host2:port"]}, '
+        '"task": {"type": "worker", "index": 0}}, or unset it to let shardfeed resolve '
+        "the cluster from its launcher."
+    )
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            _errors.message("TF_CONFIG must be JSON.", f"TF_CONFIG={text!r} ({err})", fix)
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            _errors.message("TF_CONFIG must be a JSON object.", f"TF_CONFIG={text!r}", fix)
+        )
+    cluster = config.get("cluster") or {}
+    if not cluster:
+        return None  # TensorFlow treats a TF_CONFIG without a cluster as a single process
+    task = config.get("task") or {}
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type not in _TRAINING_TASK_TYPES or task_type not in cluster:
+        raise ValueError(
+            _errors.message(
+                "shardfeed trains with MultiWorkerMirroredStrategy, whose tasks are a 'chief' "
+                "and 'worker's listed in the cluster.",
+                f"TF_CONFIG task={task!r}, cluster jobs={sorted(cluster)!r}",
+                fix,
+            )
+        )
+    counts = {kind: len(cluster.get(kind) or ()) for kind in _TRAINING_TASK_TYPES}
+    offset = counts["chief"] if task_type == "worker" else 0
+    if not isinstance(index, int) or not 0 <= index < counts[task_type]:
+        raise ValueError(
+            _errors.message(
+                "TF_CONFIG's task index must point into its job's address list.",
+                f"TF_CONFIG task={task!r}, {task_type} addresses={counts[task_type]}",
+                fix,
+            )
+        )
+    return LaunchEnv(
+        "tf_config", offset + index, counts["chief"] + counts["worker"], None, ("TF_CONFIG",)
+    )
+
+
+def _slurm_step(environ: Mapping[str, str]) -> bool:
+    return "SLURM_PROCID" in environ and (
+        "SLURM_STEP_NUM_TASKS" in environ or "SLURM_STEP_NODELIST" in environ
+    )
+
+
+def _from_launcher(environ: Mapping[str, str]) -> LaunchEnv | None:
+    """Precedence steps 3 to 5: horovodrun, mpirun, srun."""
+    if "HOROVOD_RANK" in environ:
+        return _from_variables(
+            environ,
+            "horovod",
+            "HOROVOD_RANK",
+            "HOROVOD_SIZE",
+            "HOROVOD_LOCAL_RANK",
+            "Start the workers with `horovodrun`, which sets all of them.",
+        )
+    mpi_fix = "Start the workers with `mpirun -np N`, which sets all of them."
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return _from_variables(
+            environ,
+            "mpi",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            mpi_fix,
+        )
+    if "PMI_RANK" in environ:
+        return _from_variables(environ, "mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", mpi_fix)
+    if "PMIX_RANK" in environ and not _slurm_step(environ):
+        raise ValueError(
+            _errors.message(
+                "PMIX_RANK gives this process's rank but no variable gives the number of "
+                "processes.",
+                received(environ, ["PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"]),
+                "Start the workers with `mpirun` (Open MPI sets OMPI_COMM_WORLD_SIZE) or `srun`, "
+                "or set SHARDFEED_RANK and SHARDFEED_WORLD_SIZE for each process.",
+            )
+        )
+    if _slurm_step(environ):
+        size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+        return _from_variables(
+            environ,
+            "slurm",
+            "SLURM_PROCID",
+            size_var,
+            "SLURM_LOCALID",
+            "Start one task per worker with `srun` (see launch/slurm.sbatch).",
+        )
+    return None
+
+
+def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
+    """Tells which launcher started this process, and its rank among the workers.
+
+    A pure function of `environ`; see the module docstring for the order in
+    which launchers are recognised and why.
+
+    Args:
+        environ: Environment variables, usually `os.environ`.
+
+    Returns:
+        The `LaunchEnv`; `launcher="single"` with rank 0 of 1 when no launcher
+        variables are present.
+
+    Raises:
+        ValueError: If a launcher's variables are incomplete or inconsistent,
+            TF_CONFIG is malformed, or TF_CONFIG disagrees with the launcher
+            about the number of workers.
+
+    Example:
+        >>> detect_launch_env({"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8",
+        ...                    "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_LOCALID": "3"})
+        LaunchEnv(launcher='slurm', rank=3, world_size=8, local_rank=3, variables=(...))
+    """
+    if "SHARDFEED_RANK" in environ:
+        return _from_variables(
+            environ,
+            "shardfeed",
+            "SHARDFEED_RANK",
+            "SHARDFEED_WORLD_SIZE",
+            "SHARDFEED_LOCAL_RANK",
+            "Start the workers with `shardfeed launch`, which sets all of them, or unset them.",
+        )
+    from_tf_config = _parse_tf_config(environ)
+    launcher = _from_launcher(environ)
+    if from_tf_config is not None:
+        if launcher is not None and launcher.world_size != from_tf_config.world_size:
+            raise ValueError(
+                _errors.message(
+                    f"TF_CONFIG describes {from_tf_config.world_size} workers, but "
+                    f"{launcher.launcher} started {launcher.world_size} processes; TF_CONFIG is "
+                    "probably left over.",
+                    received(environ, ["TF_CONFIG", *launcher.variables]),
+                    "Unset TF_CONFIG to let shardfeed resolve the cluster from the launcher, or "
+                    "write one TF_CONFIG per process that matches it.",
+                )
+            )
+        return from_tf_config
+    if launcher is not None:
+        return launcher
+    return LaunchEnv("single", 0, 1, 0)
