@@ -8,6 +8,8 @@ predict must match Keras' own.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -227,6 +229,18 @@ def test_progress_bar_shows_steps_metrics_and_samples_per_second(capsys):
     assert "Epoch 1/1" in out
     assert "10/10" in out
     assert "loss:" in out and "mae:" in out and "samples/s:" in out
+    # A whole number with thousands separators, not Progbar's `1128627.0000`.
+    rates = re.findall(r"samples/s: ([^\s\x08]+)", out)
+    assert rates and all(re.fullmatch(r"\d{1,3}(,\d{3})*", r) for r in rates), rates
+
+
+def test_one_line_per_epoch_formats_samples_per_second_too(capsys):
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    shardfeed.fit(_mlp(), ds, epochs=2, verbose=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "samples/s" in line]
+    assert len(lines) == 2
+    assert all(re.search(r"samples/s: \d{1,3}(,\d{3})*$", line) for line in lines), lines
 
 
 def test_model_must_be_compiled():
@@ -332,3 +346,62 @@ def test_mixed_precision_trains_and_matches_keras():
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_numpy_integers_count_everywhere():
+    """Counts may be any integer type (np.int64 from arithmetic on shapes)."""
+    x, y = _data()
+    ds = ShardedResidentDataset(
+        x,
+        y,
+        per_replica_batch_size=np.int64(250),
+        seed=np.int64(0),
+        load_options=shardfeed.LoadOptions(chunk_bytes=np.int32(4096)),
+    )
+    model = _mlp()
+    options = FitOptions(steps_per_execution=np.int64(2))
+    assert type(options.steps_per_execution) is int
+    hist = shardfeed.fit(
+        model,
+        ds,
+        epochs=np.int64(2),
+        initial_epoch=np.int32(0),
+        validation_data=(x[:100], y[:100]),
+        validation_freq=np.int64(1),
+        verbose=0,
+        options=options,
+    )
+    assert len(hist.history["val_loss"]) == 2
+    loss, _ = shardfeed.evaluate(model, x, y, per_replica_batch_size=np.int64(300))
+    np.testing.assert_allclose(loss, model.evaluate(x, y, verbose=0)[0], rtol=1e-5)
+    assert shardfeed.predict(model, x, per_replica_batch_size=np.uint8(200)).shape == (ROWS, 1)
+    plan = shardfeed.plan_shards(np.int64(1001), np.int64(3), np.int64(100))
+    assert plan.steps_per_epoch == 4 and type(plan.num_rows) is int
+
+
+@pytest.mark.parametrize("batch", [0, -3, 2.5, True])
+@pytest.mark.parametrize("call", ["evaluate", "predict"])
+def test_evaluate_and_predict_refuse_a_non_positive_batch(call, batch):
+    x, y = _data()
+    model = _mlp()
+    with pytest.raises(ValueError) as err:
+        if call == "evaluate":
+            shardfeed.evaluate(model, x, y, per_replica_batch_size=batch)
+        else:
+            shardfeed.predict(model, x, per_replica_batch_size=batch)
+    assert str(err.value) == (
+        "`per_replica_batch_size` must be None (the default batch) or an integer >= 1. "
+        f"Received: per_replica_batch_size={batch!r}. Pass e.g. 256, or leave it as None "
+        "for 256."
+    )
+
+
+def test_validation_freq_must_be_a_positive_integer():
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    with pytest.raises(ValueError) as err:
+        shardfeed.fit(_mlp(), ds, validation_data=(x, y), validation_freq=0, verbose=0)
+    assert str(err.value) == (
+        "`validation_freq` must be an integer >= 1. Received: validation_freq=0. Pass e.g. "
+        "`validation_freq=1` to validate after every epoch."
+    )

@@ -43,6 +43,10 @@ logger = logging.getLogger("shardfeed")
 
 Batch = tuple[Any, Any, Any]
 
+# Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
+# `default_rng` (streamed epochs): [0, 2**63) works in both.
+MAX_SEED = 2**63
+
 
 class EpochOrder:
     """One resident epoch: index matrices already on the devices.
@@ -89,8 +93,9 @@ class ShardedResidentDataset:
             batch is `per_replica_batch_size * num_replicas_in_sync`.
         shuffle: Reshuffle every epoch (see the module docs for local vs
             global shuffling).
-        seed: Seed of the epoch permutations; required when shuffling so
-            every replica and every rerun draws the same order.
+        seed: Seed of the epoch permutations, an integer in `[0, 2**63)`;
+            required when shuffling so every replica and every rerun draws
+            the same order.
         drop_remainder: Drop the partial last step of a training epoch
             (counted and reported) instead of running it on the real rows.
         placement: `"shard"`: each replica holds `1/num_replicas` of the rows.
@@ -135,6 +140,15 @@ class ShardedResidentDataset:
                     "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
                 )
             )
+        if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):
+            raise ValueError(
+                _errors.message(
+                    "`seed` must be an integer in [0, 2**63) (TensorFlow's stateless "
+                    "shuffle takes it as an int64; NumPy's generator needs it non-negative).",
+                    f"seed={seed!r}",
+                    "Pass e.g. `seed=0`, or `seed=None` with `shuffle=False`.",
+                )
+            )
         if transform is not None and not callable(transform):
             raise TypeError(
                 _errors.message(
@@ -149,7 +163,7 @@ class ShardedResidentDataset:
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
         self.shuffle = bool(shuffle)
-        self.seed = seed
+        self.seed = None if seed is None else int(seed)
         self.transform = transform
         self.load_options = load_options or LoadOptions()
         self.eval_plan = _plan.plan_shards(

@@ -98,15 +98,28 @@ def _as_dataset(
     `template` (the training dataset, for `validation_data`) lends its
     placement, transform, batch size and load options.
     """
+    if per_replica_batch_size is not None and not (
+        _errors.is_integer(per_replica_batch_size) and per_replica_batch_size >= 1
+    ):
+        raise ValueError(
+            _errors.message(
+                "`per_replica_batch_size` must be None (the default batch) or an integer >= 1.",
+                f"per_replica_batch_size={per_replica_batch_size!r}",
+                f"Pass e.g. 256, or leave it as None for {DEFAULT_EVAL_BATCH_SIZE}.",
+            )
+        )
     if isinstance(data, ShardedResidentDataset):
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
     rows = columns_from_arrays(data, y, sample_weight).num_rows
     world = current_world(model.distribute_strategy)
-    batch = per_replica_batch_size or (
-        template.per_replica_batch_size if template is not None else DEFAULT_EVAL_BATCH_SIZE
-    )
+    if per_replica_batch_size is not None:
+        batch = int(per_replica_batch_size)
+    elif template is not None:
+        batch = template.per_replica_batch_size
+    else:
+        batch = DEFAULT_EVAL_BATCH_SIZE
     # Small arrays: shrink the batch so a step holds a real row on most replicas
     # (evaluation pads the rest).
     batch = max(1, min(batch, rows // world.num_replicas_in_sync))
@@ -184,6 +197,28 @@ def _resolve_verbose(verbose: int | str) -> int:
             )
         )
     return int(verbose)
+
+
+def _check_callbacks(callbacks: list[keras.callbacks.Callback] | None) -> None:
+    """Refuses callbacks whose contract `fit` cannot keep.
+
+    `BackupAndRestore(save_freq=<int>)` backs up mid-epoch and, on restart,
+    Keras resumes from that step; `fit` resumes at epoch boundaries only, so
+    it would restore mid-epoch weights and replay the whole epoch.
+    """
+    for callback in callbacks or ():
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and callback.save_freq not in (
+            "epoch",
+            False,
+        ):
+            raise ValueError(
+                _errors.message(
+                    "`shardfeed.fit` resumes at epoch boundaries only, so "
+                    '`BackupAndRestore` must back up once per epoch (save_freq="epoch").',
+                    f"save_freq={callback.save_freq!r}",
+                    'Use `keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.',
+                )
+            )
 
 
 # Callbacks that write files or print: run on the chief (rank 0) only.
@@ -269,7 +304,9 @@ def fit(
     _check_dataset(dataset, needs_targets=True)
     _check_global_batch(dataset)
     if not (
-        isinstance(epochs, int) and isinstance(initial_epoch, int) and 0 <= initial_epoch < epochs
+        _errors.is_integer(epochs)
+        and _errors.is_integer(initial_epoch)
+        and 0 <= initial_epoch < epochs
     ):
         raise ValueError(
             _errors.message(
@@ -278,6 +315,16 @@ def fit(
                 "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
             )
         )
+    if not (_errors.is_integer(validation_freq) and validation_freq >= 1):
+        raise ValueError(
+            _errors.message(
+                "`validation_freq` must be an integer >= 1.",
+                f"validation_freq={validation_freq!r}",
+                "Pass e.g. `validation_freq=1` to validate after every epoch.",
+            )
+        )
+    epochs, initial_epoch, validation_freq = int(epochs), int(initial_epoch), int(validation_freq)
+    _check_callbacks(callbacks)
     verbose = _resolve_verbose(verbose)
     options = options or FitOptions()
     loop = _loop_for(model, dataset, options)
