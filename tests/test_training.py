@@ -405,3 +405,99 @@ def test_validation_freq_must_be_a_positive_integer():
         "`validation_freq` must be an integer >= 1. Received: validation_freq=0. Pass e.g. "
         "`validation_freq=1` to validate after every epoch."
     )
+
+
+def _uint8_images(rows=400, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(rows, 4, 4, 3), dtype=np.uint8)
+    labels = (images.reshape(rows, -1)[:, :3].argmax(axis=1)).astype("int32")
+    return images, labels
+
+
+def _image_classifier(*first_layers):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 3), dtype="uint8" if first_layers else "float32"),
+            *first_layers,
+            layers.Flatten(),
+            layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _scale(x):
+    import tensorflow as tf
+
+    return tf.cast(x, "float32") / 255.0
+
+
+def test_evaluate_and_predict_on_arrays_apply_the_training_transform():
+    """Raw uint8 arrays given to evaluate/predict after a fit on a transformed
+    uint8 dataset are scaled as in training (transform="auto")."""
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=50, shuffle=False, transform=_scale
+    )
+    model = _image_classifier()
+    shardfeed.fit(model, ds, epochs=3, verbose=0)
+    scaled = images.astype("float32") / 255.0
+    expected = model.evaluate(scaled, labels, verbose=0)
+    np.testing.assert_allclose(shardfeed.evaluate(model, images, labels), expected, rtol=1e-5)
+    np.testing.assert_allclose(shardfeed.evaluate(model, ds), expected, rtol=1e-5)
+    np.testing.assert_allclose(
+        shardfeed.predict(model, images), model.predict(scaled, verbose=0), rtol=1e-5, atol=1e-6
+    )
+    # Explicit choices: None for arrays already in the model's input form, or a function.
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, scaled, labels, transform=None), expected, rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        shardfeed.predict(model, images, transform=_scale),
+        model.predict(scaled, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    # A model never fit by shardfeed has no transform to remember.
+    fresh = _image_classifier()
+    np.testing.assert_allclose(
+        shardfeed.predict(fresh, scaled), fresh.predict(scaled, verbose=0), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_transform_next_to_a_dataset_is_refused():
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=50, shuffle=False, transform=_scale
+    )
+    model = _image_classifier()
+    for call in (
+        lambda: shardfeed.evaluate(model, ds, transform=_scale),
+        lambda: shardfeed.predict(model, ds, transform=None),
+    ):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value).startswith(
+            "`transform` applies to arrays; a `ShardedResidentDataset` applies the "
+            "`transform` it was built with. Received: transform="
+        )
+        assert str(err.value).endswith(
+            "with a ShardedResidentDataset. Leave `transform` out, or build the dataset "
+            "with the transform."
+        )
+
+
+def test_a_model_with_its_own_rescaling_needs_no_transform():
+    """docs/data.md: a `Rescaling` layer inside the model ships the scaling
+    with the saved model; uint8 stays uint8 on the device either way."""
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(images, labels, per_replica_batch_size=50, shuffle=False)
+    model = _image_classifier(layers.Rescaling(1 / 255))
+    shardfeed.fit(model, ds, epochs=2, verbose=0)
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, images, labels),
+        model.evaluate(images, labels, verbose=0),
+        rtol=1e-5,
+    )

@@ -8,7 +8,9 @@ the distribution to the engine, and takes the data's shape from the dataset.
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
 
 import keras
 import numpy as np
@@ -24,6 +26,16 @@ from shardfeed._training.options import FitOptions
 from shardfeed._training.progress import Progress
 
 DEFAULT_EVAL_BATCH_SIZE = 256
+
+Transform = Callable[[Any], Any]
+
+# The `transform` of the dataset each model was last fit on, for arrays given
+# to `evaluate`/`predict` with `transform="auto"`. Weak keys: an entry lives as
+# long as its model, and the model itself carries nothing new (it saves,
+# clones and pickles as before).
+_FIT_TRANSFORMS: weakref.WeakKeyDictionary[keras.Model, Transform | None] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _check_model(model: Any, needs_compile: bool) -> None:
@@ -91,9 +103,10 @@ def _as_dataset(
     per_replica_batch_size: int | None,
     model: keras.Model,
     template: ShardedResidentDataset | None = None,
+    transform: Transform | None = None,
 ) -> ShardedResidentDataset:
     """Wraps arrays in an unshuffled dataset on the model's strategy, for
-    evaluation or prediction.
+    evaluation or prediction, applying `transform` to their `x`.
 
     `template` (the training dataset, for `validation_data`) lends its
     placement, transform, batch size and load options.
@@ -130,10 +143,39 @@ def _as_dataset(
         per_replica_batch_size=batch,
         shuffle=False,
         placement=template.plan.placement if template is not None else "shard",
-        transform=template.transform if template is not None else None,
+        transform=template.transform if template is not None else transform,
         load_options=template.load_options if template is not None else None,
         strategy=world.strategy,
     )
+
+
+def _resolve_transform(
+    model: keras.Model, data: Any, transform: Transform | Literal["auto"] | None
+) -> Transform | None:
+    """The transform `evaluate`/`predict` apply to arrays (see their docs)."""
+    auto = isinstance(transform, str) and transform == "auto"
+    if isinstance(data, ShardedResidentDataset):
+        if not auto:
+            raise ValueError(
+                _errors.message(
+                    "`transform` applies to arrays; a `ShardedResidentDataset` applies "
+                    "the `transform` it was built with.",
+                    f"transform={transform!r} with a ShardedResidentDataset",
+                    "Leave `transform` out, or build the dataset with the transform.",
+                )
+            )
+        return data.transform
+    if auto:
+        return _FIT_TRANSFORMS.get(model)
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            _errors.message(
+                '`transform` must be "auto", None or a function of a batch\'s `x`.',
+                f"transform={transform!r}",
+                'Pass e.g. `transform=lambda x: tf.cast(x, "float32") / 255`.',
+            )
+        )
+    return transform
 
 
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
@@ -325,6 +367,8 @@ def fit(
         )
     epochs, initial_epoch, validation_freq = int(epochs), int(initial_epoch), int(validation_freq)
     _check_callbacks(callbacks)
+    # Arrays later given to evaluate/predict get this dataset's transform.
+    _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
     options = options or FitOptions()
     loop = _loop_for(model, dataset, options)
@@ -394,6 +438,7 @@ def evaluate(
     sample_weight: Any = None,
     *,
     per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
     callbacks: list[keras.callbacks.Callback] | None = None,
     verbose: int | str = 0,
     return_dict: bool = False,
@@ -410,6 +455,14 @@ def evaluate(
         y: Targets when `data` is `x`.
         sample_weight: Weights when `data` is `x`.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
+        transform: What to apply to each batch of `x` when `data` is arrays:
+            `"auto"` (default) applies the `transform` of the dataset the
+            model was last trained on with `shardfeed.fit` (none if it was
+            never fit by shardfeed or that dataset had none), so arrays in
+            the training data's raw form (e.g. uint8 images) are scaled as in
+            training; None applies nothing (arrays already in the model's
+            input form); or a function. A `ShardedResidentDataset` always
+            uses its own transform.
         callbacks: Keras callbacks (test hooks).
         verbose: Unused beyond Keras compatibility (no progress bar).
         return_dict: Return `{name: value}` instead of a list.
@@ -420,14 +473,18 @@ def evaluate(
         `[loss, *metrics]` in `model.metrics_names` order, or a dict.
 
     Raises:
-        TypeError, ValueError: As for `fit`.
+        TypeError, ValueError: As for `fit`; also for a `transform` given
+            with a `ShardedResidentDataset`, or a batch size below 1.
 
     Example:
         >>> loss, acc = shardfeed.evaluate(model, x_test, y_test)
     """
     _check_model(model, needs_compile=True)
     _resolve_verbose(verbose)
-    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size, model)
+    transform = _resolve_transform(model, data, transform)
+    dataset = _as_dataset(
+        data, y, sample_weight, per_replica_batch_size, model, transform=transform
+    )
     _check_dataset(dataset, needs_targets=True, name="data")
     loop = _loop_for(model, dataset, options or FitOptions())
     cbs = keras.callbacks.CallbackList(
@@ -445,6 +502,7 @@ def predict(
     data: Any,
     *,
     per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
     options: FitOptions | None = None,
 ) -> Any:
     """Predictions for every row, in the original row order.
@@ -453,16 +511,30 @@ def predict(
         model: A Keras 3 model (need not be compiled).
         data: A `ShardedResidentDataset` (its `x` is used) or inputs `x`.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
+        transform: What to apply to each batch of `x` when `data` is arrays:
+            `"auto"` (default) applies the `transform` of the dataset the
+            model was last trained on with `shardfeed.fit` (none if it was
+            never fit by shardfeed or that dataset had none), so arrays in
+            the training data's raw form (e.g. uint8 images) are scaled as in
+            training; None applies nothing (arrays already in the model's
+            input form); or a function. A `ShardedResidentDataset` always
+            uses its own transform.
         options: `FitOptions` (steps per call, XLA).
 
     Returns:
         NumPy arrays shaped like the model's outputs, one row per input row.
 
+    Raises:
+        TypeError, ValueError: For a model that is not a Keras model, a
+            `transform` given with a `ShardedResidentDataset`, or a batch
+            size below 1.
+
     Example:
         >>> probs = shardfeed.predict(model, x_test)
     """
     _check_model(model, needs_compile=False)
-    dataset = _as_dataset(data, None, None, per_replica_batch_size, model)
+    transform = _resolve_transform(model, data, transform)
+    dataset = _as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
     loop = _loop_for(model, dataset, options or FitOptions())
     out = loop.predict()
     return keras.tree.map_structure(np.asarray, out)
