@@ -206,3 +206,46 @@ def test_load_options_are_validated(kwargs, text):
     with pytest.raises(ValueError) as err:
         LoadOptions(**kwargs)
     assert text in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        2**63,  # one past int64: TensorFlow cannot hold it
+        -1,  # NumPy's generator (streamed epochs) refuses negative seeds
+        "abc",
+        1.0,
+        True,  # a bool is an int, never a seed
+    ],
+)
+def test_seeds_are_checked_when_the_dataset_is_built(seed):
+    x, y = _xy()
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(x, y, per_replica_batch_size=10, seed=seed)
+    assert str(err.value) == (
+        "`seed` must be an integer in [0, 2**63) (TensorFlow's stateless shuffle takes it "
+        "as an int64; NumPy's generator needs it non-negative). Received: "
+        f"seed={seed!r}. Pass e.g. `seed=0`, or `seed=None` with `shuffle=False`."
+    )
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("seed", [0, 2**63 - 1, np.uint64(2**63 - 1), np.int32(7)])
+def test_seeds_at_the_edges_shuffle_resident_and_streamed_epochs(seed, streaming):
+    x, y = _xy()
+    ds = ShardedResidentDataset(
+        x,
+        y,
+        per_replica_batch_size=np.int64(10),  # NumPy integers count as integers
+        seed=seed,
+        load_options=LoadOptions(streaming=streaming, stream_chunk_bytes=np.int64(20 * 20)),
+    )
+    assert type(ds.seed) is int and ds.per_replica_batch_size == 10
+    order = ds.epoch_order(1, training=True)
+    try:
+        order.prepare(0, 1)
+        rows = order.rows(0)
+    finally:
+        order.close()
+    assert sorted(rows[: ds.num_rows].tolist()) == list(range(ds.num_rows))
+    assert rows[: ds.num_rows].tolist() != list(range(ds.num_rows))  # shuffled

@@ -8,6 +8,8 @@ predict must match Keras' own.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -227,6 +229,18 @@ def test_progress_bar_shows_steps_metrics_and_samples_per_second(capsys):
     assert "Epoch 1/1" in out
     assert "10/10" in out
     assert "loss:" in out and "mae:" in out and "samples/s:" in out
+    # A whole number with thousands separators, not Progbar's `1128627.0000`.
+    rates = re.findall(r"samples/s: ([^\s\x08]+)", out)
+    assert rates and all(re.fullmatch(r"\d{1,3}(,\d{3})*", r) for r in rates), rates
+
+
+def test_one_line_per_epoch_formats_samples_per_second_too(capsys):
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    shardfeed.fit(_mlp(), ds, epochs=2, verbose=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "samples/s" in line]
+    assert len(lines) == 2
+    assert all(re.search(r"samples/s: \d{1,3}(,\d{3})*$", line) for line in lines), lines
 
 
 def test_model_must_be_compiled():
@@ -332,3 +346,158 @@ def test_mixed_precision_trains_and_matches_keras():
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_numpy_integers_count_everywhere():
+    """Counts may be any integer type (np.int64 from arithmetic on shapes)."""
+    x, y = _data()
+    ds = ShardedResidentDataset(
+        x,
+        y,
+        per_replica_batch_size=np.int64(250),
+        seed=np.int64(0),
+        load_options=shardfeed.LoadOptions(chunk_bytes=np.int32(4096)),
+    )
+    model = _mlp()
+    options = FitOptions(steps_per_execution=np.int64(2))
+    assert type(options.steps_per_execution) is int
+    hist = shardfeed.fit(
+        model,
+        ds,
+        epochs=np.int64(2),
+        initial_epoch=np.int32(0),
+        validation_data=(x[:100], y[:100]),
+        validation_freq=np.int64(1),
+        verbose=0,
+        options=options,
+    )
+    assert len(hist.history["val_loss"]) == 2
+    loss, _ = shardfeed.evaluate(model, x, y, per_replica_batch_size=np.int64(300))
+    np.testing.assert_allclose(loss, model.evaluate(x, y, verbose=0)[0], rtol=1e-5)
+    assert shardfeed.predict(model, x, per_replica_batch_size=np.uint8(200)).shape == (ROWS, 1)
+    plan = shardfeed.plan_shards(np.int64(1001), np.int64(3), np.int64(100))
+    assert plan.steps_per_epoch == 4 and type(plan.num_rows) is int
+
+
+@pytest.mark.parametrize("batch", [0, -3, 2.5, True])
+@pytest.mark.parametrize("call", ["evaluate", "predict"])
+def test_evaluate_and_predict_refuse_a_non_positive_batch(call, batch):
+    x, y = _data()
+    model = _mlp()
+    with pytest.raises(ValueError) as err:
+        if call == "evaluate":
+            shardfeed.evaluate(model, x, y, per_replica_batch_size=batch)
+        else:
+            shardfeed.predict(model, x, per_replica_batch_size=batch)
+    assert str(err.value) == (
+        "`per_replica_batch_size` must be None (the default batch) or an integer >= 1. "
+        f"Received: per_replica_batch_size={batch!r}. Pass e.g. 256, or leave it as None "
+        "for 256."
+    )
+
+
+def test_validation_freq_must_be_a_positive_integer():
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    with pytest.raises(ValueError) as err:
+        shardfeed.fit(_mlp(), ds, validation_data=(x, y), validation_freq=0, verbose=0)
+    assert str(err.value) == (
+        "`validation_freq` must be an integer >= 1. Received: validation_freq=0. Pass e.g. "
+        "`validation_freq=1` to validate after every epoch."
+    )
+
+
+def _uint8_images(rows=400, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(rows, 4, 4, 3), dtype=np.uint8)
+    labels = (images.reshape(rows, -1)[:, :3].argmax(axis=1)).astype("int32")
+    return images, labels
+
+
+def _image_classifier(*first_layers):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 3), dtype="uint8" if first_layers else "float32"),
+            *first_layers,
+            layers.Flatten(),
+            layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _scale(x):
+    import tensorflow as tf
+
+    return tf.cast(x, "float32") / 255.0
+
+
+def test_evaluate_and_predict_on_arrays_apply_the_training_transform():
+    """Raw uint8 arrays given to evaluate/predict after a fit on a transformed
+    uint8 dataset are scaled as in training (transform="auto")."""
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=50, shuffle=False, transform=_scale
+    )
+    model = _image_classifier()
+    shardfeed.fit(model, ds, epochs=3, verbose=0)
+    scaled = images.astype("float32") / 255.0
+    expected = model.evaluate(scaled, labels, verbose=0)
+    np.testing.assert_allclose(shardfeed.evaluate(model, images, labels), expected, rtol=1e-5)
+    np.testing.assert_allclose(shardfeed.evaluate(model, ds), expected, rtol=1e-5)
+    np.testing.assert_allclose(
+        shardfeed.predict(model, images), model.predict(scaled, verbose=0), rtol=1e-5, atol=1e-6
+    )
+    # Explicit choices: None for arrays already in the model's input form, or a function.
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, scaled, labels, transform=None), expected, rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        shardfeed.predict(model, images, transform=_scale),
+        model.predict(scaled, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    # A model never fit by shardfeed has no transform to remember.
+    fresh = _image_classifier()
+    np.testing.assert_allclose(
+        shardfeed.predict(fresh, scaled), fresh.predict(scaled, verbose=0), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_transform_next_to_a_dataset_is_refused():
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=50, shuffle=False, transform=_scale
+    )
+    model = _image_classifier()
+    for call in (
+        lambda: shardfeed.evaluate(model, ds, transform=_scale),
+        lambda: shardfeed.predict(model, ds, transform=None),
+    ):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value).startswith(
+            "`transform` applies to arrays; a `ShardedResidentDataset` applies the "
+            "`transform` it was built with. Received: transform="
+        )
+        assert str(err.value).endswith(
+            "with a ShardedResidentDataset. Leave `transform` out, or build the dataset "
+            "with the transform."
+        )
+
+
+def test_a_model_with_its_own_rescaling_needs_no_transform():
+    """docs/data.md: a `Rescaling` layer inside the model ships the scaling
+    with the saved model; uint8 stays uint8 on the device either way."""
+    images, labels = _uint8_images()
+    ds = ShardedResidentDataset(images, labels, per_replica_batch_size=50, shuffle=False)
+    model = _image_classifier(layers.Rescaling(1 / 255))
+    shardfeed.fit(model, ds, epochs=2, verbose=0)
+    np.testing.assert_allclose(
+        shardfeed.evaluate(model, images, labels),
+        model.evaluate(images, labels, verbose=0),
+        rtol=1e-5,
+    )

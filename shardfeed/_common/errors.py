@@ -1,10 +1,13 @@
 """Error text in one shape: the constraint, then `Received: ...`, then the fix.
 
 Every user-facing error in shardfeed is built here so tests can pin the text
-and the three parts never drift apart.
+and the three parts never drift apart. `is_integer` is the one test every
+count argument (batch sizes, epochs, byte counts, seeds) shares.
 """
 
 from __future__ import annotations
+
+import numbers
 
 
 def message(constraint: str, received: str, fix: str) -> str:
@@ -19,3 +22,20 @@ def message(constraint: str, received: str, fix: str) -> str:
         `"<constraint> Received: <received>. <fix>"`.
     """
     return f"{constraint} Received: {received}. {fix}"
+
+
+def is_integer(value: object) -> bool:
+    """Whether `value` is an integer: any `numbers.Integral` (Python `int`,
+    `np.int64`, ...) except `bool`, which is an `int` but never a count.
+
+    Args:
+        value: The argument to test.
+
+    Returns:
+        True for integers of any integral type, False otherwise.
+
+    Example:
+        >>> is_integer(np.int64(3)), is_integer(True), is_integer(3.0)
+        (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -43,6 +43,10 @@ logger = logging.getLogger("shardfeed")
 
 Batch = tuple[Any, Any, Any]
 
+# Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
+# `default_rng` (streamed epochs): [0, 2**63) works in both.
+MAX_SEED = 2**63
+
 
 class EpochOrder:
     """One resident epoch: index matrices already on the devices.
@@ -89,8 +93,9 @@ class ShardedResidentDataset:
             batch is `per_replica_batch_size * num_replicas_in_sync`.
         shuffle: Reshuffle every epoch (see the module docs for local vs
             global shuffling).
-        seed: Seed of the epoch permutations; required when shuffling so
-            every replica and every rerun draws the same order.
+        seed: Seed of the epoch permutations, an integer in `[0, 2**63)`;
+            required when shuffling so every replica and every rerun draws
+            the same order.
         drop_remainder: Drop the partial last step of a training epoch
             (counted and reported) instead of running it on the real rows.
         placement: `"shard"`: each replica holds `1/num_replicas` of the rows.
@@ -135,6 +140,15 @@ class ShardedResidentDataset:
                     "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
                 )
             )
+        if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):
+            raise ValueError(
+                _errors.message(
+                    "`seed` must be an integer in [0, 2**63) (TensorFlow's stateless "
+                    "shuffle takes it as an int64; NumPy's generator needs it non-negative).",
+                    f"seed={seed!r}",
+                    "Pass e.g. `seed=0`, or `seed=None` with `shuffle=False`.",
+                )
+            )
         if transform is not None and not callable(transform):
             raise TypeError(
                 _errors.message(
@@ -146,10 +160,11 @@ class ShardedResidentDataset:
         # Filled by the Keras surface: compiled loops for this dataset, so they
         # are freed with it. The dataset itself never reads it.
         self.compiled_loops: dict[Any, Any] = {}
+        self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
         self.shuffle = bool(shuffle)
-        self.seed = seed
+        self.seed = None if seed is None else int(seed)
         self.transform = transform
         self.load_options = load_options or LoadOptions()
         self.eval_plan = _plan.plan_shards(
@@ -282,6 +297,51 @@ class ShardedResidentDataset:
     def is_streaming(self) -> bool:
         return self.stream is not None
 
+    # -- label ranges (checked by the Keras surface) -----------------------------
+
+    def label_stats(self, column: int, ignore: int | None = None) -> list[np.ndarray]:
+        """Smallest and largest value of a column, and whether any is fractional.
+
+        Computed once per `(column, ignore)` and cached: resident rows are
+        reduced on their device (a few scalars come back, never the column);
+        streamed rows are read in chunks. Values equal to `ignore` count as 0.
+
+        Args:
+            column: Index into `self.columns.columns` (e.g. a leaf of `y`).
+            ignore: A value to leave out of the range (a loss's `ignore_class`).
+
+        Returns:
+            Per local replica, `np.array([min, max, fractional])` (float64;
+            `fractional` is 1.0 if some value is not a whole number or NaN) over
+            the rows that replica holds; `[inf, -inf, 0]` if it holds none.
+        """
+        key = (column, ignore)
+        if key not in self._label_stats:
+            self._label_stats[key] = [
+                self._store_label_stats(store, column, ignore) for store in self.stores
+            ]
+        return self._label_stats[key]
+
+    def _store_label_stats(
+        self, store: _storage.ReplicaStore, column: int, ignore: int | None
+    ) -> np.ndarray:
+        if store.num_rows == 0:
+            return np.array([np.inf, -np.inf, 0.0])
+        if self.stream is not None:
+            col = self.columns.columns[column]
+            rows = max(1, self.load_options.chunk_bytes // max(1, col.row_bytes))
+            parts = [
+                _value_stats(col.read(start, min(store.row_stop, start + rows)), ignore)
+                for start in range(store.row_start, store.row_stop, rows)
+            ]
+            lows, highs, fractional = zip(*parts, strict=True)
+            return np.array([min(lows), max(highs), float(any(fractional))])
+        variable = store.variables[column]
+        with tf.device(store.device):
+            # A replica without rows holds one zero row; others hold exactly theirs.
+            values = variable if variable.shape[0] == store.num_rows else variable[: store.num_rows]
+            return np.array([float(v) for v in _value_stats(values, ignore)])
+
     # -- per-epoch order (used by the engine) ---------------------------------
 
     def epoch_order(self, epoch: int, training: bool) -> EpochOrder | _streaming.StreamingOrder:
@@ -366,3 +426,26 @@ class ShardedResidentDataset:
         if not with_targets:
             return x, None, None
         return x, take(cols.y), take(cols.sample_weight)
+
+
+def _value_stats(values: Any, ignore: int | None) -> tuple[Any, Any, Any]:
+    """`(min, max, any fractional or NaN)` of a NumPy array or a tensor (reduced
+    where it lives)."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind == "b":
+            values = values.astype(np.int8)
+        if ignore is not None and np.can_cast(np.min_scalar_type(ignore), values.dtype):
+            values = np.where(values == ignore, 0, values)
+        fractional = values.dtype.kind in "fc" and bool(np.any(values != np.floor(values)))
+        return float(values.min()), float(values.max()), fractional
+    values = tf.convert_to_tensor(values)
+    if values.dtype == tf.bool:
+        values = tf.cast(values, tf.int8)
+    if ignore is not None and values.dtype.min <= ignore <= values.dtype.max:
+        values = tf.where(values == tf.cast(ignore, values.dtype), tf.zeros_like(values), values)
+    if values.dtype.is_floating:
+        fractional = tf.reduce_any(values != tf.floor(values))
+    else:
+        fractional = tf.constant(False)
+    return tf.reduce_min(values), tf.reduce_max(values), fractional
+

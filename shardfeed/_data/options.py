@@ -21,6 +21,14 @@ def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
         raise ValueError(_errors.message(constraint, received, fix))
 
 
+def _as_int(options: object, name: str) -> None:
+    """Stores a validated NumPy integer field as a Python int (options are
+    hashed and compared as cache keys, and printed in errors)."""
+    value = getattr(options, name)
+    if _errors.is_integer(value):
+        object.__setattr__(options, name, int(value))
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadOptions:
     """How a `ShardedResidentDataset` uploads its rows.
@@ -53,7 +61,7 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.chunk_bytes, int) and self.chunk_bytes >= 1,
+            _errors.is_integer(self.chunk_bytes) and self.chunk_bytes >= 1,
             "`chunk_bytes` must be a positive integer.",
             f"chunk_bytes={self.chunk_bytes!r}",
             "Use e.g. 64 * 1024**2 (64 MiB).",
@@ -61,7 +69,7 @@ class LoadOptions:
         check_memory_fraction(self.memory_fraction)
         _require(
             self.device_memory_bytes is None
-            or (isinstance(self.device_memory_bytes, int) and self.device_memory_bytes > 0),
+            or (_errors.is_integer(self.device_memory_bytes) and self.device_memory_bytes > 0),
             "`device_memory_bytes` must be None or a positive integer.",
             f"device_memory_bytes={self.device_memory_bytes!r}",
             "Pass the free bytes per device, e.g. 80 * 1024**3.",
@@ -73,9 +81,10 @@ class LoadOptions:
             'Use "auto" to stream only shards that do not fit.',
         )
         _require(
-            isinstance(self.stream_chunk_bytes, int) and self.stream_chunk_bytes >= 1,
+            _errors.is_integer(self.stream_chunk_bytes) and self.stream_chunk_bytes >= 1,
             "`stream_chunk_bytes` must be a positive integer.",
             f"stream_chunk_bytes={self.stream_chunk_bytes!r}",
             "Use e.g. 256 * 1024**2 (256 MiB per slot).",
         )
-
+        for name in ("chunk_bytes", "device_memory_bytes", "stream_chunk_bytes"):
+            _as_int(self, name)

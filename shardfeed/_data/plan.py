@@ -98,7 +98,7 @@ def split_rows(num_rows: int, num_parts: int) -> tuple[tuple[int, int], ...]:
 
 
 def _check_positive(name: str, value: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _errors.is_integer(value) or value < 1:
         raise ValueError(
             _errors.message(f"`{name}` must be an integer >= 1.", f"{name}={value!r}", fix)
         )
@@ -173,6 +173,9 @@ def plan_shards(
     _check_positive(
         "per_replica_batch_size", per_replica_batch_size, "Pass a batch size such as 256."
     )
+    # NumPy integers are accepted; the plan holds Python ints.
+    num_rows, num_replicas = int(num_rows), int(num_replicas)
+    per_replica_batch_size = int(per_replica_batch_size)
     if placement not in PLACEMENTS:
         raise ValueError(
             _errors.message(

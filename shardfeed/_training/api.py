@@ -8,7 +8,9 @@ the distribution to the engine, and takes the data's shape from the dataset.
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
 
 import keras
 import numpy as np
@@ -24,6 +26,16 @@ from shardfeed._training.options import FitOptions
 from shardfeed._training.progress import Progress
 
 DEFAULT_EVAL_BATCH_SIZE = 256
+
+Transform = Callable[[Any], Any]
+
+# The `transform` of the dataset each model was last fit on, for arrays given
+# to `evaluate`/`predict` with `transform="auto"`. Weak keys: an entry lives as
+# long as its model, and the model itself carries nothing new (it saves,
+# clones and pickles as before).
+_FIT_TRANSFORMS: weakref.WeakKeyDictionary[keras.Model, Transform | None] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _check_model(model: Any, needs_compile: bool) -> None:
@@ -91,22 +103,36 @@ def _as_dataset(
     per_replica_batch_size: int | None,
     model: keras.Model,
     template: ShardedResidentDataset | None = None,
+    transform: Transform | None = None,
 ) -> ShardedResidentDataset:
     """Wraps arrays in an unshuffled dataset on the model's strategy, for
-    evaluation or prediction.
+    evaluation or prediction, applying `transform` to their `x`.
 
     `template` (the training dataset, for `validation_data`) lends its
     placement, transform, batch size and load options.
     """
+    if per_replica_batch_size is not None and not (
+        _errors.is_integer(per_replica_batch_size) and per_replica_batch_size >= 1
+    ):
+        raise ValueError(
+            _errors.message(
+                "`per_replica_batch_size` must be None (the default batch) or an integer >= 1.",
+                f"per_replica_batch_size={per_replica_batch_size!r}",
+                f"Pass e.g. 256, or leave it as None for {DEFAULT_EVAL_BATCH_SIZE}.",
+            )
+        )
     if isinstance(data, ShardedResidentDataset):
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
     rows = columns_from_arrays(data, y, sample_weight).num_rows
     world = current_world(model.distribute_strategy)
-    batch = per_replica_batch_size or (
-        template.per_replica_batch_size if template is not None else DEFAULT_EVAL_BATCH_SIZE
-    )
+    if per_replica_batch_size is not None:
+        batch = int(per_replica_batch_size)
+    elif template is not None:
+        batch = template.per_replica_batch_size
+    else:
+        batch = DEFAULT_EVAL_BATCH_SIZE
     # Small arrays: shrink the batch so a step holds a real row on most replicas
     # (evaluation pads the rest).
     batch = max(1, min(batch, rows // world.num_replicas_in_sync))
@@ -117,10 +143,155 @@ def _as_dataset(
         per_replica_batch_size=batch,
         shuffle=False,
         placement=template.plan.placement if template is not None else "shard",
-        transform=template.transform if template is not None else None,
+        transform=template.transform if template is not None else transform,
         load_options=template.load_options if template is not None else None,
         strategy=world.strategy,
     )
+
+
+# Datasets whose labels passed the sparse-label check, per model, with the
+# compiled loss (its id) they were checked for: repeated fits and evaluations
+# pay for the check once. Weak keys on both levels, so nothing is kept alive.
+_LABELS_CHECKED: weakref.WeakKeyDictionary[
+    ShardedResidentDataset, weakref.WeakKeyDictionary[keras.Model, int]
+] = weakref.WeakKeyDictionary()
+
+
+def _at(structure: Any, path: tuple[Any, ...], output_names: list[str]) -> Any:
+    """`structure[path[0]][path[1]]...`, or None where the path does not lead
+    anywhere. A name in a list of outputs stands for its position (Keras keys
+    multi-output losses by output name)."""
+    for key in path:
+        if isinstance(structure, (list, tuple)) and isinstance(key, str):
+            if key not in output_names:
+                return None
+            key = output_names.index(key)
+        try:
+            structure = structure[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return structure
+
+
+def _sparse_label_columns(
+    model: keras.Model, dataset: ShardedResidentDataset
+) -> list[tuple[int, int, int | None]]:
+    """`(y column, number of classes, ignore_class)` for each sparse categorical
+    crossentropy in the model's compiled loss whose labels and output can be
+    matched (single output, or outputs and labels keyed alike).
+
+    Reads Keras' built `CompileLoss` (`_flat_losses`: path, resolved loss),
+    which `_build` creates before the first trace; string losses resolve to
+    the same function as the `SparseCategoricalCrossentropy` object.
+    """
+    flat_losses = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None)
+    y = dataset.columns.y
+    if not flat_losses or y is None:
+        return []
+    found: list[tuple[int, int, int | None]] = []
+    outputs = None
+    for path, loss, *_ in flat_losses:
+        # Keras' (private) LossFunctionWrapper keeps the function as `fn`.
+        if getattr(loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
+            continue
+        if outputs is None:
+            x, _, _ = dataset.gather(dataset.stores[0].variables, tf.constant([0]), False)
+            outputs = model.compute_output_spec(
+                keras.tree.map_structure(
+                    lambda t: keras.KerasTensor((None, *t.shape[1:]), t.dtype.name), x
+                )
+            )
+        names = list(getattr(model, "output_names", None) or [])
+        column, output = _at(y, path, names), _at(outputs, path, names)
+        classes = getattr(output, "shape", (None,))[-1] if output is not None else None
+        if isinstance(column, int) and classes is not None:
+            kind = dataset.columns.columns[column].dtype.kind
+            if kind in "biuf":
+                ignore = getattr(loss, "_fn_kwargs", {}).get("ignore_class")
+                found.append((column, int(classes), ignore))
+    return found
+
+
+def _label(value: float) -> int | float:
+    return int(value) if np.isfinite(value) and float(value).is_integer() else float(value)
+
+
+def _check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, name: str) -> None:
+    """Refuses labels a sparse categorical crossentropy cannot take, before the
+    first step.
+
+    Without the check, an out-of-range label stops Keras' non-XLA step with
+    TensorFlow's "Received a label value of 7 which is outside the valid range
+    of [0, 3)", but under XLA, and on GPUs (as TensorFlow documents for
+    `sparse_softmax_cross_entropy_with_logits`), the loss silently becomes
+    NaN; a fractional label is silently truncated. The labels are reduced to
+    (min, max, fractional) on their devices once per dataset (cached there),
+    gathered from every replica so every worker decides alike, and compared
+    with the model's output size once per (dataset, model, compiled loss).
+    """
+    compile_loss = id(getattr(model, "_compile_loss", None))
+    checked = _LABELS_CHECKED.setdefault(dataset, weakref.WeakKeyDictionary())
+    if checked.get(model) == compile_loss:
+        return
+    engine = engine_for(dataset.world)
+    for column, classes, ignore in _sparse_label_columns(model, dataset):
+        stats = engine.all_gather([s.reshape(1, 3) for s in dataset.label_stats(column, ignore)])
+        low, high, fractional = stats[:, 0].min(), stats[:, 1].max(), stats[:, 2].any()
+        where = f"{dataset.columns.columns[column].name} of `{name}`"
+        span = f"labels span {_label(low)} to {_label(high)}"
+        if low < 0 or high >= classes:
+            bad = _label(low if low < 0 else high)
+            also = "" if ignore is None else f" (or ignore_class={ignore})"
+            raise ValueError(
+                _errors.message(
+                    "Labels of a sparse categorical crossentropy must be class indices in "
+                    f"the valid range of [0, {classes}){also}: the model's output has "
+                    f"{classes} units.",
+                    f"a label value of {bad} in {where} ({span})",
+                    f"Number the classes from 0 to {classes - 1}, or give the output layer "
+                    "one unit per class.",
+                )
+            )
+        if fractional:
+            raise ValueError(
+                _errors.message(
+                    "Labels of a sparse categorical crossentropy must be whole class "
+                    "indices (Keras would silently truncate 1.5 to 1).",
+                    f"fractional or NaN labels in {where} ({span})",
+                    "Pass integer class ids (e.g. `y.astype('int32')`); for one-hot or "
+                    "soft targets use `categorical_crossentropy`.",
+                )
+            )
+    checked[model] = compile_loss
+
+
+def _resolve_transform(
+    model: keras.Model, data: Any, transform: Transform | Literal["auto"] | None
+) -> Transform | None:
+    """The transform `evaluate`/`predict` apply to arrays (see their docs)."""
+    auto = isinstance(transform, str) and transform == "auto"
+    if isinstance(data, ShardedResidentDataset):
+        if not auto:
+            raise ValueError(
+                _errors.message(
+                    "`transform` applies to arrays; a `ShardedResidentDataset` applies "
+                    "the `transform` it was built with.",
+                    f"transform={transform!r} with a ShardedResidentDataset",
+                    "Leave `transform` out, or build the dataset with the transform.",
+                )
+            )
+        return data.transform
+    if auto:
+        return _FIT_TRANSFORMS.get(model)
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            _errors.message(
+                '`transform` must be "auto", None or a function of a batch\'s `x`.',
+                f"transform={transform!r}",
+                'Pass e.g. `transform=lambda x: tf.cast(x, "float32") / 255`.',
+            )
+        )
+    return transform
 
 
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
@@ -184,6 +355,28 @@ def _resolve_verbose(verbose: int | str) -> int:
             )
         )
     return int(verbose)
+
+
+def _check_callbacks(callbacks: list[keras.callbacks.Callback] | None) -> None:
+    """Refuses callbacks whose contract `fit` cannot keep.
+
+    `BackupAndRestore(save_freq=<int>)` backs up mid-epoch and, on restart,
+    Keras resumes from that step; `fit` resumes at epoch boundaries only, so
+    it would restore mid-epoch weights and replay the whole epoch.
+    """
+    for callback in callbacks or ():
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and callback.save_freq not in (
+            "epoch",
+            False,
+        ):
+            raise ValueError(
+                _errors.message(
+                    "`shardfeed.fit` resumes at epoch boundaries only, so "
+                    '`BackupAndRestore` must back up once per epoch (save_freq="epoch").',
+                    f"save_freq={callback.save_freq!r}",
+                    'Use `keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.',
+                )
+            )
 
 
 # Callbacks that write files or print: run on the chief (rank 0) only.
@@ -269,7 +462,9 @@ def fit(
     _check_dataset(dataset, needs_targets=True)
     _check_global_batch(dataset)
     if not (
-        isinstance(epochs, int) and isinstance(initial_epoch, int) and 0 <= initial_epoch < epochs
+        _errors.is_integer(epochs)
+        and _errors.is_integer(initial_epoch)
+        and 0 <= initial_epoch < epochs
     ):
         raise ValueError(
             _errors.message(
@@ -278,14 +473,28 @@ def fit(
                 "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
             )
         )
+    if not (_errors.is_integer(validation_freq) and validation_freq >= 1):
+        raise ValueError(
+            _errors.message(
+                "`validation_freq` must be an integer >= 1.",
+                f"validation_freq={validation_freq!r}",
+                "Pass e.g. `validation_freq=1` to validate after every epoch.",
+            )
+        )
+    epochs, initial_epoch, validation_freq = int(epochs), int(initial_epoch), int(validation_freq)
+    _check_callbacks(callbacks)
+    # Arrays later given to evaluate/predict get this dataset's transform.
+    _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
     options = options or FitOptions()
     loop = _loop_for(model, dataset, options)
+    _check_sparse_labels(model, dataset, "dataset")
     val_loop = None
     if validation_data is not None:
         val_ds = _as_dataset(validation_data, None, None, None, model, dataset)
         _check_dataset(val_ds, needs_targets=True, name="validation_data")
         val_loop = _loop_for(model, val_ds, options)
+        _check_sparse_labels(model, val_ds, "validation_data")
     plan = dataset.plan
     params = {
         "epochs": epochs,
@@ -347,6 +556,7 @@ def evaluate(
     sample_weight: Any = None,
     *,
     per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
     callbacks: list[keras.callbacks.Callback] | None = None,
     verbose: int | str = 0,
     return_dict: bool = False,
@@ -363,6 +573,14 @@ def evaluate(
         y: Targets when `data` is `x`.
         sample_weight: Weights when `data` is `x`.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
+        transform: What to apply to each batch of `x` when `data` is arrays:
+            `"auto"` (default) applies the `transform` of the dataset the
+            model was last trained on with `shardfeed.fit` (none if it was
+            never fit by shardfeed or that dataset had none), so arrays in
+            the training data's raw form (e.g. uint8 images) are scaled as in
+            training; None applies nothing (arrays already in the model's
+            input form); or a function. A `ShardedResidentDataset` always
+            uses its own transform.
         callbacks: Keras callbacks (test hooks).
         verbose: Unused beyond Keras compatibility (no progress bar).
         return_dict: Return `{name: value}` instead of a list.
@@ -373,16 +591,21 @@ def evaluate(
         `[loss, *metrics]` in `model.metrics_names` order, or a dict.
 
     Raises:
-        TypeError, ValueError: As for `fit`.
+        TypeError, ValueError: As for `fit`; also for a `transform` given
+            with a `ShardedResidentDataset`, or a batch size below 1.
 
     Example:
         >>> loss, acc = shardfeed.evaluate(model, x_test, y_test)
     """
     _check_model(model, needs_compile=True)
     _resolve_verbose(verbose)
-    dataset = _as_dataset(data, y, sample_weight, per_replica_batch_size, model)
+    transform = _resolve_transform(model, data, transform)
+    dataset = _as_dataset(
+        data, y, sample_weight, per_replica_batch_size, model, transform=transform
+    )
     _check_dataset(dataset, needs_targets=True, name="data")
     loop = _loop_for(model, dataset, options or FitOptions())
+    _check_sparse_labels(model, dataset, "data")
     cbs = keras.callbacks.CallbackList(
         callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch
     )
@@ -398,6 +621,7 @@ def predict(
     data: Any,
     *,
     per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
     options: FitOptions | None = None,
 ) -> Any:
     """Predictions for every row, in the original row order.
@@ -406,16 +630,30 @@ def predict(
         model: A Keras 3 model (need not be compiled).
         data: A `ShardedResidentDataset` (its `x` is used) or inputs `x`.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
+        transform: What to apply to each batch of `x` when `data` is arrays:
+            `"auto"` (default) applies the `transform` of the dataset the
+            model was last trained on with `shardfeed.fit` (none if it was
+            never fit by shardfeed or that dataset had none), so arrays in
+            the training data's raw form (e.g. uint8 images) are scaled as in
+            training; None applies nothing (arrays already in the model's
+            input form); or a function. A `ShardedResidentDataset` always
+            uses its own transform.
         options: `FitOptions` (steps per call, XLA).
 
     Returns:
         NumPy arrays shaped like the model's outputs, one row per input row.
 
+    Raises:
+        TypeError, ValueError: For a model that is not a Keras model, a
+            `transform` given with a `ShardedResidentDataset`, or a batch
+            size below 1.
+
     Example:
         >>> probs = shardfeed.predict(model, x_test)
     """
     _check_model(model, needs_compile=False)
-    dataset = _as_dataset(data, None, None, per_replica_batch_size, model)
+    transform = _resolve_transform(model, data, transform)
+    dataset = _as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
     loop = _loop_for(model, dataset, options or FitOptions())
     out = loop.predict()
     return keras.tree.map_structure(np.asarray, out)

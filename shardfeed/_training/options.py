@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from shardfeed._data.options import _require
+from shardfeed._common import errors as _errors
+from shardfeed._data.options import _as_int, _require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,7 @@ class FitOptions:
     def __post_init__(self) -> None:
         spe = self.steps_per_execution
         _require(
-            spe == "auto" or (isinstance(spe, int) and not isinstance(spe, bool) and spe >= 1),
+            (isinstance(spe, str) and spe == "auto") or (_errors.is_integer(spe) and spe >= 1),
             '`steps_per_execution` must be "auto" or an integer >= 1.',
             f"steps_per_execution={spe!r}",
             'Use "auto" or e.g. 64.',
@@ -46,3 +47,4 @@ class FitOptions:
             f"jit_compile={self.jit_compile!r}",
             'Use "auto" unless you measured otherwise.',
         )
+        _as_int(self, "steps_per_execution")

@@ -12,6 +12,22 @@ import time
 import keras
 
 
+class _Rate(float):
+    """A rate that prints as a whole number with thousands separators.
+
+    Keras' `Progbar` prints every value with four decimals after dividing it
+    by its count (1 for stateful values), which turns 1,128,627 samples/s
+    into `1128627.0000`; this float keeps its own format through that
+    division.
+    """
+
+    def __truediv__(self, other: float) -> _Rate:
+        return _Rate(float(self) / other)
+
+    def __format__(self, spec: str) -> str:
+        return f"{round(self):,}"
+
+
 class Progress(keras.callbacks.Callback):
     """Keras' `Progbar` plus a `samples/s` column.
 
@@ -38,7 +54,7 @@ class Progress(keras.callbacks.Callback):
         rows_per_step = self.params.get("global_batch_size", 0)
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         values = [(k, float(v)) for k, v in (logs or {}).items()]
-        values.append(("samples/s", float(round(steps_done * rows_per_step / elapsed))))
+        values.append(("samples/s", _Rate(steps_done * rows_per_step / elapsed)))
         return values
 
     def _update(self, batch: int, logs: dict | None, finalize: bool = False) -> None:
