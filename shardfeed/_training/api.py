@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.plan import check_global_batch
 from shardfeed._data.sources import columns_from_arrays
 from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import current_world
@@ -76,22 +77,6 @@ def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> 
                 "Training and evaluation need targets.",
                 f"{name} built with y=None",
                 "Pass `y` when building the dataset.",
-            )
-        )
-
-
-def _check_global_batch(dataset: ShardedResidentDataset) -> None:
-    """Training needs at least one full global batch; evaluation and prediction
-    pad, so only `fit` checks this."""
-    plan = dataset.plan
-    if plan.global_batch_size > plan.num_rows:
-        raise ValueError(
-            _errors.message(
-                "The global batch (per_replica_batch_size x num_replicas_in_sync) "
-                "must not be larger than the dataset.",
-                f"per_replica_batch_size={plan.per_replica_batch_size}, "
-                f"num_replicas_in_sync={plan.num_replicas}, num_rows={plan.num_rows}",
-                "Lower `per_replica_batch_size` or use fewer replicas.",
             )
         )
 
@@ -460,7 +445,9 @@ def fit(
     """
     _check_model(model, needs_compile=True)
     _check_dataset(dataset, needs_targets=True)
-    _check_global_batch(dataset)
+    # Training needs one full global batch; evaluation and prediction pad.
+    plan = dataset.plan
+    check_global_batch(plan.per_replica_batch_size, plan.num_replicas, plan.num_rows)
     if not (
         _errors.is_integer(epochs)
         and _errors.is_integer(initial_epoch)
@@ -495,7 +482,6 @@ def fit(
         _check_dataset(val_ds, needs_targets=True, name="validation_data")
         val_loop = _loop_for(model, val_ds, options)
         _check_sparse_labels(model, val_ds, "validation_data")
-    plan = dataset.plan
     params = {
         "epochs": epochs,
         "steps": plan.steps_per_epoch,
