@@ -242,9 +242,13 @@ class ShardedResidentDataset:
 
     @property
     def nbytes_on_device(self) -> int:
-        """Bytes this process holds on its devices (shared copies once)."""
+        """Bytes this process holds on its devices (shared copies once).
+
+        Taken from the variables' shapes: reading a variable's value (even for
+        `tf.size`) would copy all its rows to the host.
+        """
         seen = {id(v): v for s in self.stores for v in s.variables}
-        return sum(int(tf.size(v)) * v.dtype.size for v in seen.values())
+        return sum(v.shape.num_elements() * v.dtype.size for v in seen.values())
 
     def describe(self) -> str:
         plan = self._train_plan or self.eval_plan
