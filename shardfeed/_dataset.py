@@ -138,9 +138,6 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
-        # Filled by the Keras surface: compiled loops for this dataset, so they
-        # are freed with it. The dataset itself never reads it.
-        self.compiled_loops: dict[Any, Any] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
         self.shuffle = bool(shuffle)
@@ -345,19 +342,35 @@ class ShardedResidentDataset:
     # -- batches (called inside the compiled step) ----------------------------
 
     def gather(
-        self, variables: tuple[tf.Variable, ...], indices: tf.Tensor, with_targets: bool = True
+        self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor, with_targets: bool = True
     ) -> Batch:
         """Gathers one batch `(x, y, sample_weight)` on the device.
 
-        `transform` is applied to `x`. `y` and `sample_weight` are None when
-        the dataset has none or `with_targets` is False.
+        Args:
+            handles: One replica's column handles (`ReplicaStore.handles`).
+                Compiled functions take handles, not variables: a trace keeps
+                the variables passed to it alive, and Keras' optimizer keeps
+                every training trace for the life of the process (see
+                `_loop.py`), so passing variables would keep the rows too.
+            indices: Row positions in the replica's variables.
+            with_targets: Also gather `y` and `sample_weight`.
+
+        Returns:
+            `(x, y, sample_weight)`, `transform` applied to `x`; `y` and
+            `sample_weight` are None when the dataset has none or
+            `with_targets` is False.
         """
         cols = self.columns
+        dtypes = [tf.as_dtype(column.dtype) for column in cols.columns]
+
+        def gather_column(i: int) -> tf.Tensor:
+            # The op `tf.gather(variable, indices)` runs, on the handle.
+            return tf.raw_ops.ResourceGather(resource=handles[i], indices=indices, dtype=dtypes[i])
 
         def take(structure: Any) -> Any:
             if structure is None:
                 return None
-            return keras.tree.map_structure(lambda i: tf.gather(variables[i], indices), structure)
+            return keras.tree.map_structure(gather_column, structure)
 
         x = take(cols.x)
         if self.transform is not None:

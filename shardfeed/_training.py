@@ -8,6 +8,7 @@ the distribution to the engine, and takes the data's shape from the dataset.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
@@ -123,11 +124,17 @@ def _as_dataset(
     )
 
 
+# Compiled loops per dataset, keyed per model and options so repeated
+# fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its
+# dataset weakly: dropping the last reference to a dataset frees its device
+# variables at once, and its loops with it.
+_LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
-    # Kept on the dataset so they live and die with it (dropping the dataset
-    # frees its device memory); keyed per model and options so repeated
-    # fit/evaluate/predict calls do not retrace.
-    loops = dataset.compiled_loops
+    loops = _LOOPS.setdefault(dataset, {})
     # A recompiled model has a new optimizer, loss and metrics: new traces.
     compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
     key = (id(model), compiled, options)
@@ -164,7 +171,7 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) 
     """
     store = dataset.stores[0]
     with engine.scope():
-        batch = dataset.gather(store.variables, tf.constant([0]))
+        batch = dataset.gather(store.handles, tf.constant([0]))
         if getattr(model, "compiled", False) and batch[1] is not None:
             model._symbolic_build(data_batch=batch)
         else:
