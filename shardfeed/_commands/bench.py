@@ -702,7 +702,7 @@ class _Floor(_Variant):
         )
         loop = _loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
         store = dataset.stores[0]
-        x, y, sw = dataset.gather(store.variables, tf.range(BATCH_SIZE))
+        x, y, sw = dataset.gather(store.handles, tf.range(BATCH_SIZE))
         self.batch = (tf.identity(x), tf.identity(y), sw)
         steps = math.ceil(len(self.x) / BATCH_SIZE)
         full_steps = len(self.x) // BATCH_SIZE

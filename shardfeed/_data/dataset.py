@@ -157,9 +157,6 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
-        # Filled by the Keras surface: compiled loops for this dataset, so they
-        # are freed with it. The dataset itself never reads it.
-        self.compiled_loops: dict[Any, Any] = {}
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
@@ -262,9 +259,13 @@ class ShardedResidentDataset:
 
     @property
     def nbytes_on_device(self) -> int:
-        """Bytes this process holds on its devices (shared copies once)."""
+        """Bytes this process holds on its devices (shared copies once).
+
+        Taken from the variables' shapes: reading a variable's value (even for
+        `tf.size`) would copy all its rows to the host.
+        """
         seen = {id(v): v for s in self.stores for v in s.variables}
-        return sum(int(tf.size(v)) * v.dtype.size for v in seen.values())
+        return sum(v.shape.num_elements() * v.dtype.size for v in seen.values())
 
     def describe(self) -> str:
         plan = self._train_plan or self.eval_plan
@@ -406,19 +407,35 @@ class ShardedResidentDataset:
     # -- batches (called inside the compiled step) ----------------------------
 
     def gather(
-        self, variables: tuple[tf.Variable, ...], indices: tf.Tensor, with_targets: bool = True
+        self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor, with_targets: bool = True
     ) -> Batch:
         """Gathers one batch `(x, y, sample_weight)` on the device.
 
-        `transform` is applied to `x`. `y` and `sample_weight` are None when
-        the dataset has none or `with_targets` is False.
+        Args:
+            handles: One replica's column handles (`ReplicaStore.handles`).
+                Compiled functions take handles, not variables: a trace keeps
+                the variables passed to it alive, and Keras' optimizer keeps
+                every training trace for the life of the process (see
+                `_loop.py`), so passing variables would keep the rows too.
+            indices: Row positions in the replica's variables.
+            with_targets: Also gather `y` and `sample_weight`.
+
+        Returns:
+            `(x, y, sample_weight)`, `transform` applied to `x`; `y` and
+            `sample_weight` are None when the dataset has none or
+            `with_targets` is False.
         """
         cols = self.columns
+        dtypes = [tf.as_dtype(column.dtype) for column in cols.columns]
+
+        def gather_column(i: int) -> tf.Tensor:
+            # The op `tf.gather(variable, indices)` runs, on the handle.
+            return tf.raw_ops.ResourceGather(resource=handles[i], indices=indices, dtype=dtypes[i])
 
         def take(structure: Any) -> Any:
             if structure is None:
                 return None
-            return keras.tree.map_structure(lambda i: tf.gather(variables[i], indices), structure)
+            return keras.tree.map_structure(gather_column, structure)
 
         x = take(cols.x)
         if self.transform is not None:

@@ -54,6 +54,12 @@ class ReplicaStore:
     def num_rows(self) -> int:
         return self.row_stop - self.row_start
 
+    @property
+    def handles(self) -> tuple[tf.Tensor, ...]:
+        """The variables' resource handles: what compiled functions take (see
+        `ShardedResidentDataset.gather`)."""
+        return tuple(v.handle for v in self.variables)
+
 
 def allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variable:
     with tf.device(device):

@@ -180,7 +180,7 @@ def _sparse_label_columns(
         if getattr(loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
             continue
         if outputs is None:
-            x, _, _ = dataset.gather(dataset.stores[0].variables, tf.constant([0]), False)
+            x, _, _ = dataset.gather(dataset.stores[0].handles, tf.constant([0]), False)
             outputs = model.compute_output_spec(
                 keras.tree.map_structure(
                     lambda t: keras.KerasTensor((None, *t.shape[1:]), t.dtype.name), x
@@ -280,10 +280,7 @@ def _resolve_transform(
 
 
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
-    # Kept on the dataset so they live and die with it (dropping the dataset
-    # frees its device memory); keyed per model and options so repeated
-    # fit/evaluate/predict calls do not retrace.
-    loops = dataset.compiled_loops
+    loops = _LOOPS.setdefault(dataset, {})
     # A recompiled model has a new optimizer, loss and metrics: new traces.
     compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
     key = (id(model), compiled, options)
@@ -320,7 +317,7 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) 
     """
     store = dataset.stores[0]
     with engine.scope():
-        batch = dataset.gather(store.variables, tf.constant([0]))
+        batch = dataset.gather(store.handles, tf.constant([0]))
         if getattr(model, "compiled", False) and batch[1] is not None:
             model._symbolic_build(data_batch=batch)
         else:

@@ -23,12 +23,24 @@ tensor makes XLA recompile per chunk, so each call receives its own
 over the static `k`. With one replica and no communication the whole loop is
 one XLA cluster; otherwise only forward/backward is (strategies' merge calls
 and Horovod's CPU ops cannot be compiled).
+
+Memory. A traced training function outlives its `tf.function`: Keras'
+optimizer all-reduces gradients through `ReplicaContext.all_reduce`, whose
+`tf.custom_gradient` files a gradient function in TensorFlow's process-wide
+registry that is never removed, and that function's closure keeps the whole
+trace (tensorflow/tensorflow#97697, #92094; Keras' own `fit` keeps every
+discarded model's weights the same way). A trace keeps the eager handles of
+the variables passed to it (and of those it captures). So the compiled
+functions take the dataset's columns as resource handles, which a trace holds
+only as placeholders, and a `Loop` holds its dataset weakly and no column:
+dropping a dataset frees its rows at once.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from typing import Any
 
 import keras
@@ -92,12 +104,13 @@ class Loop:
         options: FitOptions,
     ) -> None:
         self.model = model
-        self.dataset = dataset
+        # Weak: the loop is cached per dataset (`_training._loop_for`) and must
+        # not keep it, or its rows, alive.
+        self._dataset = weakref.ref(dataset)
         self.engine = engine
         self.options = options
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
         self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
-        self._variables = engine.distribute([s.variables for s in dataset.stores])
         self._num_replicas = engine.num_replicas_in_sync
         with engine.scope():
             self._loss_sum = tf.Variable(
@@ -119,6 +132,17 @@ class Loop:
         # as the loop), with several they are per-replica tensors (no XLA).
         self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
         self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
+
+    @property
+    def dataset(self) -> ShardedResidentDataset:
+        dataset = self._dataset()
+        if dataset is None:
+            raise RuntimeError("The dataset this loop was built for has been deleted.")
+        return dataset
+
+    def _handles(self) -> Any:
+        """The columns' handles per local replica, for the compiled calls."""
+        return self.engine.distribute([store.handles for store in self.dataset.stores])
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -175,47 +199,47 @@ class Loop:
 
     # -- compiled calls ------------------------------------------------------
 
-    def _train_chunk(self, variables, indices):
+    def _train_chunk(self, handles, indices):
         # The step loop sits outside `engine.run`: a strategy cannot merge
         # (all-reduce gradients) inside a while loop of the replica function.
         # Per-replica loss sums go to a sync-on-read accumulator, reduced once
         # per call rather than once per step.
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
-        def replica(variables, indices, i):
-            x, y, sw = self.dataset.gather(variables, indices[i])
+        def replica(handles, indices, i):
+            x, y, sw = self.dataset.gather(handles, indices[i])
             total = self._train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
         for i in tf.range(steps):
-            self.engine.run(replica, (variables, indices, i))
+            self.engine.run(replica, (handles, indices, i))
         return self.engine.read_sum(self._loss_sum)
 
-    def _test_chunk(self, variables, indices):
-        def replica(variables, indices):
+    def _test_chunk(self, handles, indices):
+        def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self.dataset.gather(variables, indices[i])
+                x, y, sw = self.dataset.gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
-        return self.engine.sum_across_replicas(self.engine.run(replica, (variables, indices)))
+        return self.engine.sum_across_replicas(self.engine.run(replica, (handles, indices)))
 
-    def _train_partial(self, variables, indices, real_rows, all_rows):
-        def replica(variables, indices, real_rows):
-            x, y, sw = self.dataset.gather(variables, indices[:real_rows])
+    def _train_partial(self, handles, indices, real_rows, all_rows):
+        def replica(handles, indices, real_rows):
+            x, y, sw = self.dataset.gather(handles, indices[:real_rows])
             total = self._train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 
         self._loss_sum.assign(0.0)
-        self.engine.run(replica, (variables, indices, real_rows))
+        self.engine.run(replica, (handles, indices, real_rows))
         return self.engine.read_sum(self._loss_sum)
 
-    def _test_partial(self, variables, indices, real_rows):
-        def replica(variables, indices, real_rows):
+    def _test_partial(self, handles, indices, real_rows):
+        def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self.dataset.gather(variables, indices[:real_rows])
+                x, y, sw = self.dataset.gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -227,13 +251,13 @@ class Loop:
             return tf.cond(real_rows > 0, step, lambda: tf.zeros([], tf.float32))
 
         return self.engine.sum_across_replicas(
-            self.engine.run(replica, (variables, indices, real_rows))
+            self.engine.run(replica, (handles, indices, real_rows))
         )
 
-    def _predict_chunk(self, variables, indices):
-        def replica(variables, indices):
+    def _predict_chunk(self, handles, indices):
+        def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.dataset.gather(variables, indices[i], with_targets=False)
+                x, _, _ = self.dataset.gather(handles, indices[i], with_targets=False)
                 return self.model(x, training=False)
 
             steps = indices.shape[0]
@@ -247,7 +271,7 @@ class Loop:
                 )
             return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
 
-        return self.engine.run(replica, (variables, indices))
+        return self.engine.run(replica, (handles, indices))
 
     # -- host side -----------------------------------------------------------
 
@@ -304,12 +328,13 @@ class Loop:
 
     def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end):
         chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
+        handles = self._handles()
         loss_sum, count = 0.0, 0
         logs: dict[str, float] = {}
         b_global = plan.global_batch_size
         for start, stop in self._chunks(plan.full_steps_per_epoch, order.call_bounds):
             on_chunk_begin(start)
-            loss_sum += float(chunk_fn(self._variables, self._slices(order, start, stop)))
+            loss_sum += float(chunk_fn(handles, self._slices(order, start, stop)))
             count += (stop - start) * b_global
             logs = self.logs(loss_sum / count)
             if on_chunk_end(stop - 1, logs):
@@ -322,11 +347,9 @@ class Loop:
             real_rows = sum(plan.last_step_rows)
             if training:
                 all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(
-                    self._variables, last, self._real_rows(plan), all_rows
-                )
+                value = self._train_partial_fn(handles, last, self._real_rows(plan), all_rows)
             else:
-                value = self._test_partial_fn(self._variables, last, self._real_rows(plan))
+                value = self._test_partial_fn(handles, last, self._real_rows(plan))
             loss_sum += float(value)
             count += real_rows
             logs = self.logs(loss_sum / count)
@@ -350,9 +373,10 @@ class Loop:
         order = ds.epoch_order(0, training=False)
         chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
+        handles = self._handles()
         try:
             for start, stop in self._chunks(plan.steps_per_epoch, order.call_bounds):
-                out = self._predict_chunk_fn(self._variables, self._slices(order, start, stop))
+                out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
