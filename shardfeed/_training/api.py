@@ -279,6 +279,15 @@ def _resolve_transform(
     return transform
 
 
+# Compiled loops per dataset, keyed per model and options so repeated
+# fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its
+# dataset weakly: dropping the last reference to a dataset frees its device
+# variables at once, and its loops with it.
+_LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
     loops = _LOOPS.setdefault(dataset, {})
     # A recompiled model has a new optimizer, loss and metrics: new traces.
