@@ -1,15 +1,16 @@
 """`shardfeed bench --engines`: per-step time of each engine, and what crosses.
 
-Separation of concerns: a benchmark of the engines only. Each engine runs in
-its own worker process(es) -- logical CPU devices must be configured before
-TensorFlow starts, and MultiWorkerMirroredStrategy and Horovod need several
+Separation of concerns: this module owns the engines benchmark only -- its
+worker processes, how each engine's are started, and its Markdown table.
+Each engine runs in its own worker process(es) -- logical CPU devices must be
+configured before TensorFlow starts, and MultiWorkerMirroredStrategy and Horovod need several
 processes -- running the W2 model (MLP 64-64-1 on 32 float32 features) with
 `shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs (median).
 Reported per engine: replicas, global batch, ms per step, the ratio to the
 single-device run, and the bytes all-reduced per step (the trainable
 variables' gradients: nothing else crosses during a step).
 
-Run as a worker: `python -m shardfeed._commands.bench_engines --engine mirrored --out f.json`.
+Run as a worker: `python -m shardfeed._commands.bench.engines --engine mirrored --out f.json`.
 """
 
 from __future__ import annotations
