@@ -208,6 +208,32 @@ class _Streaming(_Shardfeed):
         return LoadOptions(streaming=True, stream_chunk_bytes=STREAM_CHUNK_BYTES)
 
 
+def _fit_step(model: Any, dataset: Any, full_steps: int) -> tuple[Callable[..., Any], int, bool]:
+    """What the floor takes from the `Loop` that `shardfeed.fit` builds for `model`.
+
+    The only place the bench reaches into the training loop: the compiled
+    per-replica train step, the steps per call `fit` resolves for an epoch of
+    `full_steps` full steps ("auto" over the full steps; `history.params`), and
+    whether the whole step loop is one XLA call.
+
+    Args:
+        model: A compiled model.
+        dataset: A `ShardedResidentDataset` the loop is built for.
+        full_steps: Full steps in one epoch.
+
+    Returns:
+        `(train_step, steps_per_call, whole_loop_jit)`; `train_step(x, y, sw)`
+        runs one optimizer step on a batch and returns its loss.
+    """
+    # TODO(issue 8): use Loop's public schedule API
+    from shardfeed import FitOptions
+    from shardfeed._training.api import _loop_for
+
+    loop = _loop_for(model, dataset, FitOptions())  # what shardfeed.fit builds (and caches)
+    k = loop._chunks(full_steps)[0][1] if full_steps else 1
+    return loop._train_step, k, loop.whole_loop_jit
+
+
 class _Floor(Variant):
     """`Loop._train_step` on one fixed batch, k steps per compiled call."""
 
@@ -216,8 +242,7 @@ class _Floor(Variant):
     def setup(self) -> None:
         import tensorflow as tf
 
-        from shardfeed import FitOptions, ShardedResidentDataset
-        from shardfeed._training.api import _loop_for
+        from shardfeed import ShardedResidentDataset
 
         self.model = new_model(self.workload, self.reference, False, self.args.seed)
         # Only the first batch is needed: the loop is built for it, then the
@@ -229,24 +254,21 @@ class _Floor(Variant):
             shuffle=False,
             transform=transform_for(self.workload),
         )
-        loop = _loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
+        steps = math.ceil(len(self.x) / BATCH_SIZE)
+        train_step, k, jit = _fit_step(self.model, dataset, len(self.x) // BATCH_SIZE)
         store = dataset.stores[0]
         x, y, sw = dataset.gather(store.variables, tf.range(BATCH_SIZE))
         self.batch = (tf.identity(x), tf.identity(y), sw)
-        steps = math.ceil(len(self.x) / BATCH_SIZE)
-        full_steps = len(self.x) // BATCH_SIZE
-        # The k shardfeed.fit resolves ("auto" over the full steps; history.params).
-        k = loop._chunks(full_steps)[0][1] if full_steps else 1
         self.calls = [tf.zeros([min(k, steps - s)], tf.int32) for s in range(0, steps, k)]
 
         def chunk(x: Any, y: Any, sw: Any, steps: Any) -> Any:
             loss_sum = tf.zeros([], tf.float32)
             for _ in tf.range(steps.shape[0]):  # static trip count, as in Loop._train_chunk
-                loss_sum += tf.cast(loop._train_step(x, y, sw), tf.float32)
+                loss_sum += tf.cast(train_step(x, y, sw), tf.float32)
             return loss_sum
 
-        self.fn = tf.function(chunk, jit_compile=loop.whole_loop_jit)
-        self.settings = {"steps_per_execution": k, "jit_compile": loop.whole_loop_jit}
+        self.fn = tf.function(chunk, jit_compile=jit)
+        self.settings = {"steps_per_execution": k, "jit_compile": jit}
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
         start = time.perf_counter()
