@@ -1,10 +1,11 @@
 """The benchmark workloads W1, W2 and W3: their data, models, losses and inputs.
 
 Separation of concerns: this module owns what is trained -- deterministic
-synthetic data, the seeded models, the loss, the `transform` shardfeed applies
-and the tf.data pipeline the Keras variants read -- and nothing about timing
-or reporting. It imports TensorFlow and Keras only inside the functions that
-need them.
+synthetic data, the seeded models, the loss and optimizer, the `transform`
+shardfeed applies and the tf.data pipeline the Keras variants read -- and
+nothing about timing or reporting. W2 is also what `shardfeed demo` and the
+engines bench (`engines`) train: one rule for its data and model. TensorFlow
+and Keras are imported only inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:
 
     Example:
         >>> build_model(WORKLOADS["W2"], True, seed=0).count_params()
-        6401
+        6337
     """
     import keras
     from keras import layers
@@ -177,6 +178,31 @@ def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
     return normalise
 
 
+def compile_model(model: Any, workload: Workload, **compile_kw: Any) -> Any:
+    """Compiles `model` with Adam(`LEARNING_RATE`) and the workload's loss.
+
+    Args:
+        model: A model from `build_model`.
+        workload: Which workload.
+        **compile_kw: Extra `model.compile` arguments (`steps_per_execution`,
+            `jit_compile`, `metrics`, ...).
+
+    Returns:
+        `model`, compiled.
+
+    Example:
+        >>> w2 = WORKLOADS["W2"]
+        >>> compile_model(build_model(w2, True, seed=0), w2, metrics=["mae"]).loss
+        <MeanSquaredError ...>
+    """
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE), loss=loss_for(workload), **compile_kw
+    )
+    return model
+
+
 def new_model(
     workload: Workload, reference: Any, for_keras_fit: bool, seed: int, **compile_kw: Any
 ) -> Any:
@@ -187,19 +213,14 @@ def new_model(
         reference: A model of the same workload whose weights are copied.
         for_keras_fit: As in `build_model`.
         seed: Initialiser seed (overwritten by `reference`'s weights).
-        **compile_kw: Extra `model.compile` arguments (`steps_per_execution`, ...).
+        **compile_kw: As in `compile_model`.
 
     Returns:
-        A `keras.Model` compiled with Adam(`LEARNING_RATE`) and `loss_for(workload)`.
+        A `keras.Model` compiled by `compile_model`.
     """
-    import keras
-
     model = build_model(workload, for_keras_fit, seed)
     model.set_weights(reference.get_weights())
-    model.compile(
-        optimizer=keras.optimizers.Adam(LEARNING_RATE), loss=loss_for(workload), **compile_kw
-    )
-    return model
+    return compile_model(model, workload, **compile_kw)
 
 
 def tf_data(x: np.ndarray, y: np.ndarray) -> Any:
