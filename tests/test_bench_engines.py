@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
 
 import pytest
 
@@ -101,3 +103,25 @@ def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monk
     assert "| horovod | skipped: horovodrun not installed here ||||||" in markdown
     assert markdown in capsys.readouterr().out
 
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # killed, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch):
+    # A launcher stand-in that starts a worker and waits for it, as
+    # `shardfeed launch` and horovodrun do.
+    pid_file = tmp_path / "worker.pid"
+    launcher = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
+    monkeypatch.setattr(_engines, "_command", lambda *a: launcher)
+    with pytest.raises(subprocess.TimeoutExpired):
+        _engines.run_engines(ROWS, EPOCHS, horovod_python=None, timeout_s=1)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker), "the worker outlived its engine's timeout"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,30 @@ def _command(engine: str, worker_args: list[str], horovod_python: str | None) ->
     return [sys.executable, script, *worker_args]
 
 
+def _run_bounded(
+    command: list[str], env: dict[str, str], cwd: str, timeout_s: float
+) -> subprocess.CompletedProcess:
+    """Runs `command` in its own process group; past `timeout_s` the whole
+    group is killed (the launcher and the workers it started, not only the
+    launcher) before `subprocess.TimeoutExpired` is raised."""
+    with subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
 def run_engines(
     rows: int, epochs: int, horovod_python: str | None, timeout_s: float = 900
 ) -> list[dict[str, Any]]:
@@ -118,8 +143,8 @@ def run_engines(
             step on 2 replicas: batches are dropped, not padded).
         epochs: Timed epochs after the warm-up one.
         horovod_python: A Python with Horovod and `horovodrun` beside it.
-        timeout_s: Bound on each engine's run; past it
-            `subprocess.TimeoutExpired` is raised.
+        timeout_s: Bound on each engine's run; past it its processes are
+            killed and `subprocess.TimeoutExpired` is raised.
 
     Returns:
         One dict per engine in `ENGINES`: the worker's numbers plus
@@ -158,13 +183,8 @@ def run_engines(
                 str(out),
             ]
             print(f"  engines: {engine} ...", flush=True)
-            proc = subprocess.run(
-                _command(engine, worker_args, horovod_python),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                cwd=tmp,
+            proc = _run_bounded(
+                _command(engine, worker_args, horovod_python), env, tmp, timeout_s
             )
             if proc.returncode != 0 or not out.exists():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
