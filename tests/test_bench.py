@@ -12,7 +12,9 @@ import math
 
 import pytest
 
-from shardfeed._commands import bench as _bench
+from shardfeed._commands.bench import tuning as _tuning
+from shardfeed._commands.bench import variants as _variants
+from shardfeed._commands.bench import workloads as _workloads
 from shardfeed._commands.cli import build_parser, main
 
 
@@ -26,9 +28,9 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["tensorflow"]
     assert list(report["workloads"]) == ["W2", "W3"]
     for workload in report["workloads"].values():
-        assert workload["rows"] == _bench.MIN_ROWS  # 0.0005 x rows is below two batches
+        assert workload["rows"] == _workloads.MIN_ROWS  # 0.0005 x rows is below two batches
         variants = workload["variants"]
-        assert list(variants) == list(_bench.VARIANTS)
+        assert list(variants) == list(_variants.VARIANTS)
         for name, result in variants.items():
             assert len(result["epoch_s"]) == 1 and result["epoch_s"][0] > 0, name
             for key in (
@@ -48,7 +50,7 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
         assert variants["floor"]["ratio_to_floor"] == 1.0
         assert variants["numpy"]["speedup_vs_numpy"] == 1.0
         probe = variants["tuned"]["probe"]
-        assert len(probe["configs"]) == len(_bench.PROBE_SPE) * len(_bench.PROBE_JIT)
+        assert len(probe["configs"]) == len(_tuning.PROBE_SPE) * len(_tuning.PROBE_JIT)
         assert probe["note"].startswith("Winner: ")
 
     png = (tmp_path / "bench.png").read_bytes()
@@ -91,6 +93,6 @@ def _config(spe, jit, ms):
     ],
 )
 def test_probe_note_names_winner_and_catastrophic_jit(configs, winner, catastrophic):
-    note = _bench._probe_note(configs)
+    note = _tuning._probe_note(configs)
     assert note.startswith("Winner: ") and winner in note.split(";")[0]
     assert ("catastrophically slow" in note) == catastrophic

@@ -19,7 +19,7 @@ SUBCOMMANDS = {
         "train the main job on built-in data, then compare with model.fit",
     ),
     "bench": (
-        "shardfeed._commands.bench",
+        "shardfeed._commands.bench.cli",
         "benchmark shardfeed.fit against model.fit and the compute floor",
     ),
     "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),

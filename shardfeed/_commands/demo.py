@@ -1,7 +1,8 @@
 """`shardfeed demo`: the main job on built-in data, then the same with model.fit.
 
-A deterministic synthetic regression set (300,000 x 32 float32, a noisy
-random teacher), a small MLP (64-64-1) with batch 256: 1,172 steps per epoch,
+The bench's W2 workload (`shardfeed._commands.bench.workloads`): a
+deterministic synthetic regression set (300,000 x 32 float32, a noisy random
+tanh teacher), a small MLP (64-64-1) with batch 256: 1,172 steps per epoch,
 the regime where per-step input overhead, not math, sets the speed. It trains
 with `shardfeed.fit` (progress bar showing), then trains an identical copy
 with `model.fit` on the NumPy arrays, and prints time per epoch and final
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,51 +23,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def make_data(rows: int, seed: int = 0):
-    """The demo's regression data: `y = relu(x @ W1) @ w2 + noise`."""
-    import numpy as np
+def _model(seed: int) -> Any:
+    """The W2 model, compiled (Adam, MSE, plus MAE to watch), with global seeds set.
 
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 32)).astype("float32")
-    w1 = rng.normal(size=(32, 16)).astype("float32") / np.sqrt(32)
-    w2 = rng.normal(size=(16, 1)).astype("float32")
-    y = np.maximum(x @ w1, 0) @ w2 + 0.1 * rng.normal(size=(rows, 1)).astype("float32")
-    return x, y.astype("float32")
-
-
-def make_model(seed: int = 0):
+    The global seed makes `model.fit`'s shuffling repeatable; the weights come
+    from the workload's seeded initialisers.
+    """
     import keras
 
+    from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model
+
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((32,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", metrics=["mae"])
-    return model
-
-
-class _EpochTimer:
-    def __init__(self):
-        import keras
-
-        class Timer(keras.callbacks.Callback):
-            def on_epoch_begin(inner, epoch, logs=None):
-                inner.start = time.perf_counter()
-
-            def on_epoch_end(inner, epoch, logs=None):
-                inner.times.append(time.perf_counter() - inner.start)
-
-        self.callback = Timer()
-        self.callback.times = []
-
-    @property
-    def times(self) -> list[float]:
-        return self.callback.times
+    w2 = WORKLOADS["W2"]
+    return compile_model(build_model(w2, True, seed), w2, metrics=["mae"])
 
 
 def quiet_tensorflow_logs() -> None:
@@ -89,30 +58,32 @@ def run(args: argparse.Namespace) -> int:
     import keras
 
     import shardfeed
+    from shardfeed._commands.bench.timing import epoch_timer
+    from shardfeed._commands.bench.workloads import WORKLOADS, make_data
 
-    x, y = make_data(args.rows, args.seed)
+    x, y = make_data(WORKLOADS["W2"], args.rows, args.seed)
     print(
         f"shardfeed demo: {args.rows:,} rows x 32 float32, MLP 64-64-1, batch "
         f"{args.batch_size}, {args.epochs} epochs, Keras {keras.__version__}\n"
     )
-    model = make_model(args.seed)
+    model = _model(args.seed)
     dataset = shardfeed.ShardedResidentDataset(
         x, y, per_replica_batch_size=args.batch_size, seed=args.seed
     )
     print(dataset.describe(), "\n")
     print("== shardfeed.fit ==")
-    ours = _EpochTimer()
-    history = shardfeed.fit(model, dataset, epochs=args.epochs, callbacks=[ours.callback])
+    ours = epoch_timer()
+    history = shardfeed.fit(model, dataset, epochs=args.epochs, callbacks=[ours])
     print(
         f"(steps per compiled call: {history.params['steps_per_execution']}, "
         f"XLA: {history.params['jit_compile']})\n"
     )
 
     print("== model.fit (NumPy arrays) ==")
-    reference = make_model(args.seed)
-    theirs = _EpochTimer()
+    reference = _model(args.seed)
+    theirs = epoch_timer()
     ref_history = reference.fit(
-        x, y, batch_size=args.batch_size, epochs=args.epochs, callbacks=[theirs.callback]
+        x, y, batch_size=args.batch_size, epochs=args.epochs, callbacks=[theirs]
     )
 
     def row(name, times, hist):
@@ -122,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     print("\n| run | first epoch (s, incl. compile) | later epoch (s) | final loss |")
     print("|---|---|---|---|")
-    print(row("shardfeed.fit", ours.times, history))
-    print(row("model.fit", theirs.times, ref_history))
-    if len(ours.times) > 1 and len(theirs.times) > 1:
-        print(
-            f"\nshardfeed.fit: {min(theirs.times[1:]) / min(ours.times[1:]):.1f}x faster per epoch"
-        )
+    print(row("shardfeed.fit", ours.seconds, history))
+    print(row("model.fit", theirs.seconds, ref_history))
+    if len(ours.seconds) > 1 and len(theirs.seconds) > 1:
+        speedup = min(theirs.seconds[1:]) / min(ours.seconds[1:])
+        print(f"\nshardfeed.fit: {speedup:.1f}x faster per epoch")
     return 0

@@ -1,15 +1,17 @@
 """`shardfeed bench --engines`: per-step time of each engine, and what crosses.
 
-Separation of concerns: a benchmark of the engines only. Each engine runs in
-its own worker process(es) -- logical CPU devices must be configured before
-TensorFlow starts, and MultiWorkerMirroredStrategy and Horovod need several
-processes -- running the W2 model (MLP 64-64-1 on 32 float32 features) with
-`shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs (median).
+Separation of concerns: this module owns the engines benchmark only -- its
+worker processes, how each engine's are started, and its Markdown table.
+Each engine runs in its own worker process(es) -- logical CPU devices must be
+configured before TensorFlow starts, and MultiWorkerMirroredStrategy and
+Horovod need several processes -- running the W2 workload (`workloads`: MLP
+64-64-1 on 32 float32 features) with `shardfeed.fit`, one warm-up epoch then
+`--epochs` timed epochs (median), timed by `timing.epoch_timer`.
 Reported per engine: replicas, global batch, ms per step, the ratio to the
 single-device run, and the bytes all-reduced per step (the trainable
 variables' gradients: nothing else crosses during a step).
 
-Run as a worker: `python -m shardfeed._commands.bench_engines --engine mirrored --out f.json`.
+Run as a worker: `python -m shardfeed._commands.bench.engines --engine mirrored --out f.json`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,37 +45,21 @@ def _worker(args: argparse.Namespace) -> int:
     import numpy as np
 
     import shardfeed
+    from shardfeed._commands.bench.timing import epoch_timer
+    from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
 
     world = shardfeed.init(args.engine)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.rows, 32)).astype("float32")
-    y = (np.tanh(x @ rng.normal(size=(32, 1))) + 0.1 * rng.normal(size=(args.rows, 1))).astype(
-        "float32"
-    )
+    w2 = WORKLOADS["W2"]
+    x, y = make_data(w2, args.rows, seed=0)
     with world.scope():
         keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [
-                keras.Input((32,)),
-                keras.layers.Dense(64, activation="relu"),
-                keras.layers.Dense(64, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        model = compile_model(build_model(w2, False, seed=0), w2)
         ds = shardfeed.ShardedResidentDataset(
             x, y, per_replica_batch_size=PER_REPLICA_BATCH, seed=0, drop_remainder=True
         )
-    times: list[float] = []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.start)
-
-    history = shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[Timer()], verbose=0)
+    timer = epoch_timer()
+    history = shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
+    times = timer.seconds
     if world.is_chief:
         steps = ds.plan.steps_per_epoch
         result = {
@@ -119,6 +105,30 @@ def _command(engine: str, worker_args: list[str], horovod_python: str | None) ->
     return [sys.executable, script, *worker_args]
 
 
+def _run_bounded(
+    command: list[str], env: dict[str, str], cwd: str, timeout_s: float
+) -> subprocess.CompletedProcess:
+    """Runs `command` in its own process group; past `timeout_s` the whole
+    group is killed (the launcher and the workers it started, not only the
+    launcher) before `subprocess.TimeoutExpired` is raised."""
+    with subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
 def run_engines(
     rows: int, epochs: int, horovod_python: str | None, timeout_s: float = 900
 ) -> list[dict[str, Any]]:
@@ -127,6 +137,25 @@ def run_engines(
     Horovod runs only where `horovodrun` is installed (next to
     `horovod_python`, e.g. the venv `.ci/horovod_env.sh` makes); otherwise
     its row says why it was skipped.
+
+    Args:
+        rows: W2 rows each engine trains on (at least 2 x 256 for a full
+            step on 2 replicas: batches are dropped, not padded).
+        epochs: Timed epochs after the warm-up one.
+        horovod_python: A Python with Horovod and `horovodrun` beside it.
+        timeout_s: Bound on each engine's run; past it its processes are
+            killed and `subprocess.TimeoutExpired` is raised.
+
+    Returns:
+        One dict per engine in `ENGINES`: the worker's numbers plus
+        `x_single`, or `engine` and `skipped` (why).
+
+    Raises:
+        subprocess.TimeoutExpired: An engine ran past `timeout_s`.
+
+    Example:
+        >>> [r["engine"] for r in run_engines(512, 1, None)]
+        ['single', 'mirrored', 'multiworker', 'horovod']
     """
     results: list[dict[str, Any]] = []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -154,13 +183,8 @@ def run_engines(
                 str(out),
             ]
             print(f"  engines: {engine} ...", flush=True)
-            proc = subprocess.run(
-                _command(engine, worker_args, horovod_python),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                cwd=tmp,
+            proc = _run_bounded(
+                _command(engine, worker_args, horovod_python), env, tmp, timeout_s
             )
             if proc.returncode != 0 or not out.exists():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
@@ -177,6 +201,16 @@ def run_engines(
 
 
 def to_markdown(results: list[dict], rows: int, epochs: int) -> str:
+    """The engines table, one row per engine (a skipped one says why).
+
+    Args:
+        results: What `run_engines` returns.
+        rows: The rows it ran with.
+        epochs: The timed epochs it ran with.
+
+    Returns:
+        Markdown: a heading with the conditions, then the table.
+    """
     lines = [
         f"### Engines: W2 model, {rows:,} rows, per-replica batch {PER_REPLICA_BATCH}, "
         f"median of {epochs} epochs",

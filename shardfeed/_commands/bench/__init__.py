@@ -1,0 +1,39 @@
+"""`shardfeed bench`: where an epoch's time goes -- `model.fit`, `shardfeed.fit`, the floor.
+
+Separation of concerns: this package owns the benchmark only, one concept per
+module -- `cli` (flags and the run), `machine` (what the numbers were measured
+on), `workloads` (the W1/W2/W3 data and models, shared with `shardfeed demo`),
+`variants` (what is timed), `timing` (the epoch timer), `tuning` (the
+`model.fit` settings probe), `schedule` (warm-up, then interleaved timed
+rounds), `report` (JSON, Markdown, chart) and `engines` (`--engines`). It
+trains through the public `shardfeed.fit`; for the floor it reuses the
+compiled train step of the `Loop` that `fit` builds, so the floor moves
+whenever the step does. It is a benchmark, not a test: `tests/test_bench.py`
+only checks that it runs.
+
+Conditions travel with the numbers (airbench style): every report records the
+CPU, cores, RAM, OS, library versions, the date, the rows scale and how many
+timed epochs each median is taken over. Numbers from a shared or loaded
+machine, from `--rows-scale` below 1 or from fewer than 3 timed epochs are
+smoke checks, not results.
+
+Variants, all batch 256, Adam(1e-3), same initial weights (copied from one
+reference model), each with its own model instance:
+    numpy      `model.fit(x, y, batch_size=256, shuffle=True)`, Keras defaults.
+    tfdata     `model.fit` on `from_tensor_slices.cache.shuffle.batch.prefetch`.
+    tuned      `tfdata` with the fastest `steps_per_execution` x `jit_compile`
+               found by a short probe in the same process.
+    shardfeed  `shardfeed.fit` with default `FitOptions()`.
+    floor      `Loop._train_step` on one fixed device batch inside the same
+               compiled loop shape: the compute floor, no input work at all.
+    streaming  `shardfeed.fit` streaming its rows through the two-slot ring.
+Timing: each timed epoch is measured from `on_epoch_begin` to `on_epoch_end`
+(the loss is read back first, so the work is done), so per-`fit`-call set-up is
+excluded; the warm-up column is the whole first `fit` call, compilation
+included. Variants run round-robin one epoch each, in a rotated order each
+round, so drift in machine load spreads over all of them.
+
+This `__init__` imports nothing: `shardfeed demo` imports `workloads` alone,
+and `shardfeed launch` (which builds the whole CLI parser) never pays for
+TensorFlow.
+"""

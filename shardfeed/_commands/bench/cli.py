@@ -1,0 +1,173 @@
+"""`shardfeed bench`'s flags (`add_arguments`) and its run (`run`): workloads, engines, report.
+
+Separation of concerns: this module owns the command line and the order of
+the whole run -- machine info and conditions, each workload's schedule, the
+optional engines bench, then bench.json, bench.md and bench.png. What is
+timed and how lives in the other modules of this package. No TensorFlow at
+import: `shardfeed launch` builds the whole CLI parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardfeed._commands.bench.machine import machine_info
+from shardfeed._commands.bench.report import to_markdown, write_chart
+from shardfeed._commands.bench.schedule import release_loops, run_workload
+from shardfeed._commands.bench.variants import VARIANT_ALIASES, VARIANT_NOTES, VARIANTS
+from shardfeed._commands.bench.workloads import BATCH_SIZE, LEARNING_RATE, MIN_ROWS, WORKLOADS
+
+
+def _csv_choice(choices: dict[str, str], aliases: dict[str, str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        out = []
+        for item in (t.strip() for t in text.split(",") if t.strip()):
+            name = aliases.get(item, item)
+            if name not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"unknown name {item!r}; choose from {', '.join(choices)}"
+                )
+            if name not in out:
+                out.append(name)
+        if not out:
+            raise argparse.ArgumentTypeError("expected at least one name")
+        return out
+
+    return parse
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, received {text!r}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the `bench` flags to a subcommand parser.
+
+    Args:
+        parser: The `bench` subparser.
+
+    Returns:
+        None; the parser is extended in place.
+
+    Example:
+        >>> p = argparse.ArgumentParser(); add_arguments(p)
+        >>> p.parse_args(["--workloads", "W2", "--rows-scale", "0.05"]).workloads
+        ['W2']
+    """
+    parser.add_argument(
+        "--workloads",
+        type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
+        default=list(WORKLOADS),
+        help="comma-separated, from W1,W2,W3 (default: all)",
+    )
+    parser.add_argument(
+        "--variants",
+        type=_csv_choice(VARIANTS, VARIANT_ALIASES),
+        default=list(VARIANTS),
+        help="comma-separated, from numpy,tfdata,tuned,shardfeed,floor,streaming "
+        "(or a-f; default: all)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=_positive(int),
+        default=3,
+        help="timed epochs per variant, after one warm-up epoch (default: 3)",
+    )
+    parser.add_argument(
+        "--rows-scale",
+        type=_positive(float),
+        default=1.0,
+        help=f"scale every workload's rows (at least {MIN_ROWS}), e.g. 0.05 for a quick check",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="directory for bench.json, bench.md and bench.png (default: bench-results/)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="data and weights seed (default: 0)")
+    parser.add_argument(
+        "--probe-budget-s",
+        type=_positive(float),
+        default=120.0,
+        help="stop a tuning probe that runs longer than this (default: 120)",
+    )
+    parser.add_argument(
+        "--engines",
+        action="store_true",
+        help="also time the engines (single device, MirroredStrategy over 2 CPU devices, "
+        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on the W2 model",
+    )
+    parser.add_argument(
+        "--engine-rows",
+        type=_positive(int),
+        default=200_000,
+        help="rows for --engines (default: 200,000)",
+    )
+    parser.add_argument(
+        "--horovod-python",
+        help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
+        "prints) for the Horovod row of --engines",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark and writes `bench.json`, `bench.md` and `bench.png`.
+
+    Args:
+        args: Parsed flags (see `add_arguments`).
+
+    Returns:
+        0 on success (the CLI's exit status).
+
+    Example:
+        >>> from shardfeed._commands.cli import main
+        >>> main(["bench", "--workloads", "W2", "--rows-scale", "0.02", "--epochs", "1"])
+        0
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    report: dict[str, Any] = {
+        "machine": machine_info(),
+        "conditions": {
+            "batch_size": BATCH_SIZE,
+            "optimizer": f"Adam(learning_rate={LEARNING_RATE})",
+            "timed_epochs": args.epochs,
+            "statistic": f"median of {args.epochs} timed epoch(s) per variant",
+            "schedule": "one warm-up epoch per variant (compilation included), then "
+            "round-robin one epoch per variant per round, order rotated each round",
+            "rows_scale": args.rows_scale,
+            "seed": args.seed,
+            "variants": {v: VARIANT_NOTES[v] for v in args.variants},
+        },
+        "workloads": {},
+    }
+    for name in args.workloads:
+        report["workloads"][name] = run_workload(WORKLOADS[name], args)
+        release_loops()
+    if args.engines:
+        from shardfeed._commands.bench import engines as _engines
+
+        report["engines"] = _engines.run_engines(args.engine_rows, args.epochs, args.horovod_python)
+    args.out.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(report)
+    if args.engines:
+        markdown += (
+            "\n" + _engines.to_markdown(report["engines"], args.engine_rows, args.epochs) + "\n"
+        )
+    (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "bench.md").write_text(markdown)
+    write_chart(report, args.out / "bench.png")
+    print(markdown)
+    print(f"Wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}, {args.out / 'bench.png'}")
+    return 0

@@ -1,0 +1,131 @@
+"""The bench report's Markdown tables and PNG chart (the JSON is the report dict itself).
+
+Separation of concerns: this module owns how a finished report reads -- the
+conditions header, the smoke-check warning, one table per workload, the
+tuning probe's line and the ratio-to-floor chart. It measures nothing; the
+engines table is `engines.to_markdown`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from shardfeed._commands.bench.tuning import PROBE_EPOCHS, config_text
+from shardfeed._commands.bench.variants import VARIANTS
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:{spec}}{suffix}"
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return f"spe={settings.get('steps_per_execution')}, jit={settings.get('jit_compile')}"
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables, ready to paste into the README.
+
+    Args:
+        report: What `cli.run` builds (also the JSON).
+
+    Returns:
+        Markdown text: conditions, then one table per workload.
+
+    Example:
+        >>> print(to_markdown(json.loads(Path("bench-results/bench.json").read_text())))
+    """
+    m, c = report["machine"], report["conditions"]
+    lines = [
+        f"## shardfeed bench ({m['date_utc'][:10]})",
+        "",
+        f"Machine: {m['cpu']}, {m['cpus_usable']} of {m['cpu_count']} cores usable, "
+        f"{m['ram_gib']} GiB RAM, load average {m['load_average_1_5_15_min_at_start']} at "
+        f"start; {m['os']}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
+        f"Keras {m['keras']}, NumPy {m['numpy']}.",
+        f"Batch {c['batch_size']}, {c['optimizer']}; {c['statistic']}; {c['schedule']}; "
+        f"rows scale {c['rows_scale']}.",
+    ]
+    if c["timed_epochs"] < 3 or c["rows_scale"] < 1:
+        lines.append(
+            "**Smoke check (fewer than 3 timed epochs or scaled-down rows): not a result.**"
+        )
+    lines += ["", "Variants:"]
+    lines += [f"- **{VARIANTS[name]}**: {note}" for name, note in c["variants"].items()]
+    for name, w in report["workloads"].items():
+        lines += [
+            "",
+            f"### {name}: {w['description']}",
+            "",
+            f"{w['rows']:,} rows, {w['steps_per_epoch']} steps/epoch. Inputs: {w['inputs']}",
+            "",
+            "| variant | settings | s/epoch | ms/step | x floor | speed-up vs fit(numpy) "
+            "| final loss | setup s | warm-up s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in w["variants"].values():
+            lines.append(
+                f"| {r['label']} | {_settings_text(r['settings'])} "
+                f"| {_fmt(r['median_epoch_s'], '.3f')} | {_fmt(r['ms_per_step'], '.3f')} "
+                f"| {_fmt(r['ratio_to_floor'], '.2f', 'x')} "
+                f"| {_fmt(r['speedup_vs_numpy'], '.2f', 'x')} | {_fmt(r['final_loss'], '.4f')} "
+                f"| {_fmt(r['setup_s'], '.2f')} | {_fmt(r['warmup_s'], '.2f')} |"
+            )
+        tuned = w["variants"].get("tuned")
+        if tuned:
+            probe = tuned["probe"]
+            configs = "; ".join(config_text(p) for p in probe["configs"])
+            lines += [
+                "",
+                f"Tuning probe ({PROBE_EPOCHS} epochs of {probe['steps_per_epoch']} steps, "
+                f"fastest after the first, {tuned['probe_s']:.1f} s): {configs}. "
+                f"{probe['note']}.",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(report: dict[str, Any], path: Path) -> None:
+    """A grouped bar chart of ratio to the floor per workload and variant.
+
+    Uses Matplotlib's Agg canvas directly (no `pyplot`, no global backend).
+
+    Args:
+        report: What `cli.run` builds.
+        path: The PNG to write.
+
+    Returns:
+        None; writes `path`.
+
+    Example:
+        >>> write_chart(report, Path("bench-results/bench.png"))
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    workloads = list(report["workloads"])
+    names = [n for n in VARIANTS if any(n in w["variants"] for w in report["workloads"].values())]
+    fig = Figure(figsize=(max(6.0, 2.2 * len(workloads) + 2), 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        ratios = [
+            (report["workloads"][w]["variants"].get(name) or {}).get("ratio_to_floor")
+            for w in workloads
+        ]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(workloads))]
+        bars = ax.bar(xs, [r or 0.0 for r in ratios], width, label=VARIANTS[name])
+        ax.bar_label(bars, labels=[_fmt(r, ".2f", "x") for r in ratios], fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.set_ylabel("seconds/epoch, ratio to the floor (lower is better)")
+    c, m = report["conditions"], report["machine"]
+    ax.set_title(
+        f"{m['cpu']} ({m['cpus_usable']} cores), TF {m['tensorflow']}, "
+        f"median of {c['timed_epochs']} epoch(s), rows scale {c['rows_scale']}",
+        fontsize=8,
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,105 @@
+"""The schedule: one workload's variants set up, warmed up, then timed in rotated rounds.
+
+Separation of concerns: this module owns when each variant runs -- set-up,
+one warm-up epoch each (compilation included), then round-robin one epoch per
+variant per round in a rotated order so drift in machine load spreads over all
+of them -- and the per-variant numbers derived from those times (median,
+ms/step, ratio to the floor, speed-up over `model.fit(numpy)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import time
+from typing import Any
+
+from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS
+from shardfeed._commands.bench.workloads import (
+    BATCH_SIZE,
+    MIN_ROWS,
+    Workload,
+    build_model,
+    make_data,
+)
+
+
+def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """Times `args.variants` on one workload.
+
+    Args:
+        workload: Which workload.
+        args: The `bench` flags (`variants`, `epochs`, `rows_scale`, `seed`, ...).
+
+    Returns:
+        The workload's report: description, inputs, rows, steps per epoch, data
+        generation seconds and, per variant, its settings, epoch seconds and the
+        numbers derived from them.
+
+    Example:
+        >>> run_workload(WORKLOADS["W2"], args)["variants"]["floor"]["ratio_to_floor"]
+        1.0
+    """
+    rows = max(MIN_ROWS, round(workload.rows * args.rows_scale))
+    steps = math.ceil(rows / BATCH_SIZE)
+    print(f"{workload.name}: {rows:,} rows, {steps} steps/epoch; {workload.description}")
+    start = time.perf_counter()
+    data = make_data(workload, rows, args.seed)
+    data_s = time.perf_counter() - start
+    reference = build_model(workload, False, args.seed)
+    variants = [VARIANT_TYPES[name](workload, data, reference, args) for name in args.variants]
+    setup_s, warmup_s, warmup_loss = {}, {}, {}
+    for v in variants:
+        start = time.perf_counter()
+        v.setup()
+        setup_s[v.name] = time.perf_counter() - start
+    for v in variants:  # warm-up: one whole first call each, compilation included
+        start = time.perf_counter()
+        _, warmup_loss[v.name] = v.epoch(0)
+        warmup_s[v.name] = time.perf_counter() - start
+        print(f"  {workload.name} warm-up {VARIANTS[v.name]}: {warmup_s[v.name]:.2f} s", flush=True)
+    seconds: dict[str, list[float]] = {v.name: [] for v in variants}
+    losses: dict[str, float | None] = dict(warmup_loss)
+    for epoch in range(1, args.epochs + 1):
+        shift = (epoch - 1) % len(variants)
+        for v in variants[shift:] + variants[:shift]:
+            secs, losses[v.name] = v.epoch(epoch)
+            seconds[v.name].append(secs)
+        line = ", ".join(f"{v.name} {seconds[v.name][-1]:.3f} s" for v in variants)
+        print(f"  {workload.name} epoch {epoch}/{args.epochs}: {line}", flush=True)
+    results = {}
+    floor = statistics.median(seconds["floor"]) if "floor" in seconds else None
+    numpy_s = statistics.median(seconds["numpy"]) if "numpy" in seconds else None
+    for v in variants:
+        median = statistics.median(seconds[v.name])
+        results[v.name] = {
+            "label": VARIANTS[v.name],
+            "settings": v.settings,
+            "epoch_s": seconds[v.name],
+            "median_epoch_s": median,
+            "ms_per_step": 1000 * median / steps,
+            "ratio_to_floor": median / floor if floor else None,
+            "speedup_vs_numpy": numpy_s / median if numpy_s else None,
+            "final_loss": losses[v.name],
+            "setup_s": setup_s[v.name],
+            "warmup_s": warmup_s[v.name],
+            **v.extra,
+        }
+    del variants
+    gc.collect()
+    return {
+        "description": workload.description,
+        "inputs": workload.input_note,
+        "rows": rows,
+        "steps_per_epoch": steps,
+        "data_generation_s": data_s,
+        "variants": results,
+    }
+
+
+def release_loops() -> None:
+    """Collects the workload's datasets (their compiled loops hold models and
+    resident data in reference cycles)."""
+    gc.collect()

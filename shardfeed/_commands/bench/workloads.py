@@ -1,0 +1,236 @@
+"""The benchmark workloads W1, W2 and W3: their data, models, losses and inputs.
+
+Separation of concerns: this module owns what is trained -- deterministic
+synthetic data, the seeded models, the loss and optimizer, the `transform`
+shardfeed applies and the tf.data pipeline the Keras variants read -- and
+nothing about timing or reporting. W2 is also what `shardfeed demo` and the
+engines bench (`engines`) train: one rule for its data and model. TensorFlow
+and Keras are imported only inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+BATCH_SIZE = 256
+LEARNING_RATE = 1e-3
+MIN_ROWS = 2 * BATCH_SIZE  # `--rows-scale` never goes below two batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One benchmark workload: data shape, model and loss.
+
+    Attributes:
+        name: "W1", "W2" or "W3".
+        rows: Rows at `--rows-scale 1`.
+        description: One line for the report.
+        input_note: How the inputs reach the model, per variant family.
+    """
+
+    name: str
+    rows: int
+    description: str
+    input_note: str
+
+
+WORKLOADS: dict[str, Workload] = {
+    "W1": Workload(
+        "W1",
+        60_000,
+        "60,000 x 784 float32, MLP 256-256-10 (relu), sparse softmax cross-entropy",
+        "float32 rows as they are.",
+    ),
+    "W2": Workload(
+        "W2",
+        1_000_000,
+        "1,000,000 x 32 float32, MLP 64-64-1 (relu), MSE",
+        "float32 rows as they are.",
+    ),
+    "W3": Workload(
+        "W3",
+        20_000,
+        "20,000 x 32x32x3 uint8 images, CNN Conv32-Pool-Conv64-Pool-Dense128-Dense10, "
+        "sparse softmax cross-entropy",
+        "uint8 rows everywhere. Keras variants: the model's first layer is "
+        "`Rescaling(1/255)` (casts to float32 and scales inside the step). shardfeed: "
+        "`transform=lambda x: tf.cast(x, 'float32') / 255` inside the step, no Rescaling "
+        "layer. Floor: one batch normalised once, outside the loop.",
+    ),
+}
+
+
+def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic, learnable synthetic data for a workload.
+
+    W1: Gaussian rows, labels = argmax of a random linear teacher. W2: Gaussian
+    rows, target = a random one-hidden-layer tanh teacher plus 0.1 noise. W3:
+    ten random 8x8 colour prototypes upsampled to 32x32, each image its class'
+    prototype (0-127) plus uniform noise (0-127), as uint8.
+
+    Args:
+        workload: Which workload.
+        rows: Number of rows.
+        seed: NumPy seed.
+
+    Returns:
+        `(x, y)` NumPy arrays.
+
+    Example:
+        >>> x, y = make_data(WORKLOADS["W2"], 1000, seed=0); x.shape, y.shape
+        ((1000, 32), (1000, 1))
+    """
+    rng = np.random.default_rng(seed)
+    if workload.name == "W1":
+        x = rng.standard_normal((rows, 784), dtype=np.float32)
+        teacher = rng.standard_normal((784, 10), dtype=np.float32)
+        return x, np.argmax(x @ teacher, axis=1).astype(np.int32)
+    if workload.name == "W2":
+        x = rng.standard_normal((rows, 32), dtype=np.float32)
+        w1 = rng.standard_normal((32, 16), dtype=np.float32) / np.float32(math.sqrt(32))
+        w2 = rng.standard_normal((16, 1), dtype=np.float32)
+        noise = np.float32(0.1) * rng.standard_normal((rows, 1), dtype=np.float32)
+        return x, (np.tanh(x @ w1) @ w2 + noise).astype(np.float32)
+    prototypes = rng.integers(0, 48, (10, 8, 8, 3), dtype=np.uint8)
+    prototypes = prototypes.repeat(4, axis=1).repeat(4, axis=2)
+    y = rng.integers(0, 10, rows, dtype=np.int32)
+    x = prototypes[y]
+    x += rng.integers(0, 208, x.shape, dtype=np.uint8)  # <= 254: no overflow
+    return x, y
+
+
+def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:
+    """The workload's model, with seeded initialisers.
+
+    Args:
+        workload: Which workload.
+        for_keras_fit: For W3, take uint8 input with a `Rescaling(1/255)`
+            first layer (the Keras variants); else float32 input (shardfeed's
+            `transform` normalises). Ignored for W1 and W2.
+        seed: Initialiser seed.
+
+    Returns:
+        An uncompiled `keras.Model`.
+
+    Example:
+        >>> build_model(WORKLOADS["W2"], True, seed=0).count_params()
+        6337
+    """
+    import keras
+    from keras import layers
+
+    seeds = iter(range(seed * 100, seed * 100 + 100))
+
+    def dense(units: int, activation: str | None = None) -> Any:
+        init = keras.initializers.GlorotUniform(seed=next(seeds))
+        return layers.Dense(units, activation=activation, kernel_initializer=init)
+
+    def conv(filters: int) -> Any:
+        init = keras.initializers.GlorotUniform(seed=next(seeds))
+        return layers.Conv2D(filters, 3, activation="relu", kernel_initializer=init)
+
+    if workload.name == "W1":
+        stack = [keras.Input((784,)), dense(256, "relu"), dense(256, "relu"), dense(10)]
+    elif workload.name == "W2":
+        stack = [keras.Input((32,)), dense(64, "relu"), dense(64, "relu"), dense(1)]
+    else:
+        head = (
+            [keras.Input((32, 32, 3), dtype="uint8"), layers.Rescaling(1 / 255)]
+            if for_keras_fit
+            else [keras.Input((32, 32, 3))]
+        )
+        stack = [
+            *head,
+            conv(32),
+            layers.MaxPooling2D(),
+            conv(64),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            dense(128, "relu"),
+            dense(10),
+        ]
+    return keras.Sequential(stack)
+
+
+def loss_for(workload: Workload) -> Any:
+    """The workload's Keras loss: MSE for W2, sparse softmax cross-entropy otherwise."""
+    import keras
+
+    if workload.name == "W2":
+        return keras.losses.MeanSquaredError()
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
+    """shardfeed's per-batch `transform`: W3's uint8 -> float32 / 255, else None."""
+    if workload.name != "W3":
+        return None
+    import tensorflow as tf
+
+    def normalise(x: Any) -> Any:
+        return tf.cast(x, "float32") / 255  # shardfeed: uint8 stays resident, cast per batch
+
+    return normalise
+
+
+def compile_model(model: Any, workload: Workload, **compile_kw: Any) -> Any:
+    """Compiles `model` with Adam(`LEARNING_RATE`) and the workload's loss.
+
+    Args:
+        model: A model from `build_model`.
+        workload: Which workload.
+        **compile_kw: Extra `model.compile` arguments (`steps_per_execution`,
+            `jit_compile`, `metrics`, ...).
+
+    Returns:
+        `model`, compiled.
+
+    Example:
+        >>> w2 = WORKLOADS["W2"]
+        >>> compile_model(build_model(w2, True, seed=0), w2, metrics=["mae"]).loss
+        <MeanSquaredError ...>
+    """
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE), loss=loss_for(workload), **compile_kw
+    )
+    return model
+
+
+def new_model(
+    workload: Workload, reference: Any, for_keras_fit: bool, seed: int, **compile_kw: Any
+) -> Any:
+    """A fresh compiled model starting from `reference`'s weights.
+
+    Args:
+        workload: Which workload.
+        reference: A model of the same workload whose weights are copied.
+        for_keras_fit: As in `build_model`.
+        seed: Initialiser seed (overwritten by `reference`'s weights).
+        **compile_kw: As in `compile_model`.
+
+    Returns:
+        A `keras.Model` compiled by `compile_model`.
+    """
+    model = build_model(workload, for_keras_fit, seed)
+    model.set_weights(reference.get_weights())
+    return compile_model(model, workload, **compile_kw)
+
+
+def tf_data(x: np.ndarray, y: np.ndarray) -> Any:
+    """The Keras variants' pipeline: cache, full-size shuffle, batch, prefetch."""
+    import tensorflow as tf
+
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .cache()
+        .shuffle(len(x))
+        .batch(BATCH_SIZE)
+        .prefetch(tf.data.AUTOTUNE)
+    )

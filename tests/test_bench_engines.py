@@ -1,0 +1,127 @@
+"""`shardfeed bench --engines` at its smallest scale: every engine's numbers,
+their table, and that the engines train the bench's W2 workload."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+
+import pytest
+
+import shardfeed
+from shardfeed._commands.bench import engines as _engines
+from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
+from shardfeed._commands.cli import main
+
+# The smallest run that gives 2 replicas a full step: batches are dropped, not padded.
+ROWS = _engines.REPLICAS * _engines.PER_REPLICA_BATCH
+EPOCHS = 1
+# (workers, replicas) per engine
+SHAPES = {"single": (1, 1), "mirrored": (1, 2), "multiworker": (2, 2), "horovod": (2, 2)}
+
+
+def _w2_loss_on_one_device() -> float:
+    """What the single-device worker should report, trained here directly."""
+    w2 = WORKLOADS["W2"]
+    x, y = make_data(w2, ROWS, seed=0)
+    model = compile_model(build_model(w2, False, seed=0), w2)
+    batch = _engines.PER_REPLICA_BATCH
+    dataset = shardfeed.ShardedResidentDataset(
+        x, y, per_replica_batch_size=batch, seed=0, drop_remainder=True
+    )
+    return shardfeed.fit(model, dataset, epochs=EPOCHS + 1, verbose=0).history["loss"][-1]
+
+
+@pytest.mark.slow
+@pytest.mark.multi_process
+def test_engines_bench_times_every_engine_at_smallest_scale():
+    results = _engines.run_engines(ROWS, EPOCHS, horovod_python=None, timeout_s=300)
+
+    assert [r["engine"] for r in results] == list(_engines.ENGINES)
+    gradient_bytes = 4 * build_model(WORKLOADS["W2"], False, seed=0).count_params()
+    for r in results:
+        if r["engine"] == "horovod" and "skipped" in r:  # runs only in the Horovod tier
+            assert r["skipped"].startswith("horovodrun not installed here"), r
+            continue
+        assert "skipped" not in r, r
+        workers, replicas = SHAPES[r["engine"]]
+        assert (r["workers"], r["replicas"]) == (workers, replicas), r
+        assert r["global_batch_size"] == replicas * _engines.PER_REPLICA_BATCH, r
+        assert r["steps_per_epoch"] == ROWS // r["global_batch_size"], r
+        assert r["ms_per_step"] > 0 and r["warmup_s"] > 0 and r["x_single"] > 0, r
+        assert r["gradient_bytes_per_step"] == gradient_bytes, r
+        assert math.isfinite(r["final_loss"]) and r["final_loss"] > 0, r
+    single = results[0]
+    assert single["x_single"] == 1.0
+    assert single["final_loss"] == pytest.approx(_w2_loss_on_one_device(), rel=1e-4)
+
+    table = _engines.to_markdown(results, ROWS, EPOCHS).splitlines()
+    assert table[0] == (
+        f"### Engines: W2 model, {ROWS} rows, per-replica batch 256, median of {EPOCHS} epochs"
+    )
+    assert table[4].startswith("| single | 1 x 1 | 256 | ") and " | 1.00x | 0 | " in table[4]
+    assert table[5].startswith("| mirrored | 1 x 2 | 512 | ")
+    assert f" | {gradient_bytes:,} | " in table[5]
+    assert table[6].startswith("| multiworker | 2 x 1 | 512 | ")
+    assert len(table) == 4 + len(_engines.ENGINES)
+
+
+def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monkeypatch, capsys):
+    calls = []
+    fake = [
+        {
+            "engine": "single",
+            "replicas": 1,
+            "workers": 1,
+            "global_batch_size": 256,
+            "steps_per_epoch": 2,
+            "warmup_s": 1.5,
+            "ms_per_step": 2.0,
+            "gradient_bytes_per_step": 25348,
+            "final_loss": 1.0,
+            "x_single": 1.0,
+        },
+        {"engine": "horovod", "skipped": "horovodrun not installed here"},
+    ]
+
+    def run_engines(rows, epochs, horovod_python):
+        calls.append((rows, epochs, horovod_python))
+        return fake
+
+    monkeypatch.setattr(_engines, "run_engines", run_engines)
+    argv = ["bench", "--workloads", "W2", "--variants", "floor", "--rows-scale", "0.0005"]
+    argv += ["--epochs", "1", "--engines", "--engine-rows", "512", "--out", str(tmp_path)]
+    assert main(argv) == 0
+
+    assert calls == [(512, 1, None)]
+    assert json.loads((tmp_path / "bench.json").read_text())["engines"] == fake
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "### Engines: W2 model, 512 rows, per-replica batch 256, median of 1 epochs" in markdown
+    assert "| single | 1 x 1 | 256 | 2.000 | 1.00x | 0 | 1.50 |" in markdown
+    assert "| horovod | skipped: horovodrun not installed here ||||||" in markdown
+    assert markdown in capsys.readouterr().out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # killed, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch):
+    # A launcher stand-in that starts a worker and waits for it, as
+    # `shardfeed launch` and horovodrun do.
+    pid_file = tmp_path / "worker.pid"
+    launcher = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
+    monkeypatch.setattr(_engines, "_command", lambda *a: launcher)
+    with pytest.raises(subprocess.TimeoutExpired):
+        _engines.run_engines(ROWS, EPOCHS, horovod_python=None, timeout_s=1)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker), "the worker outlived its engine's timeout"
