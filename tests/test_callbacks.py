@@ -158,7 +158,7 @@ def test_initial_epoch_continues_numbering():
 
 
 def test_file_writing_callbacks_run_on_the_chief_only(tmp_path):
-    from shardfeed._training.api import _callback_list
+    from shardfeed._training.callbacks import callback_list as _callback_list
     from shardfeed._training.progress import Progress
 
     model, _, _ = _setup()

@@ -17,7 +17,8 @@ from keras import layers
 
 import shardfeed
 from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset
-from shardfeed._training import api as _training
+from shardfeed._data import labels as _data_labels
+from shardfeed._training import labels as _label_check
 
 ROWS = 120
 
@@ -180,7 +181,7 @@ def test_a_bad_label_on_one_replica_stops_every_replica():
 
 def test_the_check_runs_once_per_dataset_and_model(monkeypatch):
     calls = {"stats": 0, "columns": 0}
-    stats, columns = ShardedResidentDataset._store_label_stats, _training._sparse_label_columns
+    stats, columns = _data_labels.store_label_stats, _label_check._sparse_label_columns
 
     def count_stats(*args, **kwargs):
         calls["stats"] += 1
@@ -190,8 +191,8 @@ def test_the_check_runs_once_per_dataset_and_model(monkeypatch):
         calls["columns"] += 1
         return columns(*args, **kwargs)
 
-    monkeypatch.setattr(ShardedResidentDataset, "_store_label_stats", count_stats)
-    monkeypatch.setattr(_training, "_sparse_label_columns", count_columns)
+    monkeypatch.setattr(_data_labels, "store_label_stats", count_stats)
+    monkeypatch.setattr(_label_check, "_sparse_label_columns", count_columns)
     ds = ShardedResidentDataset(_x(), _labels(), per_replica_batch_size=20, shuffle=False)
     model = _classifier()
     shardfeed.fit(model, ds, verbose=0)

@@ -8,16 +8,8 @@ strategy, the compiled step loop and the allreduce; it asks the dataset for
 an epoch's indices and for the batch at an index row, and never reaches into
 the sources or the plan's arithmetic.
 
-Shuffling follows the placement:
-- `placement="shard"` (default): each replica holds its own rows and
-  reshuffles them every epoch from `(seed, epoch, replica)`: "local" shuffling.
-- `placement="replicate"`: every replica holds all rows; all draw the same
-  epoch permutation from `(seed, epoch)` and take their own slice of each
-  global batch: `DistributedSampler` semantics with no host traffic, and the
-  global batches equal a single replica's with batch `global_batch_size`.
-Permutations are drawn by `tf.random.experimental.stateless_shuffle` on the
-worker's CPU (deterministic for a seed on every host and device) and copied
-to each device once per epoch: 4 bytes per row.
+Each epoch's order (permutations, index matrices, how the placements
+shuffle) lives in `order.py`; a label column's range in `labels.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
+from shardfeed._data import order as _order
 from shardfeed._data import plan as _plan
 from shardfeed._data import sources as _sources
 from shardfeed._data import storage as _storage
@@ -46,33 +40,6 @@ Batch = tuple[Any, Any, Any]
 # Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
 # `default_rng` (streamed epochs): [0, 2**63) works in both.
 MAX_SEED = 2**63
-
-
-class EpochOrder:
-    """One resident epoch: index matrices already on the devices.
-
-    Streaming epochs (`_streaming.StreamingOrder`) offer the same methods and
-    also upload chunks in `prepare`.
-    """
-
-    call_bounds: list[int] | None = None  # any step may start a call
-
-    def __init__(self, indices: list[tf.Tensor], stores: tuple[_storage.ReplicaStore, ...]):
-        self._indices = indices
-        self._stores = stores
-
-    def prepare(self, start: int, stop: int) -> None:
-        """Nothing to do: every row is resident."""
-
-    def slice(self, start: int, stop: int) -> list[tf.Tensor]:
-        return [idx[start:stop] for idx in self._indices]
-
-    def rows(self, local: int) -> np.ndarray:
-        """Global row numbers of local replica `local`'s slots, step by step."""
-        return self._indices[local].numpy().reshape(-1) + self._stores[local].row_start
-
-    def close(self) -> None:
-        pass
 
 
 class ShardedResidentDataset:
@@ -319,33 +286,20 @@ class ShardedResidentDataset:
         key = (column, ignore)
         if key not in self._label_stats:
             self._label_stats[key] = [
-                self._store_label_stats(store, column, ignore) for store in self.stores
+                _labels.store_label_stats(
+                    store, self.columns.columns[column], column, ignore,
+                    streamed=self.stream is not None,
+                    chunk_bytes=self.load_options.chunk_bytes,
+                )
+                for store in self.stores
             ]
         return self._label_stats[key]
 
-    def _store_label_stats(
-        self, store: _storage.ReplicaStore, column: int, ignore: int | None
-    ) -> np.ndarray:
-        if store.num_rows == 0:
-            return np.array([np.inf, -np.inf, 0.0])
-        if self.stream is not None:
-            col = self.columns.columns[column]
-            rows = max(1, self.load_options.chunk_bytes // max(1, col.row_bytes))
-            parts = [
-                _value_stats(col.read(start, min(store.row_stop, start + rows)), ignore)
-                for start in range(store.row_start, store.row_stop, rows)
-            ]
-            lows, highs, fractional = zip(*parts, strict=True)
-            return np.array([min(lows), max(highs), float(any(fractional))])
-        variable = store.variables[column]
-        with tf.device(store.device):
-            # A replica without rows holds one zero row; others hold exactly theirs.
-            values = variable if variable.shape[0] == store.num_rows else variable[: store.num_rows]
-            return np.array([float(v) for v in _value_stats(values, ignore)])
-
     # -- per-epoch order (used by the engine) ---------------------------------
 
-    def epoch_order(self, epoch: int, training: bool) -> EpochOrder | _streaming.StreamingOrder:
+    def epoch_order(
+        self, epoch: int, training: bool
+    ) -> _order.EpochOrder | _streaming.StreamingOrder:
         """The epoch's per-replica `[steps_per_epoch, per_replica_batch_size]`
         index matrices, and what must happen before each call.
 
@@ -363,46 +317,13 @@ class ShardedResidentDataset:
                 epoch,
                 self.load_options,
             )
-        return EpochOrder(self.epoch_indices(epoch, training), self.stores)
+        return _order.EpochOrder(self.epoch_indices(epoch, training), self.stores)
 
     def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
         """Per local replica, the index matrix of a resident epoch (see
-        `epoch_order`)."""
+        `order.epoch_indices`)."""
         plan = self.plan if training else self.eval_plan
-        shuffle = self.shuffle and training
-        b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
-        full = plan.full_steps_per_epoch
-        out = []
-        for store in self.stores:
-            r = store.replica
-            if plan.placement == "shard":
-                order = self._permutation(store.num_rows, epoch, r if shuffle else None, shuffle)
-                rows = [order[: full * b]]
-                if plan.has_partial_step:
-                    rows.append(order[full * b : full * b + plan.last_step_rows[r]])
-            else:
-                order = self._permutation(plan.num_rows, epoch, None, shuffle)
-                g = plan.global_batch_size
-                body = tf.reshape(order[: full * g], [full, plan.num_replicas, b])[:, r, :]
-                rows = [tf.reshape(body, [-1])]
-                if plan.has_partial_step:
-                    offset = full * g + sum(plan.last_step_rows[:r])
-                    rows.append(order[offset : offset + plan.last_step_rows[r]])
-            with tf.device(store.device):
-                flat = tf.concat(rows, axis=0)
-                flat = tf.pad(flat, [[0, steps * b - int(flat.shape[0])]])
-                out.append(tf.reshape(flat, [steps, b]))
-        return out
-
-    def _permutation(self, n: int, epoch: int, replica: int | None, shuffle: bool) -> tf.Tensor:
-        dtype = tf.int32 if n < 2**31 else tf.int64
-        with tf.device("/CPU:0"):
-            if not shuffle:
-                return tf.range(n, dtype=dtype)
-            seed = tf.constant([self.seed, epoch], dtype=tf.int64)
-            if replica is not None:
-                seed = tf.random.experimental.stateless_fold_in(seed, replica)
-            return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), seed=seed)
+        return _order.epoch_indices(plan, self.stores, self.seed, epoch, self.shuffle and training)
 
     # -- batches (called inside the compiled step) ----------------------------
 
@@ -443,26 +364,3 @@ class ShardedResidentDataset:
         if not with_targets:
             return x, None, None
         return x, take(cols.y), take(cols.sample_weight)
-
-
-def _value_stats(values: Any, ignore: int | None) -> tuple[Any, Any, Any]:
-    """`(min, max, any fractional or NaN)` of a NumPy array or a tensor (reduced
-    where it lives)."""
-    if isinstance(values, np.ndarray):
-        if values.dtype.kind == "b":
-            values = values.astype(np.int8)
-        if ignore is not None and np.can_cast(np.min_scalar_type(ignore), values.dtype):
-            values = np.where(values == ignore, 0, values)
-        fractional = values.dtype.kind in "fc" and bool(np.any(values != np.floor(values)))
-        return float(values.min()), float(values.max()), fractional
-    values = tf.convert_to_tensor(values)
-    if values.dtype == tf.bool:
-        values = tf.cast(values, tf.int8)
-    if ignore is not None and values.dtype.min <= ignore <= values.dtype.max:
-        values = tf.where(values == tf.cast(ignore, values.dtype), tf.zeros_like(values), values)
-    if values.dtype.is_floating:
-        fractional = tf.reduce_any(values != tf.floor(values))
-    else:
-        fractional = tf.constant(False)
-    return tf.reduce_min(values), tf.reduce_max(values), fractional
-

@@ -14,17 +14,17 @@ from typing import Any, Literal
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import check_global_batch
 from shardfeed._data.sources import columns_from_arrays
-from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import current_world
+from shardfeed._training.callbacks import callback_list, check_callbacks
+from shardfeed._training.compiled import loop_for
+from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
 from shardfeed._training.options import FitOptions
-from shardfeed._training.progress import Progress
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 
@@ -134,122 +134,6 @@ def _as_dataset(
     )
 
 
-# Datasets whose labels passed the sparse-label check, per model, with the
-# compiled loss (its id) they were checked for: repeated fits and evaluations
-# pay for the check once. Weak keys on both levels, so nothing is kept alive.
-_LABELS_CHECKED: weakref.WeakKeyDictionary[
-    ShardedResidentDataset, weakref.WeakKeyDictionary[keras.Model, int]
-] = weakref.WeakKeyDictionary()
-
-
-def _at(structure: Any, path: tuple[Any, ...], output_names: list[str]) -> Any:
-    """`structure[path[0]][path[1]]...`, or None where the path does not lead
-    anywhere. A name in a list of outputs stands for its position (Keras keys
-    multi-output losses by output name)."""
-    for key in path:
-        if isinstance(structure, (list, tuple)) and isinstance(key, str):
-            if key not in output_names:
-                return None
-            key = output_names.index(key)
-        try:
-            structure = structure[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return structure
-
-
-def _sparse_label_columns(
-    model: keras.Model, dataset: ShardedResidentDataset
-) -> list[tuple[int, int, int | None]]:
-    """`(y column, number of classes, ignore_class)` for each sparse categorical
-    crossentropy in the model's compiled loss whose labels and output can be
-    matched (single output, or outputs and labels keyed alike).
-
-    Reads Keras' built `CompileLoss` (`_flat_losses`: path, resolved loss),
-    which `_build` creates before the first trace; string losses resolve to
-    the same function as the `SparseCategoricalCrossentropy` object.
-    """
-    flat_losses = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None)
-    y = dataset.columns.y
-    if not flat_losses or y is None:
-        return []
-    found: list[tuple[int, int, int | None]] = []
-    outputs = None
-    for path, loss, *_ in flat_losses:
-        # Keras' (private) LossFunctionWrapper keeps the function as `fn`.
-        if getattr(loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
-            continue
-        if outputs is None:
-            x, _, _ = dataset.gather(dataset.stores[0].handles, tf.constant([0]), False)
-            outputs = model.compute_output_spec(
-                keras.tree.map_structure(
-                    lambda t: keras.KerasTensor((None, *t.shape[1:]), t.dtype.name), x
-                )
-            )
-        names = list(getattr(model, "output_names", None) or [])
-        column, output = _at(y, path, names), _at(outputs, path, names)
-        classes = getattr(output, "shape", (None,))[-1] if output is not None else None
-        if isinstance(column, int) and classes is not None:
-            kind = dataset.columns.columns[column].dtype.kind
-            if kind in "biuf":
-                ignore = getattr(loss, "_fn_kwargs", {}).get("ignore_class")
-                found.append((column, int(classes), ignore))
-    return found
-
-
-def _label(value: float) -> int | float:
-    return int(value) if np.isfinite(value) and float(value).is_integer() else float(value)
-
-
-def _check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, name: str) -> None:
-    """Refuses labels a sparse categorical crossentropy cannot take, before the
-    first step.
-
-    Without the check, an out-of-range label stops Keras' non-XLA step with
-    TensorFlow's "Received a label value of 7 which is outside the valid range
-    of [0, 3)", but under XLA, and on GPUs (as TensorFlow documents for
-    `sparse_softmax_cross_entropy_with_logits`), the loss silently becomes
-    NaN; a fractional label is silently truncated. The labels are reduced to
-    (min, max, fractional) on their devices once per dataset (cached there),
-    gathered from every replica so every worker decides alike, and compared
-    with the model's output size once per (dataset, model, compiled loss).
-    """
-    compile_loss = id(getattr(model, "_compile_loss", None))
-    checked = _LABELS_CHECKED.setdefault(dataset, weakref.WeakKeyDictionary())
-    if checked.get(model) == compile_loss:
-        return
-    engine = engine_for(dataset.world)
-    for column, classes, ignore in _sparse_label_columns(model, dataset):
-        stats = engine.all_gather([s.reshape(1, 3) for s in dataset.label_stats(column, ignore)])
-        low, high, fractional = stats[:, 0].min(), stats[:, 1].max(), stats[:, 2].any()
-        where = f"{dataset.columns.columns[column].name} of `{name}`"
-        span = f"labels span {_label(low)} to {_label(high)}"
-        if low < 0 or high >= classes:
-            bad = _label(low if low < 0 else high)
-            also = "" if ignore is None else f" (or ignore_class={ignore})"
-            raise ValueError(
-                _errors.message(
-                    "Labels of a sparse categorical crossentropy must be class indices in "
-                    f"the valid range of [0, {classes}){also}: the model's output has "
-                    f"{classes} units.",
-                    f"a label value of {bad} in {where} ({span})",
-                    f"Number the classes from 0 to {classes - 1}, or give the output layer "
-                    "one unit per class.",
-                )
-            )
-        if fractional:
-            raise ValueError(
-                _errors.message(
-                    "Labels of a sparse categorical crossentropy must be whole class "
-                    "indices (Keras would silently truncate 1.5 to 1).",
-                    f"fractional or NaN labels in {where} ({span})",
-                    "Pass integer class ids (e.g. `y.astype('int32')`); for one-hot or "
-                    "soft targets use `categorical_crossentropy`.",
-                )
-            )
-    checked[model] = compile_loss
-
-
 def _resolve_transform(
     model: keras.Model, data: Any, transform: Transform | Literal["auto"] | None
 ) -> Transform | None:
@@ -279,61 +163,6 @@ def _resolve_transform(
     return transform
 
 
-# Compiled loops per dataset, keyed per model and options so repeated
-# fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its
-# dataset weakly: dropping the last reference to a dataset frees its device
-# variables at once, and its loops with it.
-_LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
-    loops = _LOOPS.setdefault(dataset, {})
-    # A recompiled model has a new optimizer, loss and metrics: new traces.
-    compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
-    key = (id(model), compiled, options)
-    loop = loops.get(key)
-    if loop is None or loop.model is not model:
-        engine = engine_for(dataset.world)
-        _check_strategy(model, dataset)
-        _build(model, dataset, engine)
-        loop = Loop(model, dataset, engine, options)
-        loops[key] = loop
-    return loop
-
-
-def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
-    model_strategy = model.distribute_strategy
-    if model_strategy is not dataset.world.strategy:
-        raise ValueError(
-            _errors.message(
-                "The model and the dataset must use the same `tf.distribute` strategy.",
-                f"model.distribute_strategy={type(model_strategy).__name__}, "
-                f"dataset strategy={type(dataset.world.strategy).__name__}",
-                "Build the model (and compile it) and the dataset inside the same "
-                "`with strategy.scope():` block.",
-            )
-        )
-
-
-def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) -> None:
-    """Builds the model, its compiled loss and metrics and its optimizer before
-    tracing, so no variable is created inside the compiled loop.
-
-    Uses Keras' own symbolic build (what `model.fit` does) on the shapes of
-    one row: nothing runs and no metric state changes.
-    """
-    store = dataset.stores[0]
-    with engine.scope():
-        batch = dataset.gather(store.handles, tf.constant([0]))
-        if getattr(model, "compiled", False) and batch[1] is not None:
-            model._symbolic_build(data_batch=batch)
-        else:
-            model(batch[0], training=False)
-    engine.prepare_model(model)
-
-
 def _resolve_verbose(verbose: int | str) -> int:
     if verbose == "auto":
         return 1
@@ -346,63 +175,6 @@ def _resolve_verbose(verbose: int | str) -> int:
             )
         )
     return int(verbose)
-
-
-def _check_callbacks(callbacks: list[keras.callbacks.Callback] | None) -> None:
-    """Refuses callbacks whose contract `fit` cannot keep.
-
-    `BackupAndRestore(save_freq=<int>)` backs up mid-epoch and, on restart,
-    Keras resumes from that step; `fit` resumes at epoch boundaries only, so
-    it would restore mid-epoch weights and replay the whole epoch.
-    """
-    for callback in callbacks or ():
-        if isinstance(callback, keras.callbacks.BackupAndRestore) and callback.save_freq not in (
-            "epoch",
-            False,
-        ):
-            raise ValueError(
-                _errors.message(
-                    "`shardfeed.fit` resumes at epoch boundaries only, so "
-                    '`BackupAndRestore` must back up once per epoch (save_freq="epoch").',
-                    f"save_freq={callback.save_freq!r}",
-                    'Use `keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.',
-                )
-            )
-
-
-# Callbacks that write files or print: run on the chief (rank 0) only.
-_CHIEF_ONLY_CALLBACKS = (
-    keras.callbacks.ModelCheckpoint,
-    keras.callbacks.CSVLogger,
-    keras.callbacks.TensorBoard,
-    keras.callbacks.ProgbarLogger,
-    Progress,
-)
-
-
-def _callback_list(
-    callbacks: list[keras.callbacks.Callback] | None,
-    model: keras.Model,
-    verbose: int,
-    is_chief: bool,
-    params: dict[str, Any],
-) -> keras.callbacks.CallbackList:
-    """Keras' `CallbackList` with our progress bar, minus the chief-only
-    callbacks on other ranks (a callback with `shardfeed_all_ranks = True`
-    runs everywhere). Every rank gets the same global logs, so callbacks that
-    decide (EarlyStopping, ReduceLROnPlateau) decide alike on every rank."""
-    callbacks = list(callbacks or [])
-    if verbose and not any(isinstance(c, Progress) for c in callbacks):
-        callbacks.append(Progress(verbose))
-    if not is_chief:
-        callbacks = [
-            c
-            for c in callbacks
-            if getattr(c, "shardfeed_all_ranks", False) or not isinstance(c, _CHIEF_ONLY_CALLBACKS)
-        ]
-    return keras.callbacks.CallbackList(
-        callbacks, add_history=True, add_progbar=False, model=model, **params
-    )
 
 
 def fit(
@@ -475,19 +247,19 @@ def fit(
             )
         )
     epochs, initial_epoch, validation_freq = int(epochs), int(initial_epoch), int(validation_freq)
-    _check_callbacks(callbacks)
+    check_callbacks(callbacks)
     # Arrays later given to evaluate/predict get this dataset's transform.
     _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
     options = options or FitOptions()
-    loop = _loop_for(model, dataset, options)
-    _check_sparse_labels(model, dataset, "dataset")
+    loop = loop_for(model, dataset, options)
+    check_sparse_labels(model, dataset, "dataset")
     val_loop = None
     if validation_data is not None:
         val_ds = _as_dataset(validation_data, None, None, None, model, dataset)
         _check_dataset(val_ds, needs_targets=True, name="validation_data")
-        val_loop = _loop_for(model, val_ds, options)
-        _check_sparse_labels(model, val_ds, "validation_data")
+        val_loop = loop_for(model, val_ds, options)
+        check_sparse_labels(model, val_ds, "validation_data")
     params = {
         "epochs": epochs,
         "steps": plan.steps_per_epoch,
@@ -497,12 +269,12 @@ def fit(
         "num_replicas_in_sync": plan.num_replicas,
         "samples": plan.used_rows_per_epoch,
         "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
-        "steps_per_execution": loop._chunks(plan.full_steps_per_epoch)[0][1]
+        "steps_per_execution": loop.steps_per_call(plan.full_steps_per_epoch)
         if plan.full_steps_per_epoch
         else 1,
         "jit_compile": loop.jit_compile,
     }
-    cbs = _callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
+    cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
     # `BackupAndRestore` restores the weights in on_train_begin and says where
@@ -596,8 +368,8 @@ def evaluate(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
     )
     _check_dataset(dataset, needs_targets=True, name="data")
-    loop = _loop_for(model, dataset, options or FitOptions())
-    _check_sparse_labels(model, dataset, "data")
+    loop = loop_for(model, dataset, options or FitOptions())
+    check_sparse_labels(model, dataset, "data")
     cbs = keras.callbacks.CallbackList(
         callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch
     )
@@ -646,6 +418,6 @@ def predict(
     _check_model(model, needs_compile=False)
     transform = _resolve_transform(model, data, transform)
     dataset = _as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
-    loop = _loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset, options or FitOptions())
     out = loop.predict()
     return keras.tree.map_structure(np.asarray, out)

@@ -182,7 +182,11 @@ class Loop:
         grads = tape.gradient(objective, model.trainable_variables)
         return total, y_pred, grads
 
-    def _train_step(self, x, y, sw, real_rows=None, all_rows=None) -> tf.Tensor:
+    def train_step(self, x, y, sw, real_rows=None, all_rows=None) -> tf.Tensor:
+        """One optimizer step on one replica's batch, inside a compiled call:
+        forward/backward, gradient allreduce, update, metrics. Returns the
+        batch's loss sum (`(data_loss + reg) * rows`). The bench's floor runs
+        exactly this on a fixed batch."""
         total, y_pred, grads = self._fb(x, y, sw, real_rows, all_rows)
         grads = self.engine.reduce_gradients(grads)
         self.model.optimizer.apply(grads, self.model.trainable_variables)
@@ -208,7 +212,7 @@ class Loop:
 
         def replica(handles, indices, i):
             x, y, sw = self.dataset.gather(handles, indices[i])
-            total = self._train_step(x, y, sw)
+            total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
@@ -229,7 +233,7 @@ class Loop:
     def _train_partial(self, handles, indices, real_rows, all_rows):
         def replica(handles, indices, real_rows):
             x, y, sw = self.dataset.gather(handles, indices[:real_rows])
-            total = self._train_step(x, y, sw, real_rows, all_rows)
+            total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 
         self._loss_sum.assign(0.0)
@@ -279,12 +283,24 @@ class Loop:
         order.prepare(start, stop)
         return self.engine.distribute(order.slice(start, stop))
 
-    def _chunks(self, num_steps: int, bounds: list[int] | None = None) -> list[tuple[int, int]]:
-        """Calls of at most `steps_per_execution` steps that never cross one of
-        `bounds` (a streamed chunk's first step)."""
+    def steps_per_call(self, num_steps: int) -> int:
+        """Steps per compiled call for an epoch of `num_steps` full steps
+        (`FitOptions.steps_per_execution`, resolved when "auto")."""
         k = self.options.steps_per_execution
-        if k == "auto":
-            k = auto_steps_per_execution(num_steps)
+        return auto_steps_per_execution(num_steps) if k == "auto" else k
+
+    def schedule(
+        self, num_steps: int, bounds: list[int] | None = None
+    ) -> list[tuple[int, int]]:
+        """The compiled calls of an epoch: `(start, stop)` step ranges of at
+        most `steps_per_call(num_steps)` steps that never cross one of `bounds`
+        (a streamed chunk's first step).
+
+        Example:
+            >>> loop.schedule(10)  # steps_per_execution=4
+            [(0, 4), (4, 8), (8, 10)]
+        """
+        k = self.steps_per_call(num_steps)
         edges = sorted({0, num_steps, *(b for b in (bounds or ()) if 0 < b < num_steps)})
         return [
             (s, min(stop, s + k))
@@ -332,7 +348,7 @@ class Loop:
         loss_sum, count = 0.0, 0
         logs: dict[str, float] = {}
         b_global = plan.global_batch_size
-        for start, stop in self._chunks(plan.full_steps_per_epoch, order.call_bounds):
+        for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
             on_chunk_begin(start)
             loss_sum += float(chunk_fn(handles, self._slices(order, start, stop)))
             count += (stop - start) * b_global
@@ -375,7 +391,7 @@ class Loop:
         structure = None
         handles = self._handles()
         try:
-            for start, stop in self._chunks(plan.steps_per_epoch, order.call_bounds):
+            for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
                 out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value

@@ -24,7 +24,7 @@ reference model), each with its own model instance:
     tuned      `tfdata` with the fastest `steps_per_execution` x `jit_compile`
                found by a short probe in the same process.
     shardfeed  `shardfeed.fit` with default `FitOptions()`.
-    floor      `Loop._train_step` on one fixed device batch inside the same
+    floor      `Loop.train_step` on one fixed device batch inside the same
                compiled loop shape: the compute floor, no input work at all.
     streaming  `shardfeed.fit` streaming its rows through the two-slot ring.
 Timing: each timed epoch is measured from `on_epoch_begin` to `on_epoch_end`

@@ -57,7 +57,7 @@ VARIANT_NOTES: dict[str, str] = {
         "seed=0)` with default `FitOptions()`; batches gathered on the device."
     ),
     "floor": (
-        "The compiled train step `shardfeed.fit` runs (`Loop._train_step`, same jit_compile, "
+        "The compiled train step `shardfeed.fit` runs (`Loop.train_step`, same jit_compile, "
         "same steps per call) on one fixed, already-gathered batch: no gather, no "
         "permutation, no input work. ceil(rows/256) full steps per epoch. Its loss (one "
         "batch seen over and over) is not reported."
@@ -226,17 +226,16 @@ def _fit_step(model: Any, dataset: Any, full_steps: int) -> tuple[Callable[..., 
         `(train_step, steps_per_call, whole_loop_jit)`; `train_step(x, y, sw)`
         runs one optimizer step on a batch and returns its loss.
     """
-    # TODO(issue 8): use Loop's public schedule API
     from shardfeed import FitOptions
-    from shardfeed._training.api import _loop_for
+    from shardfeed._training.compiled import loop_for
 
-    loop = _loop_for(model, dataset, FitOptions())  # what shardfeed.fit builds (and caches)
-    k = loop._chunks(full_steps)[0][1] if full_steps else 1
-    return loop._train_step, k, loop.whole_loop_jit
+    loop = loop_for(model, dataset, FitOptions())  # what shardfeed.fit builds (and caches)
+    k = loop.steps_per_call(full_steps) if full_steps else 1
+    return loop.train_step, k, loop.whole_loop_jit
 
 
 class _Floor(Variant):
-    """`Loop._train_step` on one fixed batch, k steps per compiled call."""
+    """`Loop.train_step` on one fixed batch, k steps per compiled call."""
 
     name = "floor"
 

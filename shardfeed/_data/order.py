@@ -1,0 +1,117 @@
+"""Each resident epoch's order: which row every replica takes at every step.
+
+Owns the permutations and the per-replica `[steps, per_replica_batch_size]`
+index matrices built from a `ShardPlan`; the dataset asks for them once per
+epoch and the loop slices them per call. Streamed epochs have their own order
+(`streaming.StreamingOrder`) with the same methods.
+
+Shuffling follows the placement:
+- `placement="shard"`: each replica reshuffles its own rows every epoch from
+  `(seed, epoch, replica)`: "local" shuffling.
+- `placement="replicate"`: every replica holds all rows; all draw the same
+  epoch permutation from `(seed, epoch)` and take their own slice of each
+  global batch: `DistributedSampler` semantics with no host traffic, and the
+  global batches equal a single replica's with batch `global_batch_size`.
+Permutations are drawn by `tf.random.experimental.stateless_shuffle` on the
+worker's CPU (deterministic for a seed on every host and device) and copied
+to each device once per epoch: 4 bytes per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from shardfeed._data import storage as _storage
+from shardfeed._data.plan import ShardPlan
+
+
+class EpochOrder:
+    """One resident epoch: index matrices already on the devices.
+
+    Streaming epochs (`_streaming.StreamingOrder`) offer the same methods and
+    also upload chunks in `prepare`.
+    """
+
+    call_bounds: list[int] | None = None  # any step may start a call
+
+    def __init__(self, indices: list[tf.Tensor], stores: tuple[_storage.ReplicaStore, ...]):
+        self._indices = indices
+        self._stores = stores
+
+    def prepare(self, start: int, stop: int) -> None:
+        """Nothing to do: every row is resident."""
+
+    def slice(self, start: int, stop: int) -> list[tf.Tensor]:
+        return [idx[start:stop] for idx in self._indices]
+
+    def rows(self, local: int) -> np.ndarray:
+        """Global row numbers of local replica `local`'s slots, step by step."""
+        return self._indices[local].numpy().reshape(-1) + self._stores[local].row_start
+
+    def close(self) -> None:
+        pass
+
+
+def epoch_indices(
+    plan: ShardPlan,
+    stores: tuple[_storage.ReplicaStore, ...],
+    seed: int | None,
+    epoch: int,
+    shuffle: bool,
+) -> list[tf.Tensor]:
+    """Per local replica, the index matrix of a resident epoch.
+
+    Args:
+        plan: The training or evaluation plan.
+        stores: The local replicas' storage (rows they hold, devices).
+        seed: The dataset's seed (required when `shuffle`).
+        epoch: The epoch number; with `seed` it fixes the permutation.
+        shuffle: Draw a permutation (else rows in order).
+
+    Returns:
+        Per local replica, an int `[steps_per_epoch, per_replica_batch_size]`
+        tensor on its device. Padding slots of a partial last step come after
+        the real ones; the plan's `last_step_rows` says how many are real.
+
+    Example:
+        >>> epoch_indices(plan, dataset.stores, seed=0, epoch=3, shuffle=True)[0].shape
+        TensorShape([117, 256])
+    """
+    b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
+    full = plan.full_steps_per_epoch
+    out = []
+    for store in stores:
+        r = store.replica
+        if plan.placement == "shard":
+            order = permutation(store.num_rows, seed, epoch, r if shuffle else None, shuffle)
+            rows = [order[: full * b]]
+            if plan.has_partial_step:
+                rows.append(order[full * b : full * b + plan.last_step_rows[r]])
+        else:
+            order = permutation(plan.num_rows, seed, epoch, None, shuffle)
+            g = plan.global_batch_size
+            body = tf.reshape(order[: full * g], [full, plan.num_replicas, b])[:, r, :]
+            rows = [tf.reshape(body, [-1])]
+            if plan.has_partial_step:
+                offset = full * g + sum(plan.last_step_rows[:r])
+                rows.append(order[offset : offset + plan.last_step_rows[r]])
+        with tf.device(store.device):
+            flat = tf.concat(rows, axis=0)
+            flat = tf.pad(flat, [[0, steps * b - int(flat.shape[0])]])
+            out.append(tf.reshape(flat, [steps, b]))
+    return out
+
+
+def permutation(
+    n: int, seed: int | None, epoch: int, replica: int | None, shuffle: bool
+) -> tf.Tensor:
+    """`range(n)`, shuffled from `(seed, epoch[, replica])` when `shuffle`, on the CPU."""
+    dtype = tf.int32 if n < 2**31 else tf.int64
+    with tf.device("/CPU:0"):
+        if not shuffle:
+            return tf.range(n, dtype=dtype)
+        key = tf.constant([seed, epoch], dtype=tf.int64)
+        if replica is not None:
+            key = tf.random.experimental.stateless_fold_in(key, replica)
+        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), seed=key)

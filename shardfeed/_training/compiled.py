@@ -1,0 +1,74 @@
+"""The compiled loops of each (model, dataset, options): built once, freed with the dataset.
+
+Owns building the model's optimizer, compiled loss and metrics before the
+first trace, checking that model and dataset share a strategy, and caching
+each `Loop` so repeated `fit`/`evaluate`/`predict` calls do not retrace.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._training.loop import Loop
+from shardfeed._training.options import FitOptions
+
+# Compiled loops per dataset, keyed per model and options so repeated
+# fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its
+# dataset weakly: dropping the last reference to a dataset frees its device
+# variables at once, and its loops with it.
+_LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
+    loops = _LOOPS.setdefault(dataset, {})
+    # A recompiled model has a new optimizer, loss and metrics: new traces.
+    compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
+    key = (id(model), compiled, options)
+    loop = loops.get(key)
+    if loop is None or loop.model is not model:
+        engine = engine_for(dataset.world)
+        _check_strategy(model, dataset)
+        _build(model, dataset, engine)
+        loop = Loop(model, dataset, engine, options)
+        loops[key] = loop
+    return loop
+
+
+def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
+    model_strategy = model.distribute_strategy
+    if model_strategy is not dataset.world.strategy:
+        raise ValueError(
+            _errors.message(
+                "The model and the dataset must use the same `tf.distribute` strategy.",
+                f"model.distribute_strategy={type(model_strategy).__name__}, "
+                f"dataset strategy={type(dataset.world.strategy).__name__}",
+                "Build the model (and compile it) and the dataset inside the same "
+                "`with strategy.scope():` block.",
+            )
+        )
+
+
+def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) -> None:
+    """Builds the model, its compiled loss and metrics and its optimizer before
+    tracing, so no variable is created inside the compiled loop.
+
+    Uses Keras' own symbolic build (what `model.fit` does) on the shapes of
+    one row: nothing runs and no metric state changes.
+    """
+    store = dataset.stores[0]
+    with engine.scope():
+        batch = dataset.gather(store.handles, tf.constant([0]))
+        if getattr(model, "compiled", False) and batch[1] is not None:
+            model._symbolic_build(data_batch=batch)
+        else:
+            model(batch[0], training=False)
+    engine.prepare_model(model)
