@@ -17,8 +17,11 @@ One script runs unchanged everywhere:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 from shardfeed import _cluster, _errors
@@ -107,15 +110,39 @@ def init(engine: EngineName = "auto"):
         The `World`: rank, world size, local devices, and `world.scope()` to
         build the model and datasets in.
 
+    Signals: creating MultiWorkerMirroredStrategy installs TensorFlow's own
+    SIGTERM handler (its preemption watcher), after which SIGTERM no longer
+    ends the process. `init` puts back the SIGTERM disposition it found (the
+    default, which ends the process at once even while it waits in a
+    collective, or your own Python handler), so a launcher or scheduler that
+    stops workers with SIGTERM does not wait for its SIGKILL. Only when `init`
+    runs in the main thread, where Python may set handlers. While the
+    strategy's set-up waits for the other workers, TensorFlow's handler is in
+    place (and the set-up holds the GIL): SIGTERM is ignored there, so
+    `shardfeed launch` stops such workers with SIGKILL.
+
     Raises:
         ValueError: For an unknown engine or inconsistent launcher variables.
         ImportError: For `"horovod"` without Horovod installed, with the fix.
+        OSError: If this worker's TF_CONFIG port is already in use (named in
+            the message), instead of TensorFlow's failure a minute later.
 
     Example:
         >>> world = shardfeed.init()
         >>> world.num_replicas_in_sync
         1
     """
+    # Before TensorFlow's import (seconds): the launcher's start-up timeout
+    # names the ranks that never get here, and it kills (SIGKILL) the workers
+    # between the two announcements, which TensorFlow's set-up makes deaf to
+    # SIGTERM.
+    _cluster.announce(_cluster.ARRIVED)
+    world = _init(engine)
+    _cluster.announce(_cluster.INITIALIZED)
+    return world
+
+
+def _init(engine: str):
     import tensorflow as tf
 
     from shardfeed import _world
@@ -137,13 +164,38 @@ def init(engine: EngineName = "auto"):
         return _init_horovod(tf, physical_gpus)
     if chosen == "multiworker":
         _cluster.ensure_tf_config()
-        return _world.current_world(tf.distribute.MultiWorkerMirroredStrategy())
+        own = _cluster.own_server_address()
+        if own is not None:
+            _cluster.check_port_free(*own)
+        with _keeping_sigterm_disposition():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return _world.current_world(strategy)
     if chosen == "mirrored":
         devices = [d.name for d in tf.config.list_logical_devices("GPU")] or [
             d.name for d in tf.config.list_logical_devices("CPU")
         ]
         return _world.current_world(tf.distribute.MirroredStrategy(devices))
     return _world.current_world()
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_disposition() -> Iterator[None]:
+    """Puts back the SIGTERM disposition Python knew of before the block.
+
+    TensorFlow installs a native SIGTERM handler behind Python's back
+    (`signal.getsignal` still reports the old value), so re-setting the old
+    value is what undoes it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python sets handlers only from the main thread
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        # None: a handler set outside Python before we looked; the default
+        # (end the process) is what a stopping launcher expects.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _init_horovod(tf, physical_gpus):
