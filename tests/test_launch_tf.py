@@ -18,6 +18,7 @@ after the grace period fails the test instead of passing slowly.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -181,6 +182,10 @@ def test_isolated_workers_train_unreachable_and_stop_promptly_on_sigterm(worker,
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate(timeout=60)
+            # Its workers live in sessions of their own: a SIGKILLed launcher leaves them.
+            for pid_file in tmp_path.glob("pid*"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "shardfeed launch: received SIGTERM; forwarding it to 2 worker(s)." in err
     assert "sending SIGKILL" not in err and "sent them SIGKILL" not in err
