@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# shardfeed with N local workers (MultiWorkerMirroredStrategy on 127.0.0.1):
+# shardfeed with N local workers (MultiWorkerMirroredStrategy, in a private network
+# namespace where the system permits one; see docs/engines.md, Security):
 # `shardfeed launch` starts them, gives each its TF_CONFIG and SHARDFEED_RANK,
 # prefixes their output with the rank, and stops them all if one fails.
 #

@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 
 from shardfeed import _launch
 from shardfeed._common.ports import PortReservation, free_port
-from shardfeed._launch import cli, delegate, local, process
+from shardfeed._launch import cli, delegate, local, netns, process
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +39,9 @@ class FakeProcess:
     survives (SIGKILL always works).
     """
 
-    def __init__(self, pid, argv, kwargs, *, code=0, exit_after_s=0.0, ignores=(), out=b""):
+    def __init__(
+        self, pid, argv, kwargs, *, code=0, exit_after_s=0.0, ignores=(), out=b"", stages=()
+    ):
         self.pid = pid
         self.argv = argv
         self.kwargs = kwargs
@@ -48,6 +53,10 @@ class FakeProcess:
         self.stdout = io.BytesIO(out) if piped else None
         self.stderr = io.BytesIO(b"") if piped else None
         self.waited = False
+        # How far through shardfeed.init() the worker gets at once ("arrived", "initialized").
+        for stage in stages:
+            rank = self.env["SHARDFEED_RANK"]
+            Path(self.env["SHARDFEED_READY_DIR"], f"{stage}{rank}").touch()
 
     def exited(self) -> bool:
         return self.exit_at is not None and time.monotonic() >= self.exit_at
@@ -74,6 +83,7 @@ class FakeSystem:
         which=None,
         version_text=b"mpirun (Open MPI) 5.0.11",
         euid=1000,
+        network=None,
     ):
         self.behaviors = behaviors or {}
         self.processes: list[FakeProcess] = []
@@ -83,6 +93,9 @@ class FakeSystem:
         self.version_calls: list[list[str]] = []
         self.stdout = io.BytesIO()
         self.stderr = io.BytesIO()
+        # None: the system permits no network namespace (as in most containers).
+        self.network = network
+        self.network_calls: list[str] = []
         self.system = System(
             popen=self.popen,
             killpg=self.killpg,
@@ -90,6 +103,7 @@ class FakeSystem:
             check_output=self.check_output,
             which=self.which,
             geteuid=lambda: euid,
+            private_network=self.private_network,
             python=PYTHON,
             stdout=self.stdout,
             stderr=self.stderr,
@@ -101,6 +115,12 @@ class FakeSystem:
         proc = FakeProcess(10_000 + index, argv, kwargs, **self.behaviors.get(index, {}))
         self.processes.append(proc)
         return proc
+
+    def private_network(self, python):
+        self.network_calls.append(python)
+        if self.network is None:
+            raise OSError("unshare(CLONE_NEWNET): Operation not permitted")
+        return self.network
 
     def by_pid(self, pid):
         return next(p for p in self.processes if p.pid == pid)
@@ -142,6 +162,16 @@ def script(tmp_path):
         ({"num_workers": 2, "engine": "gloo"}, "Received: engine='gloo'."),
         ({"num_workers": 2, "timeout_s": 0}, "Received: timeout_s=0."),
         ({"num_workers": 2, "grace_s": -1}, "Received: grace_s=-1."),
+        ({"num_workers": 2, "grace_s": math.inf}, "Received: grace_s=inf."),
+        ({"num_workers": 2, "grace_s": math.nan}, "Received: grace_s=nan."),
+        ({"num_workers": 2, "grace_s": "5"}, "Received: grace_s='5'."),  # not a number
+        ({"num_workers": 2, "timeout_s": math.inf}, "Received: timeout_s=inf."),
+        ({"num_workers": 2, "timeout_s": -math.inf}, "Received: timeout_s=-inf."),
+        ({"num_workers": 2, "timeout_s": True}, "Received: timeout_s=True."),
+        ({"num_workers": 2, "startup_timeout_s": 0}, "Received: startup_timeout_s=0."),
+        ({"num_workers": 2, "startup_timeout_s": math.inf}, "Received: startup_timeout_s=inf."),
+        ({"num_workers": 2, "startup_timeout_s": math.nan}, "Received: startup_timeout_s=nan."),
+        ({"num_workers": 2, "isolate_network": "on"}, "Received: isolate_network='on'."),
     ],
 )
 def test_launch_options_reject(kwargs, pinned):
@@ -150,9 +180,27 @@ def test_launch_options_reject(kwargs, pinned):
     assert pinned in str(info.value)
 
 
+def test_launch_options_pinned_texts():
+    with pytest.raises(ValueError) as info:
+        _launch.LaunchOptions(num_workers=2, grace_s=math.inf)
+    assert str(info.value) == (
+        "`grace_s` must be a finite number of seconds, zero or positive. Received: grace_s=inf. "
+        "Pass how many seconds stopping workers get before SIGKILL, e.g. 60."
+    )
+    with pytest.raises(ValueError) as info:
+        _launch.LaunchOptions(num_workers=2, startup_timeout_s=-1.0)
+    assert str(info.value) == (
+        "`startup_timeout_s` must be a finite positive number of seconds, or None to wait "
+        "forever. Received: startup_timeout_s=-1.0. Pass how long workers in shardfeed.init() "
+        "may wait for the others, e.g. 300."
+    )
+
+
 def test_launch_options_defaults():
     options = _launch.LaunchOptions(num_workers=2)
     assert (options.engine, options.timeout_s, options.grace_s) == ("multiworker", None, 60.0)
+    assert (options.startup_timeout_s, options.isolate_network) == (300.0, "auto")
+    assert _launch.LaunchOptions(num_workers=2, grace_s=0, startup_timeout_s=None).grace_s == 0
 
 
 def _parse(argv):
@@ -166,6 +214,35 @@ def test_cli_passes_script_arguments_unchanged():
     assert (args.num_workers, args.engine, args.script) == (2, "mpi", "t.py")
     assert args.script_args == ["--epochs", "3", "-v"]
     assert (args.timeout_s, args.grace_s) == (None, 60.0)
+    assert (args.startup_timeout_s, args.isolate_network) == (300.0, "auto")
+
+
+def test_cli_startup_timeout_none_and_isolation_choices(capsys):
+    args = _parse(["--num-workers", "2", "--startup-timeout-s", "none", "t.py"])
+    assert args.startup_timeout_s is None
+    assert _parse(["--num-workers", "2", "--isolate-network", "off", "t.py"]).isolate_network == (
+        "off"
+    )
+    with pytest.raises(SystemExit):
+        _parse(["--num-workers", "2", "--isolate-network", "yes", "t.py"])
+    assert "invalid choice: 'yes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, value, pinned",
+    [
+        ("--grace-s", "inf", "Received: grace_s=inf."),
+        ("--grace-s", "nan", "Received: grace_s=nan."),
+        ("--timeout-s", "inf", "Received: timeout_s=inf."),
+        ("--timeout-s", "-1", "Received: timeout_s=-1.0."),
+        ("--startup-timeout-s", "inf", "Received: startup_timeout_s=inf."),
+    ],
+)
+def test_cli_rejects_non_finite_seconds_with_exit_2(script, capsys, flag, value, pinned):
+    assert cli.run(_parse(["--num-workers", "2", flag, value, script])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardfeed launch: error: `")
+    assert pinned in err
 
 
 def test_cli_rejects_unknown_engine(capsys):
@@ -225,6 +302,162 @@ def test_multiworker_keeps_callers_pythonunbuffered(script):
     fake = FakeSystem()
     _launch.run(script, num_workers=1, env={"PYTHONUNBUFFERED": "0"}, system=fake.system)
     assert fake.processes[0].env["PYTHONUNBUFFERED"] == "0"
+
+
+class FakeNetwork:
+    """Stands in for `netns.PrivateNetwork`: records whether the launcher closed it."""
+
+    fds = (7, 8)
+    user_namespace = False
+
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+    def enter_argv(self, python, program):
+        return netns.PrivateNetwork.enter_argv(self, python, program)
+
+
+def test_isolated_workers_enter_one_private_network(script):
+    network = FakeNetwork()
+    fake = FakeSystem(network=network)
+    assert _launch.run(script, num_workers=2, args=["--a"], system=fake.system) == 0
+    assert fake.network_calls == [PYTHON]  # one namespace for all workers
+    for proc in fake.processes:
+        assert proc.argv == [PYTHON, "-S", "-c", netns._ENTER, "7,8", PYTHON, script, "--a"]
+        assert proc.kwargs["pass_fds"] == (7, 8)
+        config = json.loads(proc.env["TF_CONFIG"])
+        # The namespace is empty: fixed ports are free, and only the workers see them.
+        assert config["cluster"]["worker"] == ["127.0.0.1:20000", "127.0.0.1:20001"]
+    assert network.closed
+    assert "reach" not in fake.messages()  # no exposure note
+
+
+def test_without_namespace_workers_are_exposed_and_it_says_so_once(script):
+    fake = FakeSystem(network=None)
+    assert _launch.run(script, num_workers=2, system=fake.system) == 0
+    (note,) = fake.messages().splitlines()
+    ports = json.loads(fake.processes[0].env["TF_CONFIG"])["cluster"]["worker"]
+    assert note == (
+        "shardfeed launch: the workers run on this host's network: TensorFlow's servers listen "
+        f"on every interface (ports {', '.join(a.split(':')[1] for a in ports)}), so other hosts "
+        "can reach them, and TensorFlow's distributed runtime is unauthenticated (no private "
+        "network namespace could be made: unshare(CLONE_NEWNET): Operation not permitted; see "
+        "docs/engines.md, Security)."
+    )
+    assert all("pass_fds" not in p.kwargs or p.kwargs["pass_fds"] == () for p in fake.processes)
+
+
+def test_isolate_network_off_does_not_try(script):
+    fake = FakeSystem(network=FakeNetwork())
+    assert _launch.run(script, num_workers=2, isolate_network=False, system=fake.system) == 0
+    assert fake.network_calls == []
+    assert "(--isolate-network off; see docs/engines.md, Security)." in fake.messages()
+    assert fake.processes[0].argv == [PYTHON, script]
+
+
+def test_isolate_network_on_fails_clearly_when_impossible(script, capsys, monkeypatch):
+    fake = FakeSystem(network=None)
+    with pytest.raises(netns.NetworkIsolationError) as info:
+        _launch.run(script, num_workers=2, isolate_network=True, system=fake.system)
+    assert str(info.value) == (
+        "Network isolation of the local workers was requested, but no private network namespace "
+        "could be made (it needs root, CAP_SYS_ADMIN, or unprivileged user namespaces). "
+        "Received: isolate_network=True (unshare(CLONE_NEWNET): Operation not permitted). Run "
+        "where namespaces are permitted, or pass `--isolate-network auto` (isolate when "
+        "possible) or `off` to run the workers on the host's network."
+    )
+    assert fake.processes == []
+    monkeypatch.setattr(_launch, "System", lambda: fake.system)
+    assert cli.run(_parse(["--num-workers", "2", "--isolate-network", "on", script])) == 2
+    assert "shardfeed launch: error: Network isolation" in capsys.readouterr().err
+
+
+def test_real_private_network_holds_only_loopback():
+    # The real namespace (no fakes): where the system permits one, a worker
+    # inside sees only `lo`, can listen on 127.0.0.1, and is not on the host.
+    try:
+        network = netns.open_private_network(sys.executable)
+    except netns.NetworkIsolationError as err:
+        pytest.skip(f"this system permits no network namespace: {err}")
+    try:
+        code = (
+            "import os, socket\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 20000)); s.listen()\n"
+            "socket.create_connection(('127.0.0.1', 20000)).close()\n"
+            "print(os.readlink('/proc/self/ns/net'), [n for _, n in socket.if_nameindex()])\n"
+        )
+        argv = network.enter_argv(sys.executable, [sys.executable, "-c", code])
+        result = subprocess.run(
+            argv, pass_fds=network.fds, capture_output=True, text=True, timeout=60, check=False
+        )
+    finally:
+        network.close()
+    assert result.returncode == 0, result.stderr
+    namespace, interfaces = result.stdout.split(" ", 1)
+    assert namespace != os.readlink("/proc/self/ns/net")
+    assert interfaces.strip() == "['lo']"  # no way out to other hosts
+
+
+# -- start-up timeout --------------------------------------------------------------------------
+
+
+def test_startup_timeout_names_the_missing_rank(script):
+    # Rank 0 reached shardfeed.init() and waits there; rank 1 never gets there.
+    fake = FakeSystem(
+        {0: {"exit_after_s": None, "stages": ("arrived",)}, 1: {"exit_after_s": None}}
+    )
+    code = _launch.run(
+        script, num_workers=2, startup_timeout_s=0.05, grace_s=30, system=fake.system
+    )
+    assert code == 124
+    text = fake.messages()
+    assert (
+        "shardfeed launch: worker rank(s) 1 did not reach shardfeed.init() within 0.05 s of the "
+        "first worker that did; rank(s) 0 wait for them in it. Stopping 2 worker(s)." in text
+    )
+    # Rank 0 sits in TensorFlow's set-up, deaf to SIGTERM: SIGKILL at once, no grace wait.
+    assert "worker rank(s) 0 sat in shardfeed.init()'s strategy set-up" in text
+    rank0, rank1 = fake.processes
+    assert (rank0.pid, signal.SIGKILL) in fake.signals
+    assert (rank0.pid, signal.SIGTERM) not in fake.signals
+    assert (rank1.pid, signal.SIGTERM) in fake.signals
+    assert "still running" not in text
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        {0: ("arrived", "initialized"), 1: ("arrived", "initialized")},  # everyone arrived
+        {},  # a script that never calls shardfeed.init(): nothing to time
+    ],
+)
+def test_startup_timeout_only_when_someone_waits(script, stages):
+    behaviors = {rank: {"exit_after_s": 0.3, "stages": stages.get(rank, ())} for rank in (0, 1)}
+    fake = FakeSystem(behaviors)
+    assert _launch.run(script, num_workers=2, startup_timeout_s=0.01, system=fake.system) == 0
+    assert "did not reach" not in fake.messages()
+
+
+def test_stop_kills_workers_in_setup_and_terms_the_others():
+    fake = FakeSystem()
+    ready = Path(tempfile.mkdtemp())
+    env = {"SHARDFEED_READY_DIR": str(ready)}
+    specs = [
+        WorkerSpec(f"worker rank {r}", ("x",), {**env, "SHARDFEED_RANK": str(r)}, None)
+        for r in range(2)
+    ]
+    fake.behaviors = {0: {"exit_after_s": None, "stages": ("arrived",)}, 1: {"exit_after_s": None}}
+    supervisor = process._Supervisor(
+        fake.system, grace_s=30, timeout_s=None, startup=process.StartupWatch(str(ready), None)
+    )
+    for spec in specs:
+        supervisor.start(spec)
+    supervisor.on_signal(signal.SIGTERM, None)
+    assert supervisor.watch() == 128 + signal.SIGTERM
+    assert fake.signals[:2] == [(10_000, signal.SIGKILL), (10_001, signal.SIGTERM)]
 
 
 def test_output_is_prefixed_per_rank(script):
@@ -543,3 +776,47 @@ def test_launcher_does_not_import_tensorflow():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# -- the worker's side: shardfeed.init() reports, checks its port ------------------------------
+
+
+def test_announce_writes_stage_files_only_under_the_launcher(tmp_path):
+    from shardfeed._distribute import launch_env as _cluster
+
+    env = {"SHARDFEED_READY_DIR": str(tmp_path), "SHARDFEED_RANK": "1"}
+    _cluster.announce(_cluster.ARRIVED, env)
+    _cluster.announce(_cluster.INITIALIZED, env)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arrived1", "initialized1"]
+    _cluster.announce(_cluster.ARRIVED, {"SHARDFEED_RANK": "0"})  # not under shardfeed launch
+    gone = {"SHARDFEED_READY_DIR": str(tmp_path / "gone"), "SHARDFEED_RANK": "0"}
+    _cluster.announce(_cluster.ARRIVED, gone)  # a stale directory is ignored
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_busy_port_is_named_at_once():
+    import errno
+    import socket
+
+    from shardfeed._distribute import tf_config as _cluster
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = _cluster.worker_tf_config(1, ["127.0.0.1:1", f"127.0.0.1:{port}"])
+        own = _cluster.own_server_address({"TF_CONFIG": json.dumps(config)})
+        assert own == (1, f"127.0.0.1:{port}")
+        with pytest.raises(OSError) as info:
+            _cluster.check_port_free(*own)
+    finally:
+        holder.close()
+    assert info.value.errno == errno.EADDRINUSE
+    assert info.value.strerror == (
+        f"Port 127.0.0.1:{port} of worker rank 1 is in use: its TensorFlow server must listen "
+        f"on that port (on every interface). Received: TF_CONFIG address='127.0.0.1:{port}'. "
+        f"Stop the program that holds the port (`ss -ltnp 'sport = :{port}'` names it) and "
+        "rerun; `shardfeed launch` picks free ports on each run."
+    )
+    _cluster.check_port_free(1, f"127.0.0.1:{port}")  # free again: no error

@@ -1,7 +1,7 @@
 """`shardfeed.init`: pick the engine for how this script was started.
 
 Separation of concerns: the launcher (shardfeed launch, horovodrun, mpirun,
-srun) starts processes and sets variables; `_cluster` reads them; this module
+srun) starts processes and sets variables; `launch_env` reads them; this module
 turns that into a running distribution context -- a `tf.distribute` strategy
 or an initialised Horovod -- and returns the `World`. After it, the dataset
 and the engine read the world; nothing else looks at the environment.
@@ -17,20 +17,24 @@ One script runs unchanged everywhere:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
-from shardfeed._distribute import tf_config as _cluster  # LaunchEnv, detect_launch_env too
+from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import tf_config as _tf_config
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
 
 
 def resolve_engine(
-    engine: str, launch_env: _cluster.LaunchEnv, num_gpus: int, num_cpu_devices: int
+    engine: str, launch_env: _launch_env.LaunchEnv, num_gpus: int, num_cpu_devices: int
 ) -> str:
     """Chooses the engine: pure, so every rule is tested with plain values.
 
@@ -90,20 +94,44 @@ def init(engine: EngineName = "auto"):
         The `World`: rank, world size, local devices, and `world.scope()` to
         build the model and datasets in.
 
+    Signals: creating MultiWorkerMirroredStrategy installs TensorFlow's own
+    SIGTERM handler (its preemption watcher), after which SIGTERM no longer
+    ends the process. `init` puts back the SIGTERM disposition it found (the
+    default, which ends the process at once even while it waits in a
+    collective, or your own Python handler), so a launcher or scheduler that
+    stops workers with SIGTERM does not wait for its SIGKILL. Only when `init`
+    runs in the main thread, where Python may set handlers. While the
+    strategy's set-up waits for the other workers, TensorFlow's handler is in
+    place (and the set-up holds the GIL): SIGTERM is ignored there, so
+    `shardfeed launch` stops such workers with SIGKILL.
+
     Raises:
         ValueError: For an unknown engine or inconsistent launcher variables.
         ImportError: For `"horovod"` without Horovod installed, with the fix.
+        OSError: If this worker's TF_CONFIG port is already in use (named in
+            the message), instead of TensorFlow's failure a minute later.
 
     Example:
         >>> world = shardfeed.init()
         >>> world.num_replicas_in_sync
         1
     """
+    # Before TensorFlow's import (seconds): the launcher's start-up timeout
+    # names the ranks that never get here, and it kills (SIGKILL) the workers
+    # between the two announcements, which TensorFlow's set-up makes deaf to
+    # SIGTERM.
+    _launch_env.announce(_launch_env.ARRIVED)
+    world = _init(engine)
+    _launch_env.announce(_launch_env.INITIALIZED)
+    return world
+
+
+def _init(engine: str):
     import tensorflow as tf
 
     from shardfeed._distribute import world as _world
 
-    launch_env = _cluster.detect_launch_env(os.environ)
+    launch_env = _launch_env.detect_launch_env(os.environ)
     physical_gpus = tf.config.list_physical_devices("GPU")
     # Listing logical devices initialises the runtime: only count CPU devices
     # already configured, without fixing the configuration.
@@ -119,14 +147,39 @@ def init(engine: EngineName = "auto"):
     if chosen == "horovod":
         return _init_horovod(tf, physical_gpus)
     if chosen == "multiworker":
-        _cluster.ensure_tf_config()
-        return _world.current_world(tf.distribute.MultiWorkerMirroredStrategy())
+        _tf_config.ensure_tf_config()
+        own = _tf_config.own_server_address()
+        if own is not None:
+            _tf_config.check_port_free(*own)
+        with _keeping_sigterm_disposition():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return _world.current_world(strategy)
     if chosen == "mirrored":
         devices = [d.name for d in tf.config.list_logical_devices("GPU")] or [
             d.name for d in tf.config.list_logical_devices("CPU")
         ]
         return _world.current_world(tf.distribute.MirroredStrategy(devices))
     return _world.current_world()
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_disposition() -> Iterator[None]:
+    """Puts back the SIGTERM disposition Python knew of before the block.
+
+    TensorFlow installs a native SIGTERM handler behind Python's back
+    (`signal.getsignal` still reports the old value), so re-setting the old
+    value is what undoes it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python sets handlers only from the main thread
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        # None: a handler set outside Python before we looked; the default
+        # (end the process) is what a stopping launcher expects.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _init_horovod(tf, physical_gpus):

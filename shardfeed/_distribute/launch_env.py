@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -297,3 +298,38 @@ def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
     if launcher is not None:
         return launcher
     return LaunchEnv("single", 0, 1, 0)
+
+
+# Set by `shardfeed launch` for its local workers: a directory in which each
+# worker says how far it got through `shardfeed.init()` (see `announce`).
+READY_DIR_VARIABLE = "SHARDFEED_READY_DIR"
+ARRIVED, INITIALIZED = "arrived", "initialized"
+
+
+def announce(stage: str, environ: Mapping[str, str] | None = None) -> None:
+    """Tells `shardfeed launch` that this worker reached a stage of `shardfeed.init()`.
+
+    Creates the file `<stage><rank>` in the launcher's `SHARDFEED_READY_DIR`:
+    `arrived` when `init` starts, `initialized` when it returns. With them the
+    launcher names the ranks that never arrive while the others wait for them
+    in the strategy's set-up (its start-up timeout), and knows which workers
+    sit in TensorFlow's set-up, where SIGTERM is ignored. Does nothing outside
+    `shardfeed launch`; a directory that is gone (a variable left over from
+    another launch) is ignored.
+
+    Args:
+        stage: `ARRIVED` or `INITIALIZED`.
+        environ: Environment to read (default: `os.environ`).
+
+    Example:
+        >>> announce(ARRIVED, {"SHARDFEED_READY_DIR": "/tmp/x", "SHARDFEED_RANK": "1"})
+    """
+    environ = os.environ if environ is None else environ
+    ready_dir, rank = environ.get(READY_DIR_VARIABLE), environ.get("SHARDFEED_RANK", "")
+    if not ready_dir or not rank.isdigit():
+        return
+    try:
+        with open(os.path.join(ready_dir, f"{stage}{int(rank)}"), "w"):
+            pass
+    except OSError:
+        pass  # not our launch's directory any more: nobody is waiting for the file

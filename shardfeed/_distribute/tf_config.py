@@ -11,6 +11,7 @@ imported only by the functions that need them, so the launcher stays light.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -19,7 +20,13 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from shardfeed._common import errors as _errors
-from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env, read_int, received
+from shardfeed._distribute.launch_env import (
+    LaunchEnv,
+    _parse_tf_config,
+    detect_launch_env,
+    read_int,
+    received,
+)
 
 
 def worker_tf_config(rank: int, addresses: Sequence[str]) -> dict[str, Any]:
@@ -296,3 +303,72 @@ def ensure_tf_config(
         return launch_env
     environ["TF_CONFIG"] = json.dumps(config)
     return launch_env
+
+
+def own_server_address(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """This process's rank and "host:port" from TF_CONFIG, or None without a cluster.
+
+    Args:
+        environ: Environment to read (default: `os.environ`).
+
+    Returns:
+        `(rank, "host:port")`, where rank counts the chief first.
+
+    Raises:
+        ValueError: If TF_CONFIG is malformed (as `detect_launch_env`).
+
+    Example:
+        >>> own_server_address({"TF_CONFIG": json.dumps(worker_tf_config(1, ["a:1", "b:2"]))})
+        (1, 'b:2')
+    """
+    environ = os.environ if environ is None else environ
+    launch_env = _parse_tf_config(environ)
+    if launch_env is None:
+        return None
+    task = json.loads(environ["TF_CONFIG"])["task"]
+    address = json.loads(environ["TF_CONFIG"])["cluster"][task["type"]][task.get("index", 0)]
+    return launch_env.rank, str(address)
+
+
+def check_port_free(rank: int, address: str) -> None:
+    """Fails at once, naming the port, when this worker's server port is taken.
+
+    TensorFlow's gRPC server binds the port of its TF_CONFIG address on every
+    interface, whatever host the address names; when the port is taken it
+    retries for about a minute and then fails without naming it. Binding the
+    same port on the wildcard address here (with SO_REUSEADDR, as gRPC, so a
+    closed connection's TIME_WAIT does not count) finds the conflict first.
+    The port is free again when this returns.
+
+    Args:
+        rank: This worker's rank, for the message.
+        address: Its "host:port" from TF_CONFIG.
+
+    Raises:
+        OSError: (errno EADDRINUSE) If another socket holds the port.
+
+    Example:
+        >>> check_port_free(0, "127.0.0.1:2222")
+    """
+    port_text = address.rsplit(":", 1)[-1]
+    if not port_text.isdigit():
+        return  # TensorFlow reports a malformed address itself
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", int(port_text)))
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            return  # e.g. no IPv4 here: leave the verdict to TensorFlow
+        raise OSError(
+            errno.EADDRINUSE,
+            _errors.message(
+                f"Port {address} of worker rank {rank} is in use: its TensorFlow server must "
+                "listen on that port (on every interface).",
+                f"TF_CONFIG address={address!r}",
+                f"Stop the program that holds the port (`ss -ltnp 'sport = :{port_text}'` "
+                "names it) and rerun; `shardfeed launch` picks free ports on each run.",
+            ),
+        ) from None
+    finally:
+        probe.close()

@@ -12,6 +12,7 @@ Layout, one module per job (as horovod/runner):
 - `process.py`: starting, output tagging, signal forwarding, reaping and
   failure propagation, shared by every engine.
 - `ports.py`: free ports for TF_CONFIG.
+- `netns.py`: the local workers' private network namespace.
 
 This module holds `run`, which chooses among the engines.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,7 @@ from typing import Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._launch import delegate, local
+from shardfeed._launch.local import IsolateNetwork
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 
 Engine = Literal["multiworker", "horovod", "mpi"]
@@ -37,6 +40,13 @@ ENGINES: tuple[str, ...] = ("multiworker", "horovod", "mpi")
 def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
     if not ok:
         raise ValueError(_errors.message(constraint, received, fix))
+
+
+def _is_seconds(value: object, *, zero_ok: bool = False) -> bool:
+    """Whether `value` is a finite number of seconds, > 0 (or >= 0 with `zero_ok`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,13 @@ class LaunchOptions:
         timeout_s: Stop all workers after this many seconds (None: no limit).
         grace_s: Seconds between asking workers to stop (SIGTERM) and killing
             them (SIGKILL), after a failure, a timeout or a forwarded signal.
+        startup_timeout_s: Seconds the `multiworker` workers that reached
+            `shardfeed.init()` wait for the others; then the launch stops,
+            naming the missing ranks (None: wait forever).
+        isolate_network: For `multiworker`: True runs the workers in a
+            private network namespace, unreachable from other hosts, and fails
+            where the system does not permit one; "auto" (default) does so
+            where permitted; False runs them on the host's network.
 
     Raises:
         ValueError: If a value is out of range.
@@ -63,6 +80,8 @@ class LaunchOptions:
     engine: Engine = "multiworker"
     timeout_s: float | None = None
     grace_s: float = 60.0
+    startup_timeout_s: float | None = 300.0
+    isolate_network: IsolateNetwork = "auto"
 
     def __post_init__(self) -> None:
         _require(
@@ -80,16 +99,30 @@ class LaunchOptions:
             "Use `multiworker` for local TF_CONFIG workers, `horovod` or `mpi` to delegate.",
         )
         _require(
-            self.timeout_s is None or self.timeout_s > 0,
-            "`timeout_s` must be positive, or None for no limit.",
+            self.timeout_s is None or _is_seconds(self.timeout_s),
+            "`timeout_s` must be a finite positive number of seconds, or None for no limit.",
             f"timeout_s={self.timeout_s!r}",
             "Pass the longest the whole launch may take, in seconds.",
         )
         _require(
-            self.grace_s >= 0,
-            "`grace_s` must be zero or positive.",
+            _is_seconds(self.grace_s, zero_ok=True),
+            "`grace_s` must be a finite number of seconds, zero or positive.",
             f"grace_s={self.grace_s!r}",
             "Pass how many seconds stopping workers get before SIGKILL, e.g. 60.",
+        )
+        _require(
+            self.startup_timeout_s is None or _is_seconds(self.startup_timeout_s),
+            "`startup_timeout_s` must be a finite positive number of seconds, or None to "
+            "wait forever.",
+            f"startup_timeout_s={self.startup_timeout_s!r}",
+            "Pass how long workers in shardfeed.init() may wait for the others, e.g. 300.",
+        )
+        _require(
+            self.isolate_network in ("auto", True, False),
+            '`isolate_network` must be "auto", True or False.',
+            f"isolate_network={self.isolate_network!r}",
+            'Use True to require a private network for the workers, "auto" to use one '
+            "where the system permits it, False to run them on the host's network.",
         )
 
 
@@ -101,6 +134,8 @@ def run(
     args: Sequence[object] = (),
     timeout_s: float | None = None,
     grace_s: float = 60.0,
+    startup_timeout_s: float | None = 300.0,
+    isolate_network: IsolateNetwork = "auto",
     env: Mapping[str, str] | None = None,
     system: System | None = None,
 ) -> int:
@@ -125,16 +160,21 @@ def run(
             positional arguments (pickled).
         timeout_s: Stop all workers after this many seconds (None: no limit).
         grace_s: Seconds between SIGTERM and SIGKILL when stopping workers.
+        startup_timeout_s: See `LaunchOptions` (`multiworker` only).
+        isolate_network: See `LaunchOptions` (`multiworker` only).
         env: Environment the workers start from (default: this process's).
         system: Operating-system calls; tests pass fakes (default: real ones).
 
     Returns:
         0 when every worker exited 0; otherwise the first failed worker's exit
         code (128 + N for death by signal N), 128 + N when the launcher got
-        signal N (forwarded to the workers), or 124 after `timeout_s`.
+        signal N (forwarded to the workers), or 124 after `timeout_s` or the
+        start-up timeout.
 
     Raises:
         ValueError: If an option is out of range or `fn` is not picklable.
+        NetworkIsolationError: (an OSError) If `isolate_network` is True and
+            the system permits no private network namespace.
         FileNotFoundError: If the script, or `horovodrun`/`mpirun` for a
             delegated engine, does not exist.
         OSError: If a worker cannot be started.
@@ -144,7 +184,9 @@ def run(
         >>> launch.run("examples/train.py", num_workers=2, args=["--epochs", "3"])
         0
     """
-    options = LaunchOptions(num_workers, engine, timeout_s, grace_s)
+    options = LaunchOptions(
+        num_workers, engine, timeout_s, grace_s, startup_timeout_s, isolate_network
+    )
     system = system or System()
     base_env = dict(os.environ if env is None else env)
     with contextlib.ExitStack() as stack:
@@ -171,6 +213,8 @@ def run(
                 grace_s=options.grace_s,
                 timeout_s=options.timeout_s,
                 system=system,
+                startup_timeout_s=options.startup_timeout_s,
+                isolate_network=options.isolate_network,
             )
         command, notes = delegate.delegated_command(
             options.engine, options.num_workers, program, system

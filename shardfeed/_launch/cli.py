@@ -6,7 +6,8 @@ and errors into an exit status; what the engines do lives in `local.py`,
 
 Usage:
     shardfeed launch --num-workers N [--engine multiworker|horovod|mpi]
-        [--timeout-s S] [--grace-s G] script.py [script args ...]
+        [--timeout-s S] [--grace-s G] [--startup-timeout-s S|none]
+        [--isolate-network auto|on|off] script.py [script args ...]
 
 Everything after the script path goes to the script unchanged, options
 included.
@@ -18,6 +19,14 @@ import argparse
 import sys
 
 from shardfeed import _launch
+from shardfeed._launch.netns import NetworkIsolationError
+
+_ISOLATE_NETWORK = {"auto": "auto", "on": True, "off": False}
+
+
+def _seconds_or_none(text: str) -> float | None:
+    # Range checks live in LaunchOptions, so both entry points say the same.
+    return None if text.lower() == "none" else float(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         choices=_launch.ENGINES,
         default="multiworker",
-        help="multiworker: local processes with TF_CONFIG on 127.0.0.1 (default); "
+        help="multiworker: local processes with TF_CONFIG (default); "
         "horovod: delegate to horovodrun; mpi: delegate to mpirun",
     )
     parser.add_argument(
@@ -59,6 +68,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="G",
         help="seconds stopping workers get between SIGTERM and SIGKILL (default: 60)",
+    )
+    parser.add_argument(
+        "--startup-timeout-s",
+        type=_seconds_or_none,
+        default=300.0,
+        metavar="S",
+        help="multiworker: stop when workers that reached shardfeed.init() waited S seconds "
+        "for the others, naming the missing ranks ('none': wait forever; default: 300)",
+    )
+    parser.add_argument(
+        "--isolate-network",
+        choices=tuple(_ISOLATE_NETWORK),
+        default="auto",
+        help="multiworker: run the workers in a private network namespace that other hosts "
+        "cannot reach (on: or fail; auto: where the system permits it, the default; off: on "
+        "this host's network)",
     )
     parser.add_argument("script", help="the Python script every worker runs")
     parser.add_argument(
@@ -91,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
             args=args.script_args,
             timeout_s=args.timeout_s,
             grace_s=args.grace_s,
+            startup_timeout_s=args.startup_timeout_s,
+            isolate_network=_ISOLATE_NETWORK[args.isolate_network],
         )
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, NetworkIsolationError) as err:
         print(f"shardfeed launch: error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -1,10 +1,19 @@
 """Local workers for MultiWorkerMirroredStrategy: one process per rank, TF_CONFIG each.
 
 Separation of concerns: this module decides what each local worker gets (its
-argv and environment, including `TF_CONFIG` on 127.0.0.1 with reserved ports);
-`process.py` starts and watches them; `ports.py` finds the ports. It also
-builds the program that runs a Python function in a worker, which the
+argv and environment, including `TF_CONFIG` on 127.0.0.1) and whether the
+workers share a private network namespace (`netns.py`); `process.py` starts
+and watches them; `ports.py` finds ports when they run on the host's network.
+It also builds the program that runs a Python function in a worker, which the
 delegated engines reuse.
+
+Network: TensorFlow's server listens on every interface, whatever TF_CONFIG
+says, and is unauthenticated. With isolation (the default where the system
+permits it) the workers run in one network namespace of their own holding
+only a loopback interface, on fixed ports `ISOLATED_PORT_BASE + rank` (the
+namespace is empty, so they are free), and nothing outside it can reach them.
+Without isolation they run on the host's network on kernel-chosen free ports,
+reachable from other hosts, and the launcher says so in one line.
 
 Environment each worker gets, on top of the launcher's own:
 - `TF_CONFIG`: `{"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
@@ -14,24 +23,43 @@ Environment each worker gets, on top of the launcher's own:
   `SHARDFEED_LOCAL_SIZE` (all workers are on this host, so the local rank is
   the rank and the local size the world size; `shardfeed.init` gives each
   worker its own GPU from them).
+- `SHARDFEED_READY_DIR`: where `shardfeed.init()` reports (see
+  `process.StartupWatch`).
 - `PYTHONUNBUFFERED=1` unless already set, so a worker's prints reach the
   tagged output when they happen instead of when a pipe buffer fills.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import multiprocessing.spawn
 import os
 import pickle
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.ports import PortReservation
+from shardfeed._distribute.launch_env import READY_DIR_VARIABLE
 from shardfeed._distribute.tf_config import worker_tf_config
-from shardfeed._launch.process import System, WorkerSpec, run_workers
+from shardfeed._launch import netns
+from shardfeed._launch.process import StartupWatch, System, WorkerSpec, run_workers
 
 LOCAL_HOST = "127.0.0.1"
+# Below the kernel's ephemeral range (32768-60999), so no outgoing connection
+# inside the namespace can hold one of them first.
+ISOLATED_PORT_BASE = 20000
+
+IsolateNetwork = Literal["auto"] | bool
+
+EXPOSED_NOTE = (
+    "the workers run on this host's network: TensorFlow's servers listen on every interface "
+    "(ports {ports}), so other hosts can reach them, and TensorFlow's distributed runtime is "
+    "unauthenticated ({why}; see docs/engines.md, Security)."
+)
 
 # Runs in each worker for `run(fn, ...)`: what multiprocessing's spawn start
 # method does in a child (restore sys.path, cwd and the parent's __main__ via
@@ -88,6 +116,20 @@ def worker_specs(
     return specs
 
 
+def _open_network(
+    isolate_network: IsolateNetwork, system: System
+) -> tuple[netns.PrivateNetwork | None, str]:
+    """The private network, or None and why the workers go without one."""
+    if isolate_network is False:
+        return None, "--isolate-network off"
+    try:
+        return system.private_network(system.python), ""
+    except OSError as err:
+        if isolate_network is True:
+            raise netns.NetworkIsolationError(netns.isolation_error_message(str(err))) from err
+        return None, f"no private network namespace could be made: {err}"
+
+
 def run_multiworker(
     program: Sequence[str],
     *,
@@ -96,6 +138,8 @@ def run_multiworker(
     grace_s: float,
     timeout_s: float | None,
     system: System,
+    startup_timeout_s: float | None = None,
+    isolate_network: IsolateNetwork = "auto",
 ) -> int:
     """Starts `num_workers` local copies of `program` with TF_CONFIG and waits.
 
@@ -106,11 +150,18 @@ def run_multiworker(
         grace_s: Seconds between SIGTERM and SIGKILL when stopping workers.
         timeout_s: Stop everything after this many seconds (None: no limit).
         system: Operating-system calls.
+        startup_timeout_s: Seconds the workers that reached `shardfeed.init()`
+            wait for the others before the launch stops (None: forever).
+        isolate_network: True: run the workers in a private network namespace
+            (fail if impossible); "auto": when the system permits it; False:
+            on the host's network.
 
     Returns:
         The exit code, as `process.run_workers`.
 
     Raises:
+        netns.NetworkIsolationError: If `isolate_network` is True and no
+            namespace can be made.
         OSError: If ports cannot be reserved or a worker cannot be started.
 
     Example:
@@ -118,11 +169,41 @@ def run_multiworker(
         ...                 grace_s=60.0, timeout_s=None, system=System())
         0
     """
-    with PortReservation(num_workers, LOCAL_HOST) as reservation:
-        specs = worker_specs(program, reservation.ports, base_env)
-        # Free the ports only now, right before the workers start (see ports.py).
-        reservation.release()
-        return run_workers(specs, grace_s=grace_s, timeout_s=timeout_s, system=system)
+    network, why_exposed = _open_network(isolate_network, system)
+    with contextlib.ExitStack() as stack:
+        if network is not None:
+            stack.callback(network.close)
+        ready_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardfeed-ready-"))
+        env = {**base_env, READY_DIR_VARIABLE: ready_dir}
+        startup = StartupWatch(ready_dir, startup_timeout_s)
+        if network is not None:
+            ports = [ISOLATED_PORT_BASE + rank for rank in range(num_workers)]
+            specs = [
+                dataclasses.replace(
+                    spec,
+                    argv=tuple(network.enter_argv(system.python, spec.argv)),
+                    pass_fds=network.fds,
+                )
+                for spec in worker_specs(program, ports, env)
+            ]
+            return run_workers(
+                specs, grace_s=grace_s, timeout_s=timeout_s, system=system, startup=startup
+            )
+        with PortReservation(num_workers, LOCAL_HOST) as reservation:
+            specs = worker_specs(program, reservation.ports, env)
+            note = EXPOSED_NOTE.format(
+                ports=", ".join(map(str, reservation.ports)), why=why_exposed
+            )
+            # Free the ports only now, right before the workers start (see ports.py).
+            reservation.release()
+            return run_workers(
+                specs,
+                grace_s=grace_s,
+                timeout_s=timeout_s,
+                system=system,
+                notes=[note],
+                startup=startup,
+            )
 
 
 def function_program(

@@ -15,6 +15,11 @@ Lifecycle guarantees:
   which rank and code, sends SIGTERM to the other groups, waits `grace_s`,
   then sends SIGKILL. It exits with the failed worker's code (128 + signal
   number when it died from a signal).
+- Workers that report through a ready directory (`StartupWatch`) and sit
+  inside `shardfeed.init()`'s strategy set-up get SIGKILL instead of SIGTERM
+  or SIGINT when they are stopped: TensorFlow ignores both there. If some have
+  reached `shardfeed.init()` and others have not `startup_timeout_s` after
+  the first arrival, the launch stops and names the missing ranks (exit 124).
 - When a worker's main process exits, anything left in its process group is
   killed. The group is killed while the exited worker is still an unreaped
   zombie (`waitid(..., WNOWAIT)`), so its id cannot have been reused by an
@@ -36,6 +41,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
+
+from shardfeed._launch import netns
 
 TIMEOUT_EXIT_CODE = 124  # same as coreutils `timeout`
 _MESSAGE_PREFIX = b"shardfeed launch: "
@@ -65,6 +72,9 @@ class System:
             `subprocess.check_output` (used for `mpirun --version`).
         which: Finds an executable, like `shutil.which(name, path=...)`.
         geteuid: The effective user id, like `os.geteuid`.
+        private_network: Makes the local workers' private network namespace,
+            like `netns.open_private_network(python)`; raises OSError where
+            the system does not permit one.
         python: The interpreter workers run (default: this one).
         stdout: Binary stream for tagged worker stdout (default: this
             process's stdout).
@@ -82,6 +92,7 @@ class System:
     check_output: Callable[..., bytes] = subprocess.check_output
     which: Callable[..., str | None] = shutil.which
     geteuid: Callable[[], int] = os.geteuid
+    private_network: Callable[[str], netns.PrivateNetwork] = netns.open_private_network
     python: str = sys.executable
     stdout: IO[bytes] | None = None
     stderr: IO[bytes] | None = None
@@ -99,12 +110,41 @@ class WorkerSpec:
         output_prefix: Prefix for each line of its stdout and stderr, e.g.
             "[rank 1] "; None passes its output through untouched (delegated
             engines tag their own output).
+        pass_fds: Descriptors it inherits (e.g. a network namespace to enter).
     """
 
     label: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
     output_prefix: str | None = None
+    pass_fds: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupWatch:
+    """Where workers report their way through `shardfeed.init()`, and how long to wait.
+
+    Worker `rank` (the index of its spec) creates `arrived<rank>` in
+    `ready_dir` when it calls `shardfeed.init()` and `initialized<rank>` when
+    `init` returns (`shardfeed._distribute.launch_env.announce`).
+
+    Attributes:
+        ready_dir: The directory, made by the launcher, in the workers'
+            `SHARDFEED_READY_DIR`.
+        timeout_s: Seconds the workers that arrived wait for the others before
+            the launch stops (None: forever).
+    """
+
+    ready_dir: str
+    timeout_s: float | None
+
+    def ranks(self, stage: str, count: int) -> set[int]:
+        """The ranks below `count` whose `<stage><rank>` file exists."""
+        try:
+            names = set(os.listdir(self.ready_dir))
+        except OSError:
+            return set()
+        return {rank for rank in range(count) if f"{stage}{rank}" in names}
 
 
 class _BinaryText(io.RawIOBase):
@@ -171,10 +211,17 @@ class _Worker:
 class _Supervisor:
     """Runs one set of workers to the end; see `run_workers`."""
 
-    def __init__(self, system: System, grace_s: float, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        system: System,
+        grace_s: float,
+        timeout_s: float | None,
+        startup: StartupWatch | None = None,
+    ) -> None:
         self.system = system
         self.grace_s = grace_s
         self.timeout_s = timeout_s
+        self.startup = startup
         self.out = _binary(system.stdout, sys.stdout)
         self.err = _binary(system.stderr, sys.stderr)
         self.out_lock = threading.Lock()
@@ -220,6 +267,7 @@ class _Supervisor:
             # Own process group: signals reach a worker's whole tree, and
             # terminal Ctrl-C reaches only the launcher, which forwards it once.
             start_new_session=True,
+            pass_fds=spec.pass_fds,
         )
         worker = _Worker(spec, process)
         self.workers.append(worker)
@@ -247,9 +295,26 @@ class _Supervisor:
 
     def signal_running(self, signum: int) -> int:
         running = [w for w in self.workers if w.running]
-        for worker in running:
-            self.signal_group(worker, signum)
+        # Inside the set-up TensorFlow holds the GIL with its own SIGTERM handler
+        # installed: neither SIGTERM nor Python's SIGINT handler can act there.
+        deaf = self.in_setup() if signum in _FORWARDED_SIGNALS else set()
+        for rank, worker in enumerate(self.workers):
+            if worker.running:
+                self.signal_group(worker, signal.SIGKILL if rank in deaf else signum)
+        if deaf & {r for r, w in enumerate(self.workers) if w.running}:
+            ranks = ", ".join(str(r) for r in sorted(deaf))
+            self.say(
+                f"worker rank(s) {ranks} sat in shardfeed.init()'s strategy set-up, where "
+                f"TensorFlow ignores {signal.Signals(signum).name}; sent them SIGKILL instead."
+            )
         return len(running)
+
+    def in_setup(self) -> set[int]:
+        """Ranks inside `shardfeed.init()`: arrived, not yet initialized."""
+        if self.startup is None:
+            return set()
+        count = len(self.workers)
+        return self.startup.ranks("arrived", count) - self.startup.ranks("initialized", count)
 
     def on_signal(self, signum: int, frame: object) -> None:
         # Only record it: the watch loop acts on it between polls.
@@ -274,6 +339,8 @@ class _Supervisor:
         stop_deadline: float | None = None  # when SIGKILL follows SIGTERM
         killed = False
         handled_signals = 0
+        first_arrival: float | None = None  # when the first worker reached shardfeed.init()
+        all_arrived = self.startup is None or self.startup.timeout_s is None
         while True:
             for worker in self.reap_exited():
                 if exit_code is None and worker.returncode != 0:
@@ -310,6 +377,24 @@ class _Supervisor:
                 self.say(f"timed out after {self.timeout_s:g} s; stopping {count} worker(s).")
                 exit_code = TIMEOUT_EXIT_CODE
                 stop_deadline = now + self.grace_s
+            if not all_arrived and exit_code is None:
+                arrived = self.startup.ranks("arrived", len(self.workers))  # type: ignore[union-attr]
+                if len(arrived) == len(self.workers):
+                    all_arrived = True
+                elif arrived and first_arrival is None:
+                    first_arrival = now
+                elif first_arrival is not None and now - first_arrival >= self.startup.timeout_s:  # type: ignore[union-attr,operator]
+                    missing = sorted(set(range(len(self.workers))) - arrived)
+                    self.say(
+                        f"worker rank(s) {', '.join(map(str, missing))} did not reach "
+                        f"shardfeed.init() within {self.startup.timeout_s:g} s of the first "  # type: ignore[union-attr]
+                        f"worker that did; rank(s) {', '.join(map(str, sorted(arrived)))} wait "
+                        f"for them in it. Stopping {sum(w.running for w in self.workers)} "
+                        "worker(s)."
+                    )
+                    self.signal_running(signal.SIGTERM)
+                    exit_code = TIMEOUT_EXIT_CODE
+                    stop_deadline = now + self.grace_s
             if stop_deadline is not None and not killed and now >= stop_deadline:
                 count = self.signal_running(signal.SIGKILL)
                 self.say(
@@ -337,6 +422,7 @@ def run_workers(
     timeout_s: float | None = None,
     system: System | None = None,
     notes: Sequence[str] = (),
+    startup: StartupWatch | None = None,
 ) -> int:
     """Starts `specs`, waits for all of them, and returns the launch's exit code.
 
@@ -350,11 +436,13 @@ def run_workers(
         timeout_s: Stop everything after this many seconds (None: no limit).
         system: Operating-system calls (default: the real ones).
         notes: Messages to print (prefixed "shardfeed launch: ") before starting.
+        startup: Where the workers (rank = index in `specs`) report reaching
+            `shardfeed.init()`, and the start-up timeout (None: no reports).
 
     Returns:
         0 when every worker exited 0; else the first failed worker's exit code
         (128 + N when it died from signal N), 128 + N when this process
-        received signal N, or 124 after `timeout_s`.
+        received signal N, or 124 after `timeout_s` or the start-up timeout.
 
     Raises:
         OSError: If a worker cannot be started (the ones already started are
@@ -367,7 +455,7 @@ def run_workers(
         [rank 0] 1
         0
     """
-    supervisor = _Supervisor(system or System(), grace_s, timeout_s)
+    supervisor = _Supervisor(system or System(), grace_s, timeout_s, startup)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
     try:
