@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from shardfeed._data.memplan import MemoryPlan, RankMemory
 
 # The compact dtype advised for each float dtype (cast back in `transform`).
-_COMPACT = {np.dtype("float64"): np.dtype("float32"), np.dtype("float32"): np.dtype("float16")}
+_COMPACT: dict[np.dtype, np.dtype] = {
+    np.dtype("float64"): np.dtype("float32"),
+    np.dtype("float32"): np.dtype("float16"),
+}
 _SOURCE_WORDS = {
     "given": "given",
     "nvml": "GPU:0 via NVML",
@@ -43,7 +46,7 @@ def table(mem: MemoryPlan) -> str:
         f"drop_remainder={plan.drop_remainder}",
         "",
     ]
-    header = (
+    header: tuple[str, ...] = (
         "rank",
         "replicas",
         "rows/device",
@@ -54,7 +57,7 @@ def table(mem: MemoryPlan) -> str:
         "usable",
         "fits",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for r in mem.ranks:
         lo, hi = min(r.rows_per_replica), max(r.rows_per_replica)
         first, last = r.replica_ids[0], r.replica_ids[-1]

@@ -132,7 +132,7 @@ def gpu_free_bytes(gpu_index: int) -> int | None:
     `CUDA_VISIBLE_DEVICES` to NVML's numbering.
     """
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -198,12 +198,13 @@ def memory_reports(
     reports = []
     for device, needed in grouped.items():
         sharing = 1
+        free: int | None
         if device_memory_bytes is not None:
             free, source = device_memory_bytes, "given"
         else:
             free, source = free_bytes(device if device != "host" else "CPU:0")
             # Every local worker reads the same available RAM: each gets its share.
-            sharing = workers_on_host if shares_host_ram(source) else 1
+            sharing = (workers_on_host or 1) if shares_host_ram(source) else 1
         usable = None if free is None else int(free * memory_fraction) // sharing
         reports.append(MemoryReport(device, needed, free, usable, source, sharing))
     return reports

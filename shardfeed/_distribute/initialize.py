@@ -27,6 +27,7 @@ from typing import Literal
 from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import resolver as _resolver
 from shardfeed._distribute import tf_config as _tf_config
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
@@ -147,7 +148,7 @@ def _init(engine: str):
     if chosen == "horovod":
         return _init_horovod(tf, physical_gpus)
     if chosen == "multiworker":
-        _tf_config.ensure_tf_config()
+        _resolver.ensure_tf_config()
         own = _tf_config.own_server_address()
         if own is not None:
             _tf_config.check_port_free(*own)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Literal
 
 from shardfeed import _launch
 from shardfeed._launch.netns import NetworkIsolationError
 
-_ISOLATE_NETWORK = {"auto": "auto", "on": True, "off": False}
+_ISOLATE_NETWORK: dict[str, Literal["auto"] | bool] = {"auto": "auto", "on": True, "off": False}
 
 
 def _seconds_or_none(text: str) -> float | None:

@@ -167,6 +167,8 @@ def open_private_network(python: str) -> PrivateNetwork:
     except OSError as err:
         raise NetworkIsolationError(err.errno, f"cannot start {python}: {err}") from err
     fds: list[int] = []
+    # Popen with stdin=PIPE and stdout=PIPE above: both pipes exist.
+    assert holder.stdin is not None and holder.stdout is not None
     try:
         ready, _, _ = select.select([holder.stdout], [], [], _HOLDER_TIMEOUT_S)
         line = holder.stdout.readline().decode("utf-8", "replace").strip() if ready else ""

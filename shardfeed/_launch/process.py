@@ -469,6 +469,6 @@ def run_workers(
         return supervisor.watch()
     finally:
         supervisor.cleanup()
-        for signum, handler in previous.items():
+        for forwarded, handler in previous.items():
             # None means a handler installed outside Python; the default is the closest.
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+            signal.signal(forwarded, signal.SIG_DFL if handler is None else handler)

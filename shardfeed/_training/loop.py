@@ -401,10 +401,10 @@ class Loop:
         # Every replica has steps_per_epoch * b slots; padding slots get row -1.
         rows_per_replica, leaves_per_replica = [], []
         for local, store in enumerate(ds.stores):
-            rows = order.rows(local).copy()
+            slot_rows = order.rows(local).copy()
             real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
-            rows[real:] = -1
-            rows_per_replica.append(rows)
+            slot_rows[real:] = -1
+            rows_per_replica.append(slot_rows)
             leaves_per_replica.append(
                 [
                     np.concatenate([c[j] for c in chunks[local]]).reshape(-1, *leaf.shape[2:])
@@ -413,9 +413,9 @@ class Loop:
             )
         rows = self.engine.all_gather(rows_per_replica)
         keep = np.flatnonzero(rows >= 0)
-        order = keep[np.argsort(rows[keep], kind="stable")]
+        in_row_order = keep[np.argsort(rows[keep], kind="stable")]
         leaves = [
-            self.engine.all_gather([leaves[j] for leaves in leaves_per_replica])[order]
+            self.engine.all_gather([leaves[j] for leaves in leaves_per_replica])[in_row_order]
             for j in range(len(leaves_per_replica[0]))
         ]
         return keras.tree.pack_sequence_as(structure, leaves)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,9 @@ from shardfeed._commands.bench.variants import VARIANT_ALIASES, VARIANT_NOTES, V
 from shardfeed._commands.bench.workloads import BATCH_SIZE, LEARNING_RATE, MIN_ROWS, WORKLOADS
 
 
-def _csv_choice(choices: dict[str, str], aliases: dict[str, str]) -> Callable[[str], list[str]]:
+def _csv_choice(
+    choices: Mapping[str, object], aliases: dict[str, str]
+) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         out = []
         for item in (t.strip() for t in text.split(",") if t.strip()):

@@ -50,6 +50,7 @@ def machine_info() -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -119,8 +119,9 @@ def _probe_note(configs: list[dict[str, Any]]) -> str:
         jit: min((c["ms_per_step"] for c in done if c["jit_compile"] is jit), default=None)
         for jit in PROBE_JIT
     }
-    if by_jit[True] is not None and by_jit[False] is not None:
-        factor = by_jit[True] / by_jit[False]
+    with_jit, without_jit = by_jit[True], by_jit[False]
+    if with_jit is not None and without_jit is not None:
+        factor = with_jit / without_jit
         if factor > CATASTROPHIC_FACTOR:
             note += (
                 f"; jit_compile=True is catastrophically slow here ({factor:.1f}x the best "

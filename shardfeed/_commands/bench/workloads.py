@@ -99,9 +99,9 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
     prototypes = rng.integers(0, 48, (10, 8, 8, 3), dtype=np.uint8)
     prototypes = prototypes.repeat(4, axis=1).repeat(4, axis=2)
     y = rng.integers(0, 10, rows, dtype=np.int32)
-    x = prototypes[y]
-    x += rng.integers(0, 208, x.shape, dtype=np.uint8)  # <= 254: no overflow
-    return x, y
+    images: np.ndarray = prototypes[y]
+    images += rng.integers(0, 208, images.shape, dtype=np.uint8)  # <= 254: no overflow
+    return images, y
 
 
 def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:

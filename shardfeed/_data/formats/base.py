@@ -186,7 +186,7 @@ def native(dtype: np.dtype) -> np.dtype:
 
 
 def byte_view(out: np.ndarray) -> memoryview:
-    return memoryview(out.reshape(-1).view(np.uint8))
+    return memoryview(out.reshape(-1).view(np.uint8).data)
 
 
 class RawArray(FileArray):

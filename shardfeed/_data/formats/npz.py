@@ -193,13 +193,19 @@ def _damaged_member(source: str, member: str, err: BaseException) -> str:
     )
 
 
+# A zip local file header (APPNOTE 4.3.7; zipfile's private structFileHeader):
+# signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_LOCAL_MAGIC = b"PK\003\004"
+
+
 def _member_data_offset(path: str, info: zipfile.ZipInfo) -> int:
     """Where a member's bytes start: after its local header, whose name and
     extra field lengths may differ from the central directory's."""
     with open(path, "rb") as f:
         f.seek(info.header_offset)
-        fields = struct.unpack(zipfile.structFileHeader, f.read(zipfile.sizeFileHeader))
-    if fields[0] != zipfile.stringFileHeader:
+        fields = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
+    if fields[0] != _LOCAL_MAGIC:
         raise ValueError(
             _errors.message(
                 "A .npz member must start with a zip local file header.",
@@ -208,7 +214,7 @@ def _member_data_offset(path: str, info: zipfile.ZipInfo) -> int:
             )
         )
     # Fields 10 and 11: file name length, extra field length.
-    return info.header_offset + zipfile.sizeFileHeader + fields[10] + fields[11]
+    return info.header_offset + _LOCAL_HEADER.size + fields[10] + fields[11]
 
 
 def npz(path: PathLike, key: str, verify: bool = True) -> FileArray:

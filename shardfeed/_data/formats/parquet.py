@@ -264,7 +264,7 @@ def parquet_columns(path: PathLike, columns: Sequence[str]) -> dict[str, FileArr
         starts = [0]
         for group in range(meta.num_row_groups):
             starts.append(starts[-1] + meta.row_group(group).num_rows)
-        leaves = {}
+        leaves: dict[str, FileArray] = {}
         for column in columns:
             arrow_type = schema.field(column).type
             first = None
