@@ -604,6 +604,7 @@ _MEMORY_PROBE = textwrap.dedent(
     not os.access("/proc/self/clear_refs", os.W_OK),
     reason="needs Linux /proc/self/clear_refs to reset the peak-RSS counter (VmHWM)",
 )
+@pytest.mark.slow
 def test_loading_a_npy_file_keeps_host_memory_near_one_chunk(tmp_path):
     """Loading a ~200 MB .npy file with 8 MiB chunks adds far less than the file.
 

@@ -509,10 +509,15 @@ def test_failure_escalates_to_sigkill_after_grace(script):
     fake = FakeSystem(
         {0: {"exit_after_s": None, "ignores": {signal.SIGTERM}}, 1: {"code": 3}},
     )
-    start = time.monotonic()
     code = _launch.run(script, num_workers=2, grace_s=0.1, system=fake.system)
     assert code == 3
-    assert time.monotonic() - start < 2
+    rank0 = fake.processes[0]
+    # The order of events, not the clock: SIGTERM (ignored), then SIGKILL.
+    assert [s for pid, s in fake.signals if pid == rank0.pid][:2] == [
+        signal.SIGTERM,
+        signal.SIGKILL,
+    ]
+    assert rank0.code == -signal.SIGKILL
     assert "1 worker(s) still running 0.1 s after being asked to stop; sending SIGKILL." in (
         fake.messages()
     )

@@ -229,5 +229,8 @@ def test_a_dying_worker_stops_the_job_with_its_rank_and_code(tmp_path):
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "worker rank 1 exited with code 3" in proc.stderr + proc.stdout
-    assert elapsed < 120
+    output = proc.stderr + proc.stdout
+    assert "worker rank 1 exited with code 3" in output
+    # The failure ended the job (not --timeout-s), and no worker needed SIGKILL.
+    assert "timed out" not in output and "sending SIGKILL" not in output
+    assert elapsed < 200

@@ -42,17 +42,51 @@ def test_plan_table(args, expected):
     assert plan.used_rows_per_epoch + plan.dropped_rows_per_epoch == plan.num_rows
 
 
+def _reference(rows, replicas, b, placement, drop, training):
+    """The plan's numbers from their definition, written independently of
+    `plan_shards`: `(steps, last_step_rows, dropped)`, or None when training
+    would have no step with a real row on every replica."""
+    if placement == "replicate":
+        g = replicas * b
+        full, rem = divmod(rows, g)
+        last = tuple(hi - lo for lo, hi in split_rows(rem, replicas))
+        if not training:
+            return (full + (rem > 0), last if rem else (b,) * replicas, 0)
+        if rem >= replicas and not drop:
+            return (full + 1, last, 0)
+        return (full, (b,) * replicas, rem) if full else None
+    shards = [hi - lo for lo, hi in split_rows(rows, replicas)]
+    if not training:
+        steps = max(1, *(-(-n // b) for n in shards))
+    elif drop:
+        steps = min(n // b for n in shards)
+    else:
+        steps = min(-(-n // b) for n in shards)  # every replica has a row in every step
+    if steps == 0:
+        return None
+    used = [min(n, steps * b) for n in shards]
+    return (steps, tuple(u - (steps - 1) * b for u in used), sum(shards) - sum(used))
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES)
+def test_reference_agrees_with_the_table(args, expected):
+    assert _reference(*args) == expected  # the reference itself is checked against the table
+
+
 @pytest.mark.parametrize("rows", [1, 2, 7, 100, 1001, 1024])
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("batch", [1, 3, 32])
 @pytest.mark.parametrize("placement", ["shard", "replicate"])
 @pytest.mark.parametrize("drop", [False, True])
 def test_invariants_around_every_divisibility_edge(rows, replicas, batch, placement, drop):
-    try:
-        plan = plan_shards(rows, replicas, batch, placement, drop, training=True)
-    except ValueError as err:
-        assert "at least one step" in str(err)
+    expected = _reference(rows, replicas, batch, placement, drop, training=True)
+    if expected is None:
+        with pytest.raises(ValueError, match="at least one step"):
+            plan_shards(rows, replicas, batch, placement, drop, training=True)
         return
+    plan = plan_shards(rows, replicas, batch, placement, drop, training=True)
+    numbers = (plan.steps_per_epoch, plan.last_step_rows, plan.dropped_rows_per_epoch)
+    assert numbers == expected
     b = batch
     assert plan.steps_per_epoch >= 1
     assert all(0 < n <= b for n in plan.last_step_rows)  # no empty replica in training
@@ -66,6 +100,12 @@ def test_invariants_around_every_divisibility_edge(rows, replicas, batch, placem
         # have no row in the last step: fewer rows than replicas are left.
         assert plan.dropped_rows_per_epoch < replicas * (1 if placement == "replicate" else b)
     evaluation = plan_shards(rows, replicas, batch, placement, training=False)
+    eval_numbers = (
+        evaluation.steps_per_epoch,
+        evaluation.last_step_rows,
+        evaluation.dropped_rows_per_epoch,
+    )
+    assert eval_numbers == _reference(rows, replicas, batch, placement, False, training=False)
     assert evaluation.dropped_rows_per_epoch == 0
     assert evaluation.used_rows_per_epoch == rows
 
