@@ -24,7 +24,7 @@ Environment each worker gets, on top of the launcher's own:
   the rank and the local size the world size; `shardfeed.init` gives each
   worker its own GPU from them).
 - `SHARDFEED_READY_DIR`: where `shardfeed.init()` reports (see
-  `process.StartupWatch`).
+  `system.StartupWatch`).
 - `PYTHONUNBUFFERED=1` unless already set, so a worker's prints reach the
   tagged output when they happen instead of when a pipe buffer fills.
 """
