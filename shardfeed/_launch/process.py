@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from shardfeed._launch import netns
+from shardfeed._launch import lines, netns
 
 TIMEOUT_EXIT_CODE = 124  # same as coreutils `timeout`
 _MESSAGE_PREFIX = b"shardfeed launch: "
@@ -240,12 +240,7 @@ class _Supervisor:
         self, source: IO[bytes], sink: IO[bytes], lock: threading.Lock, prefix: bytes
     ) -> None:
         try:
-            for line in iter(source.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"  # a last line without newline still gets its own line
-                with lock:
-                    sink.write(prefix + line)
-                    sink.flush()
+            lines.pump(source, sink, lock, prefix)
         except (OSError, ValueError):
             pass  # pipe closed under us during shutdown
         finally:
