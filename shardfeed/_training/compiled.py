@@ -51,8 +51,9 @@ def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None
                 "The model and the dataset must use the same `tf.distribute` strategy.",
                 f"model.distribute_strategy={type(model_strategy).__name__}, "
                 f"dataset strategy={type(dataset.world.strategy).__name__}",
-                "Build the model (and compile it) and the dataset inside the same "
-                "`with strategy.scope():` block.",
+                "Build, compile or load the model inside the dataset's strategy scope, "
+                "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+                "`with world.scope(): model = keras.models.load_model(path)`.",
             )
         )
 
