@@ -23,8 +23,10 @@ _EXPORTS = {
     "fit": "shardfeed._training.api",
     "init": "shardfeed._distribute.initialize",
     "memory_plan": "shardfeed._data.memplan",
+    "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._training.api",
+    "save_model": "shardfeed._training.saving",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -41,7 +43,9 @@ if _typing.TYPE_CHECKING:
     from shardfeed._training.api import evaluate as evaluate
     from shardfeed._training.api import fit as fit
     from shardfeed._training.api import predict as predict
+    from shardfeed._training.callbacks import on_chief as on_chief
     from shardfeed._training.options import FitOptions as FitOptions
+    from shardfeed._training.saving import save_model as save_model
 
 
 def __getattr__(name: str) -> _typing.Any:

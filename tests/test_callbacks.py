@@ -232,3 +232,35 @@ def test_backup_and_restore_saving_mid_epoch_is_refused(tmp_path, save_freq):
         '`keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.'
     )
     assert not backup.exists()  # nothing trained, nothing saved
+
+
+def test_on_chief_runs_a_callback_on_rank_0_only_and_other_ranks_print_nothing(capsys):
+    from shardfeed._training.callbacks import callback_list as _callback_list
+
+    model, _, _ = _setup()
+    mine = shardfeed.on_chief(keras.callbacks.LambdaCallback())
+    rates = keras.callbacks.LearningRateScheduler(lambda e, lr: 0.01, verbose=1)
+    stopper = keras.callbacks.EarlyStopping(verbose=1)
+    everywhere = keras.callbacks.EarlyStopping(verbose=1)
+    everywhere.shardfeed_all_ranks = True  # opted in as it is: not silenced
+
+    def run(is_chief):
+        cbs = _callback_list([mine, rates, stopper, everywhere], model, 0, is_chief, {})
+        kept = [c for c in cbs.callbacks if c in (mine, rates, stopper, everywhere)]
+        during = (rates.verbose, stopper.verbose, everywhere.verbose)
+        cbs.on_train_begin()
+        cbs.on_epoch_begin(0)
+        printed = capsys.readouterr().out
+        cbs.on_train_end()
+        return kept, during, printed
+
+    kept, during, printed = run(is_chief=True)
+    assert kept == [mine, rates, stopper, everywhere] and during == (1, 1, 1)
+    assert "LearningRateScheduler setting learning rate to 0.01" in printed
+    kept, during, printed = run(is_chief=False)
+    assert kept == [rates, stopper, everywhere]
+    assert during == (0, 0, 1) and "LearningRateScheduler" not in printed
+    assert model.optimizer.learning_rate.numpy() == pytest.approx(0.01)  # it still acts
+    assert (rates.verbose, stopper.verbose) == (1, 1)  # given back at on_train_end
+    with pytest.raises(TypeError, match=r"Received: type\(callback\)=function"):
+        shardfeed.on_chief(lambda: None)

@@ -35,3 +35,58 @@ def test_uint8_images_with_transform():
     out = _run("examples/images_uint8.py", "--rows", "800", "--epochs", "1")
     assert "x: uint8[32, 32, 3]" in out  # stored as uint8 on the device
     assert "'accuracy':" in out
+
+
+# -- ports of Horovod's Keras MNIST example and TensorFlow's multi-worker tutorial --
+
+PORTS = ["examples/horovod_keras_mnist.py", "examples/keras_multi_worker_mnist.py"]
+SMALL = ["--rows", "256", "--epochs", "1"]
+BIN = Path(sys.executable).parent
+
+
+def _launched(cmd, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "SHARDFEED_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _port_args(script, tmp_path):
+    if script.endswith("multi_worker_mnist.py"):
+        return [str(ROOT / script), *SMALL, "--model-path", str(tmp_path / "m.keras")]
+    return [str(ROOT / script), *SMALL, "--checkpoint-dir", str(tmp_path)]
+
+
+def _check_port(script, out, tmp_path):
+    if script.endswith("multi_worker_mnist.py"):
+        assert "saved m.keras" in out and (tmp_path / "m.keras").is_file()
+    else:
+        assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-1.keras"]
+
+
+@pytest.mark.multi_process
+@pytest.mark.parametrize("script", PORTS)
+def test_ports_run_under_shardfeed_launch(script, tmp_path):
+    launch = [sys.executable, "-m", "shardfeed._commands.cli", "launch", "-n", "2"]
+    cmd = [*launch, "--timeout-s", "360", "python", *_port_args(script, tmp_path)]
+    out = _launched(cmd, tmp_path)
+    assert "[rank 0] " in out and "[rank 1] " in out
+    _check_port(script, out, tmp_path)
+
+
+@pytest.mark.multi_process
+@pytest.mark.horovod
+@pytest.mark.skipif(
+    not (BIN / "horovodrun").exists(),
+    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); "
+    "the Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
+)
+@pytest.mark.parametrize("script", PORTS)
+def test_ports_run_under_horovodrun(script, tmp_path):
+    horovodrun = [str(BIN / "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2"]
+    out = _launched([*horovodrun, sys.executable, *_port_args(script, tmp_path)], tmp_path)
+    assert "Epoch 1/1" in out
+    _check_port(script, out, tmp_path)  # saved once, by rank 0

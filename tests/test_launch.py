@@ -25,6 +25,7 @@ import pytest
 from shardfeed import _launch
 from shardfeed._common.ports import PortReservation, free_port
 from shardfeed._launch import cli, delegate, local, netns, process
+from shardfeed._launch import lines as lines_module
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -825,3 +826,64 @@ def test_busy_port_is_named_at_once():
         "rerun; `shardfeed launch` picks free ports on each run."
     )
     _cluster.check_port_free(1, f"127.0.0.1:{port}")  # free again: no error
+
+
+# -- the forms horovodrun and mpirun users type; progress redraws -------------
+
+
+@pytest.mark.parametrize(
+    "argv, script, script_args",
+    [
+        (["-n", "2", "t.py", "--epochs", "3"], "t.py", ["--epochs", "3"]),
+        (["-n", "2", "python", "t.py", "-v"], "t.py", ["-v"]),  # horovodrun's form
+        (["--num-workers", "2", "python3", "t.py"], "t.py", []),
+        (["-n", "2", "python3.11", "t.py", "python"], "t.py", ["python"]),
+        (["-n", "2", sys.executable, "t.py"], "t.py", []),
+    ],
+)
+def test_cli_accepts_both_forms(monkeypatch, argv, script, script_args):
+    calls = []
+    monkeypatch.setattr(_launch, "run", lambda *a, **k: calls.append((a, k)) or 0)
+    assert cli.run(_parse(argv)) == 0
+    (args, kwargs), = calls
+    assert (args[0], kwargs["args"], kwargs["num_workers"]) == (script, script_args, 2)
+
+
+@pytest.mark.parametrize(
+    "argv, pinned",
+    [
+        (["-n", "2", "python", "-u", "t.py"], "Received: python followed by '-u'."),
+        (["-n", "2", "python"], "Received: python followed by 'nothing'."),
+        (["-n", "2", "/opt/other/bin/python3", "t.py"], "Received: interpreter="),
+    ],
+)
+def test_cli_refuses_other_interpreters_and_options(capsys, argv, pinned):
+    assert cli.run(_parse(argv)) == 2
+    assert pinned in capsys.readouterr().err
+
+
+def test_a_script_named_python_is_still_a_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("python").write_text("print(1)\n")
+    assert cli.script_and_args("python", ["a"]) == ("python", ["a"])
+
+
+@pytest.mark.parametrize(
+    "data, lines, rest",
+    [
+        (b"a\nb", [b"a\n"], b"b"),
+        (b"1/3\r2/3\r3/3\n", [b"1/3\r", b"2/3\r", b"3/3\n"], b""),  # progress redraws
+        (b"a\r\nb\r", [b"a\r\n"], b"b\r"),  # a final \r may start \r\n: wait
+        (b"", [], b""),
+    ],
+)
+def test_split_lines(data, lines, rest):
+    assert lines_module.split_lines(data) == (lines, rest)
+
+
+def test_progress_redraws_keep_the_rank_prefix(script):
+    fake = FakeSystem({0: {"out": b"1/2\r2/2\r\ndone"}, 1: {"out": b"x\r\n"}})
+    assert _launch.run(script, num_workers=2, system=fake.system) == 0
+    out = fake.stdout.getvalue()
+    assert b"[rank 0] 1/2\r[rank 0] 2/2\r\n[rank 0] done\n" in out
+    assert b"[rank 1] x\r\n" in out

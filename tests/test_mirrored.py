@@ -160,8 +160,9 @@ def test_model_and_dataset_must_share_the_strategy():
     assert str(err.value) == (
         "The model and the dataset must use the same `tf.distribute` strategy. Received: "
         "model.distribute_strategy=_DefaultDistributionStrategy, dataset "
-        "strategy=MirroredStrategy. Build the model (and compile it) and the dataset "
-        "inside the same `with strategy.scope():` block."
+        "strategy=MirroredStrategy. Build, compile or load the model inside the dataset's "
+        "strategy scope, e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+        "`with world.scope(): model = keras.models.load_model(path)`."
     )
 
 

@@ -17,8 +17,10 @@ EXPECTED = [
     "fit",
     "init",
     "memory_plan",
+    "on_chief",
     "plan_shards",
     "predict",
+    "save_model",
 ]
 
 # Public submodules and their exports.

@@ -401,15 +401,17 @@ def test_evaluate_and_predict_refuse_a_non_positive_batch(call, batch):
     )
 
 
-def test_validation_freq_must_be_a_positive_integer():
+def test_validation_freq_must_be_a_positive_integer_or_a_list():
     x, y = _data()
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
-    with pytest.raises(ValueError) as err:
-        shardfeed.fit(_mlp(), ds, validation_data=(x, y), validation_freq=0, verbose=0)
-    assert str(err.value) == (
-        "`validation_freq` must be an integer >= 1. Received: validation_freq=0. Pass e.g. "
-        "`validation_freq=1` to validate after every epoch."
-    )
+    for bad in (0, [0, 2]):
+        with pytest.raises(ValueError) as err:
+            shardfeed.fit(_mlp(), ds, validation_data=(x, y), validation_freq=bad, verbose=0)
+        assert str(err.value) == (
+            "`validation_freq` must be an integer >= 1 (validate every that many epochs) or a "
+            f"list of epochs counted from 1 (as in Keras). Received: validation_freq={bad!r}. "
+            "Pass e.g. `validation_freq=1`, or `validation_freq=[1, 5, 10]`."
+        )
 
 
 def _uint8_images(rows=400, seed=0):

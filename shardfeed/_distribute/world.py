@@ -61,7 +61,32 @@ class World:
 
     @property
     def is_chief(self) -> bool:
+        """Whether this is worker 0, the one that writes files and prints."""
         return self.rank == 0
+
+    def barrier(self) -> None:
+        """Waits until every worker has reached its `barrier()` call.
+
+        One tiny collective: a sum over every replica under a multi-worker
+        strategy, an allreduce under Horovod; nothing with one worker. Every
+        worker must call it the same number of times, like any collective.
+
+        Example:
+            >>> if world.is_chief:
+            ...     write_summary(path)
+            >>> world.barrier()  # now every worker may read `path`
+        """
+        if self.world_size == 1:
+            return
+        if self.backend == "horovod":
+            import horovod.tensorflow as hvd  # only reached once Horovod runs
+
+            hvd.allreduce(tf.constant(0, tf.int32), op=hvd.Sum, name="shardfeed_barrier")
+            return
+        ones = self.strategy.experimental_distribute_values_from_function(
+            lambda _: tf.constant(1, tf.int32)
+        )
+        self.strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None).numpy()
 
 
 def is_default_strategy(strategy: tf.distribute.Strategy) -> bool:

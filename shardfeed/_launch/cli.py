@@ -5,21 +5,26 @@ and errors into an exit status; what the engines do lives in `local.py`,
 `delegate.py` and `process.py`.
 
 Usage:
-    shardfeed launch --num-workers N [--engine multiworker|horovod|mpi]
+    shardfeed launch -n/--num-workers N [--engine multiworker|horovod|mpi]
         [--timeout-s S] [--grace-s G] [--startup-timeout-s S|none]
-        [--isolate-network auto|on|off] script.py [script args ...]
+        [--isolate-network auto|on|off] [python] script.py [script args ...]
 
 Everything after the script path goes to the script unchanged, options
-included.
+included. A leading `python`, `python3` (or this interpreter's path), the
+form `horovodrun` and `mpirun` users type, is accepted and dropped: workers
+always run under the interpreter that runs `shardfeed`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from typing import Literal
 
 from shardfeed import _launch
+from shardfeed._common import errors as _errors
 from shardfeed._launch.netns import NetworkIsolationError
 
 _ISOLATE_NETWORK: dict[str, Literal["auto"] | bool] = {"auto": "auto", "on": True, "off": False}
@@ -43,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ['--epochs', '3']
     """
     parser.add_argument(
+        "-n",
         "--num-workers",
         type=int,
         required=True,
@@ -86,13 +92,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cannot reach (on: or fail; auto: where the system permits it, the default; off: on "
         "this host's network)",
     )
-    parser.add_argument("script", help="the Python script every worker runs")
+    parser.add_argument(
+        "script", help="the Python script every worker runs (a leading `python` is dropped)"
+    )
     parser.add_argument(
         "script_args",
         nargs=argparse.REMAINDER,
         metavar="...",
         help="arguments passed to the script unchanged",
     )
+
+
+# `python`, `python3`, `python3.11`: the names horovodrun and mpirun users put first.
+_INTERPRETER_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def _is_this_interpreter(path: str) -> bool:
+    return os.path.realpath(path) == os.path.realpath(sys.executable)
+
+
+def script_and_args(script: str, script_args: list[str]) -> tuple[str, list[str]]:
+    """The script and its arguments, without a leading interpreter.
+
+    `shardfeed launch -n 2 python train.py` means `train.py` run under the
+    interpreter running `shardfeed` (as every worker is). An interpreter
+    given by a path other than that one, or interpreter options (`-u`, `-m`),
+    are refused: shardfeed would silently run something else.
+
+    Args:
+        script: The first positional argument.
+        script_args: Everything after it.
+
+    Returns:
+        `(script, script_args)` with the interpreter dropped.
+
+    Raises:
+        ValueError: For another interpreter's path, interpreter options, or
+            an interpreter without a script.
+
+    Example:
+        >>> script_and_args("python", ["train.py", "--epochs", "3"])
+        ('train.py', ['--epochs', '3'])
+    """
+    looks_like = _INTERPRETER_NAME.fullmatch(os.path.basename(script)) is not None
+    a_script_file = "/" not in script and os.path.isfile(script)  # ./python is a script
+    if not (looks_like or _is_this_interpreter(script)) or a_script_file:
+        return script, script_args
+    if "/" in script and not _is_this_interpreter(script):
+        raise ValueError(
+            _errors.message(
+                "Workers run under the interpreter that runs `shardfeed launch`.",
+                f"interpreter={script!r} (shardfeed runs under {sys.executable!r})",
+                f"Run `{script} -m shardfeed._commands.cli launch ...`, or drop the interpreter.",
+            )
+        )
+    if not script_args or script_args[0].startswith("-"):
+        got = script_args[0] if script_args else "nothing"
+        raise ValueError(
+            _errors.message(
+                f"After `{script}`, `shardfeed launch` takes the script path; interpreter "
+                "options are not passed on.",
+                f"{script} followed by {got!r}",
+                "Write `shardfeed launch -n N python train.py [args ...]` (set "
+                "PYTHONUNBUFFERED=1 in the environment instead of `-u`).",
+            )
+        )
+    return script_args[0], script_args[1:]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,11 +175,12 @@ def run(args: argparse.Namespace) -> int:
         0
     """
     try:
+        script, script_args = script_and_args(args.script, args.script_args)
         return _launch.run(
-            args.script,
+            script,
             num_workers=args.num_workers,
             engine=args.engine,
-            args=args.script_args,
+            args=script_args,
             timeout_s=args.timeout_s,
             grace_s=args.grace_s,
             startup_timeout_s=args.startup_timeout_s,

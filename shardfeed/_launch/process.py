@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
+from shardfeed._launch import lines
 from shardfeed._launch.system import StartupWatch, System, WorkerSpec
 
 TIMEOUT_EXIT_CODE = 124  # same as coreutils `timeout`
@@ -140,12 +141,7 @@ class _Supervisor:
         self, source: IO[bytes], sink: IO[bytes], lock: threading.Lock, prefix: bytes
     ) -> None:
         try:
-            for line in iter(source.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"  # a last line without newline still gets its own line
-                with lock:
-                    sink.write(prefix + line)
-                    sink.flush()
+            lines.pump(source, sink, lock, prefix)
         except (OSError, ValueError):
             pass  # pipe closed under us during shutdown
         finally:

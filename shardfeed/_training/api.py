@@ -9,7 +9,7 @@ the distribution to the engine, and takes the data's shape from the dataset.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import keras
@@ -20,7 +20,9 @@ from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import check_global_batch
 from shardfeed._data.sources import columns_from_arrays
 from shardfeed._distribute.world import current_world
+from shardfeed._training import fit_args
 from shardfeed._training.callbacks import callback_list, check_callbacks
+from shardfeed._training.class_weights import class_weights
 from shardfeed._training.compiled import loop_for
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
@@ -184,10 +186,13 @@ def fit(
     epochs: int = 1,
     initial_epoch: int = 0,
     validation_data: Any = None,
-    validation_freq: int = 1,
+    validation_split: float = 0.0,
+    validation_freq: int | list[int] = 1,
+    class_weight: Mapping[int, float] | None = None,
     callbacks: list[keras.callbacks.Callback] | None = None,
     verbose: int | str = "auto",
     options: FitOptions | None = None,
+    **unsupported: Any,
 ) -> keras.callbacks.History:
     """Trains a compiled Keras model on a resident dataset.
 
@@ -202,10 +207,18 @@ def fit(
         validation_data: A `ShardedResidentDataset` or a tuple
             `(x, y[, sample_weight])`, evaluated at the end of epochs; its logs
             get a `val_` prefix.
-        validation_freq: Validate every this many epochs.
+        validation_split: Validate on the last fraction of the dataset's rows
+            and train on the rest (as Keras: split before sharding; both
+            parts are built from the dataset's sources).
+        validation_freq: Validate every this many epochs, or after the
+            epochs (from 1) in a list.
+        class_weight: `{class: weight}`: each training row weighs its class's
+            weight (1 if absent), as in Keras.
         callbacks: Keras callbacks. Batch hooks fire once per compiled call.
         verbose: "auto" or 1 (progress bar), 2 (a line per epoch), 0 (silent).
         options: `FitOptions` (steps per call, XLA).
+        **unsupported: Other `model.fit` arguments are refused, each with what
+            to use instead (docs/keras.md has the table).
 
     Returns:
         The `keras.callbacks.History` (also `model.history`), with
@@ -221,8 +234,13 @@ def fit(
         >>> history = shardfeed.fit(model, ds, epochs=5, validation_data=(xv, yv))
         >>> history.history["val_loss"]
     """
+    fit_args.refuse(unsupported, dataset)
     _check_model(model, needs_compile=True)
     _check_dataset(dataset, needs_targets=True)
+    if validation_split:
+        dataset, validation_data = fit_args.split_validation(
+            dataset, validation_split, validation_data
+        )
     # Training needs one full global batch; evaluation and prediction pad.
     plan = dataset.plan
     check_global_batch(plan.per_replica_batch_size, plan.num_replicas, plan.num_rows)
@@ -238,21 +256,14 @@ def fit(
                 "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
             )
         )
-    if not (_errors.is_integer(validation_freq) and validation_freq >= 1):
-        raise ValueError(
-            _errors.message(
-                "`validation_freq` must be an integer >= 1.",
-                f"validation_freq={validation_freq!r}",
-                "Pass e.g. `validation_freq=1` to validate after every epoch.",
-            )
-        )
-    epochs, initial_epoch, validation_freq = int(epochs), int(initial_epoch), int(validation_freq)
+    should_validate = fit_args.validation_schedule(validation_freq)
+    epochs, initial_epoch = int(epochs), int(initial_epoch)
     check_callbacks(callbacks)
     # Arrays later given to evaluate/predict get this dataset's transform.
     _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
     options = options or FitOptions()
-    loop = loop_for(model, dataset, options)
+    loop = loop_for(model, dataset, options, class_weights(class_weight, dataset))
     check_sparse_labels(model, dataset, "dataset")
     val_loop = None
     if validation_data is not None:
@@ -290,7 +301,7 @@ def fit(
             return bool(model.stop_training)
 
         epoch_logs = dict(loop.run_epoch(epoch, True, cbs.on_train_batch_begin, on_end))
-        if val_loop is not None and (epoch + 1) % validation_freq == 0:
+        if val_loop is not None and should_validate(epoch):
             val_logs = _evaluate_loop(val_loop, cbs)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         cbs.on_epoch_end(epoch, epoch_logs)

@@ -1,8 +1,8 @@
 """Callbacks under `shardfeed.fit`: which run where, and which are refused.
 
 Owns the `CallbackList` each rank runs (our progress bar added, chief-only
-callbacks removed on other ranks) and refusing callbacks whose contract `fit`
-cannot keep.
+callbacks removed on other ranks, the rest silenced there) and refusing
+callbacks whose contract `fit` cannot keep.
 """
 
 from __future__ import annotations
@@ -47,6 +47,77 @@ _CHIEF_ONLY_CALLBACKS = (
 )
 
 
+def on_chief(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
+    """Marks `callback` to run on the chief (rank 0) only, and returns it.
+
+    For callbacks that write or report (uploading metrics, sending a
+    message); the file-writing Keras callbacks (`ModelCheckpoint`,
+    `CSVLogger`, `TensorBoard`) are chief-only already. A chief-only callback
+    must not start collectives (e.g. call `shardfeed.evaluate`): the other
+    ranks would not join them.
+
+    Args:
+        callback: Any Keras callback.
+
+    Returns:
+        The same callback, marked.
+
+    Raises:
+        TypeError: If `callback` is not a `keras.callbacks.Callback`.
+
+    Example:
+        >>> shardfeed.fit(model, ds, callbacks=[shardfeed.on_chief(MyUploader())])
+    """
+    if not isinstance(callback, keras.callbacks.Callback):
+        raise TypeError(
+            _errors.message(
+                "`on_chief` takes a Keras callback.",
+                f"type(callback)={type(callback).__name__}",
+                "Pass an instance of a `keras.callbacks.Callback` subclass.",
+            )
+        )
+    callback.shardfeed_chief_only = True
+    callback.shardfeed_all_ranks = False
+    return callback
+
+
+def _runs_here(callback: keras.callbacks.Callback, is_chief: bool) -> bool:
+    if is_chief:
+        return True
+    if getattr(callback, "shardfeed_chief_only", False):
+        return False
+    return getattr(callback, "shardfeed_all_ranks", False) or not isinstance(
+        callback, _CHIEF_ONLY_CALLBACKS
+    )
+
+
+class _RestoreVerbose(keras.callbacks.Callback):
+    """Gives the callbacks silenced on a non-chief rank their `verbose` back."""
+
+    def __init__(self, saved: list[tuple[keras.callbacks.Callback, Any]]) -> None:
+        super().__init__()
+        self.saved = saved
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        for callback, verbose in self.saved:
+            callback.verbose = verbose
+
+
+def _silence(callbacks: list[keras.callbacks.Callback]) -> list[keras.callbacks.Callback]:
+    """Sets `verbose=0` on the callbacks that print (`LearningRateScheduler`,
+    `ReduceLROnPlateau`, `EarlyStopping`), for the rest of `fit`: they still
+    act on every rank, and print on the chief only. Callbacks marked
+    `shardfeed_all_ranks` are left as they are."""
+    saved = [
+        (c, c.verbose)
+        for c in callbacks
+        if getattr(c, "verbose", 0) not in (0, None) and not getattr(c, "shardfeed_all_ranks", 0)
+    ]
+    for callback, _ in saved:
+        callback.verbose = 0
+    return [_RestoreVerbose(saved)] if saved else []
+
+
 def callback_list(
     callbacks: list[keras.callbacks.Callback] | None,
     model: keras.Model,
@@ -56,17 +127,16 @@ def callback_list(
 ) -> keras.callbacks.CallbackList:
     """Keras' `CallbackList` with our progress bar, minus the chief-only
     callbacks on other ranks (a callback with `shardfeed_all_ranks = True`
-    runs everywhere). Every rank gets the same global logs, so callbacks that
-    decide (EarlyStopping, ReduceLROnPlateau) decide alike on every rank."""
+    runs everywhere, one passed through `on_chief` on rank 0 only), and the
+    rest silenced there (`verbose=0` until `on_train_end`). Every rank gets
+    the same global logs, so callbacks that decide (EarlyStopping,
+    ReduceLROnPlateau) decide alike on every rank."""
     callbacks = list(callbacks or [])
     if verbose and not any(isinstance(c, Progress) for c in callbacks):
         callbacks.append(Progress(verbose))
+    callbacks = [c for c in callbacks if _runs_here(c, is_chief)]
     if not is_chief:
-        callbacks = [
-            c
-            for c in callbacks
-            if getattr(c, "shardfeed_all_ranks", False) or not isinstance(c, _CHIEF_ONLY_CALLBACKS)
-        ]
+        callbacks += _silence(callbacks)
     return keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=False, model=model, **params
     )

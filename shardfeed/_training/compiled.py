@@ -16,6 +16,7 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.loop import Loop
 from shardfeed._training.options import FitOptions
 
@@ -28,17 +29,22 @@ _LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
 )
 
 
-def loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
+def loop_for(
+    model: keras.Model,
+    dataset: ShardedResidentDataset,
+    options: FitOptions,
+    class_weights: ClassWeights | None = None,
+) -> Loop:
     loops = _LOOPS.setdefault(dataset, {})
     # A recompiled model has a new optimizer, loss and metrics: new traces.
     compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
-    key = (id(model), compiled, options)
+    key = (id(model), compiled, options, class_weights)
     loop = loops.get(key)
     if loop is None or loop.model is not model:
         engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
-        loop = Loop(model, dataset, engine, options)
+        loop = Loop(model, dataset, engine, options, class_weights)
         loops[key] = loop
     return loop
 
@@ -51,8 +57,9 @@ def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None
                 "The model and the dataset must use the same `tf.distribute` strategy.",
                 f"model.distribute_strategy={type(model_strategy).__name__}, "
                 f"dataset strategy={type(dataset.world.strategy).__name__}",
-                "Build the model (and compile it) and the dataset inside the same "
-                "`with strategy.scope():` block.",
+                "Build, compile or load the model inside the dataset's strategy scope, "
+                "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+                "`with world.scope(): model = keras.models.load_model(path)`.",
             )
         )
 

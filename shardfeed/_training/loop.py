@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
+from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
 
 _CONV_LAYERS = (
@@ -94,6 +95,7 @@ class Loop:
         dataset: The resident dataset.
         engine: The engine the replicas run under.
         options: Steps per call and XLA.
+        class_weights: `fit`'s `class_weight`: training batches get weights by class.
     """
 
     def __init__(
@@ -102,8 +104,10 @@ class Loop:
         dataset: ShardedResidentDataset,
         engine: Engine,
         options: FitOptions,
+        class_weights: ClassWeights | None = None,
     ) -> None:
         self.model = model
+        self.class_weights = class_weights
         # Weak: the loop is cached per dataset (`_training._loop_for`) and must
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
@@ -193,6 +197,12 @@ class Loop:
         self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 
+    def _train_batch(self, handles, indices):
+        x, y, sw = self.dataset.gather(handles, indices)
+        if self.class_weights is not None:  # only training batches, as in Keras
+            sw = self.class_weights.weights(y)
+        return x, y, sw
+
     def _test_step(self, x, y, sw) -> tf.Tensor:
         model = self.model
         y_pred = model(x, training=False)
@@ -211,7 +221,7 @@ class Loop:
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
         def replica(handles, indices, i):
-            x, y, sw = self.dataset.gather(handles, indices[i])
+            x, y, sw = self._train_batch(handles, indices[i])
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
@@ -232,7 +242,7 @@ class Loop:
 
     def _train_partial(self, handles, indices, real_rows, all_rows):
         def replica(handles, indices, real_rows):
-            x, y, sw = self.dataset.gather(handles, indices[:real_rows])
+            x, y, sw = self._train_batch(handles, indices[:real_rows])
             total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 

@@ -1,0 +1,110 @@
+"""`class_weight`: per-row weights from each row's class, computed inside the step.
+
+Owns turning `fit(class_weight={class: weight})` into a weight per row, as
+Keras does for arrays (`data_adapter_utils.class_weight_to_sample_weights`):
+the class of a row is its label rounded to an integer (sparse labels, shape
+`(n,)` or `(n, 1)`) or the argmax of its label vector (one-hot labels); a
+class missing from the mapping weighs 1. Here the weights are looked up on
+the device for each gathered batch, so no weight column is stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from shardfeed._common import errors as _errors
+
+# Class ids above this would make the lookup table large for no reason.
+_MAX_CLASS_ID = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassWeights:
+    """The weight of each class `0..len(table)-1`; any other class weighs 1.
+
+    Hashable, so compiled loops can be cached per class weighting.
+    """
+
+    table: tuple[float, ...]
+
+    def weights(self, y: Any) -> tf.Tensor:
+        """One weight per row of the label batch `y` (in the graph)."""
+        if y.shape.rank is not None and y.shape.rank > 1:
+            if y.shape[-1] == 1:
+                y = tf.squeeze(y, axis=-1)
+            else:
+                y = tf.argmax(y, axis=-1, output_type=tf.int32)
+        classes = tf.cast(tf.round(tf.cast(y, tf.float64)), tf.int32)
+        table = tf.constant(self.table, keras.backend.floatx())
+        known = (classes >= 0) & (classes < len(self.table))
+        looked_up = tf.gather(table, tf.clip_by_value(classes, 0, len(self.table) - 1))
+        return tf.where(known, looked_up, tf.ones_like(looked_up))
+
+
+def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> ClassWeights | None:
+    """Checks `class_weight` against the dataset's targets, as Keras does.
+
+    Raises:
+        TypeError: If `class_weight` is not a mapping.
+        ValueError: For non-integer or negative classes, non-finite weights,
+            a dataset with sample weights, several targets, or labels that are
+            not one class per row.
+    """
+    if class_weight is None:
+        return None
+    if not isinstance(class_weight, Mapping):
+        raise TypeError(
+            _errors.message(
+                "`class_weight` must be a dict from class index to weight.",
+                f"type(class_weight)={type(class_weight).__name__}",
+                "Pass e.g. `class_weight={0: 1.0, 1: 5.0}`.",
+            )
+        )
+    cols = dataset.columns
+    bad = [
+        k
+        for k, v in class_weight.items()
+        if not (_errors.is_integer(k) and 0 <= k <= _MAX_CLASS_ID)
+        or not (isinstance(v, numbers.Real) and math.isfinite(v))
+    ]
+    if bad or not class_weight:
+        raise ValueError(
+            _errors.message(
+                "`class_weight` maps class indices (integers from 0) to finite weights.",
+                f"class_weight={dict(class_weight)!r}",
+                "Pass e.g. `class_weight={0: 1.0, 1: 5.0}` (classes left out weigh 1).",
+            )
+        )
+    if cols.sample_weight is not None:
+        raise ValueError(
+            _errors.message(
+                "`class_weight` and sample weights cannot be used together (as in Keras).",
+                "class_weight and a dataset built with sample_weight",
+                "Multiply the class weights into the dataset's `sample_weight` column "
+                "(`sample_weight * weights[y]`), or leave `class_weight` out.",
+            )
+        )
+    column = cols.y if isinstance(cols.y, int) else None
+    rank = None if column is None else len(cols.columns[column].shape)
+    if column is None or rank is None or rank > 2:
+        got = "several outputs" if column is None else f"shape {cols.columns[column].shape}"
+        raise ValueError(
+            _errors.message(
+                "`class_weight` needs a single target with one class per row: sparse "
+                "labels `(n,)` / `(n, 1)` or one-hot labels `(n, classes)` (as in Keras).",
+                f"targets of {got}",
+                "For several outputs, build the weights into the dataset's `sample_weight`.",
+            )
+        )
+    size = max(int(k) for k in class_weight) + 1
+    table = [1.0] * size
+    for k, v in class_weight.items():
+        table[int(k)] = float(v)
+    return ClassWeights(tuple(table))

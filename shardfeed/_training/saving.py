@@ -1,0 +1,73 @@
+"""Saving a model with several workers: the chief writes, the others wait.
+
+Owns `save_model`. Every worker holds the same weights, so one file is
+enough; when every rank calls `model.save(path)` on a shared path, the
+writes interleave and the file is corrupt (`BadZipFile: Bad CRC-32`). Here
+the chief writes a temporary file next to `path` and renames it into place
+(readers never see half a file), then every worker passes `world.barrier()`,
+so after `save_model` returns the file is complete on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from shardfeed._common import errors as _errors
+from shardfeed._distribute.world import current_world
+
+
+def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: Any) -> None:
+    """Saves `model` once, from the chief, while the other workers wait.
+
+    Call it on every worker at the same point (it ends with a barrier, a
+    collective). Works under MultiWorkerMirroredStrategy, Horovod and one
+    process alike; load the file for more training or evaluation inside
+    `world.scope()` (see docs/keras.md, "Multi-worker saving").
+
+    Args:
+        model: A Keras 3 model.
+        filepath: Where to write: a `.keras` file (or `.h5`, as `model.save`).
+        **kwargs: Passed to `model.save` (e.g. `zipped=False`).
+
+    Raises:
+        TypeError: If `model` is not a Keras model.
+        ValueError: As `model.save`, e.g. for a path without `.keras` / `.h5`.
+
+    Example:
+        >>> shardfeed.fit(model, ds, epochs=3)
+        >>> shardfeed.save_model(model, "model.keras")  # on every worker
+        >>> with world.scope():
+        ...     model = keras.models.load_model("model.keras")
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            _errors.message(
+                "`save_model` saves Keras 3 models (`keras.Model`).",
+                f"type(model)={type(model).__name__}",
+                "Pass the model you trained with `shardfeed.fit`.",
+            )
+        )
+    path = Path(filepath)
+    if path.suffix not in (".keras", ".h5"):
+        raise ValueError(
+            _errors.message(
+                "`save_model` writes what `model.save` writes: a `.keras` (or legacy `.h5`) file.",
+                f"filepath={str(filepath)!r}",
+                'Name the file e.g. "model.keras"; for weights alone, save them on the '
+                "chief (`if world.is_chief: model.save_weights(...)`), then `world.barrier()`.",
+            )
+        )
+    world = current_world(model.distribute_strategy)
+    if world.is_chief:
+        # The same suffix: `model.save` picks the format from it.
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
+        try:
+            model.save(str(partial), **kwargs)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    world.barrier()
