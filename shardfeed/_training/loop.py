@@ -320,9 +320,15 @@ class Loop:
         )
 
     def run_epoch(
-        self, epoch: int, training: bool, on_chunk_begin, on_chunk_end
+        self,
+        epoch: int,
+        training: bool,
+        on_chunk_begin,
+        on_chunk_end,
+        steps: tuple[int, int] | None = None,
+        totals: list[float] | None = None,
     ) -> dict[str, float]:
-        """Runs one epoch of training or evaluation.
+        """Runs one epoch of training or evaluation, or steps `[start, stop)` of it.
 
         Args:
             epoch: Epoch number (seeds the shuffle).
@@ -330,6 +336,11 @@ class Loop:
             on_chunk_begin: Called with the first step of each call.
             on_chunk_end: Called with the last step of each call and the logs
                 so far; returns True to stop early.
+            steps: Only these steps of the epoch (a resumed or shorter epoch,
+                `_training/resume.py`); step numbers stay those of the whole
+                epoch, so the order and every step's rows are unchanged.
+            totals: The running `[loss_sum, rows]` to continue (updated in
+                place), so logs cover steps run before a resume as well.
 
         Returns:
             The epoch's logs: loss and compiled metrics over all replicas.
@@ -337,25 +348,33 @@ class Loop:
         ds = self.dataset
         plan = ds.plan if training else ds.eval_plan
         order = ds.epoch_order(epoch, training)
+        first, last = steps or (0, plan.steps_per_epoch)
         try:
-            return self._run_epoch(order, plan, training, on_chunk_begin, on_chunk_end)
+            return self._run_epoch(
+                order, plan, training, on_chunk_begin, on_chunk_end, first, last,
+                totals if totals is not None else [0.0, 0],
+            )
         finally:
             order.close()
 
-    def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end):
+    def _run_epoch(
+        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals
+    ):
         chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
         handles = self._handles()
-        loss_sum, count = 0.0, 0
-        logs: dict[str, float] = {}
+        logs = self.logs(totals[0] / totals[1]) if totals[1] else {}
         b_global = plan.global_batch_size
         for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
+            start, stop = max(start, first), min(stop, last)
+            if start >= stop:
+                continue
             on_chunk_begin(start)
-            loss_sum += float(chunk_fn(handles, self._slices(order, start, stop)))
-            count += (stop - start) * b_global
-            logs = self.logs(loss_sum / count)
+            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop)))
+            totals[1] += (stop - start) * b_global
+            logs = self.logs(totals[0] / totals[1])
             if on_chunk_end(stop - 1, logs):
                 return logs
-        if plan.has_partial_step:
+        if plan.has_partial_step and first < plan.steps_per_epoch <= last:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
             order.prepare(step, step + 1)
@@ -366,9 +385,9 @@ class Loop:
                 value = self._train_partial_fn(handles, last, self._real_rows(plan), all_rows)
             else:
                 value = self._test_partial_fn(handles, last, self._real_rows(plan))
-            loss_sum += float(value)
-            count += real_rows
-            logs = self.logs(loss_sum / count)
+            totals[0] += float(value)
+            totals[1] += real_rows
+            logs = self.logs(totals[0] / totals[1])
             on_chunk_end(step, logs)
         return logs
 
