@@ -336,11 +336,9 @@ class Loop:
             on_chunk_begin: Called with the first step of each call.
             on_chunk_end: Called with the last step of each call and the logs
                 so far; returns True to stop early.
-            steps: Only these steps of the epoch (a resumed or shorter epoch,
-                `_training/resume.py`); step numbers stay those of the whole
-                epoch, so the order and every step's rows are unchanged.
-            totals: The running `[loss_sum, rows]` to continue (updated in
-                place), so logs cover steps run before a resume as well.
+            steps: Only steps `[start, stop)` (a resumed or short epoch); step
+                numbers and each step's rows stay those of the whole epoch.
+            totals: The running `[loss_sum, rows]`, continued in place.
 
         Returns:
             The epoch's logs: loss and compiled metrics over all replicas.
