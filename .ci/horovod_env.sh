@@ -116,9 +116,9 @@ spec = importlib.util.find_spec("shardfeed")
 print(os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else "")
 ' 2>/dev/null) || true
 }
-if [[ "$(installed_at)" != "$REPO_ROOT" || ! -x "$VENV/bin/shardfeed" ]]; then
-    quiet "${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO_ROOT"
-fi
+# Always (a few seconds): a cached venv may hold an install of this same path whose console
+# script names a module that has since moved.
+quiet "${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO_ROOT"
 # The tier must test this checkout: stop when the venv imports anything else.
 found="$(installed_at)"
 if [[ "$found" != "$REPO_ROOT" ]]; then

@@ -212,28 +212,6 @@ def test_backup_and_restore_resumes_a_preempted_run_exactly(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("save_freq", [5, 1])
-def test_backup_and_restore_saving_mid_epoch_is_refused(tmp_path, save_freq):
-    """fit resumes at epoch boundaries: a mid-epoch backup would be restored
-    and then the whole epoch replayed, so it is refused before training."""
-    model, ds, _ = _setup()
-    backup = tmp_path / "backup"
-    with pytest.raises(ValueError) as err:
-        shardfeed.fit(
-            model,
-            ds,
-            epochs=2,
-            callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=save_freq)],
-            verbose=0,
-        )
-    assert str(err.value) == (
-        "`shardfeed.fit` resumes at epoch boundaries only, so `BackupAndRestore` must back "
-        f'up once per epoch (save_freq="epoch"). Received: save_freq={save_freq}. Use '
-        '`keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.'
-    )
-    assert not backup.exists()  # nothing trained, nothing saved
-
-
 def test_on_chief_runs_a_callback_on_rank_0_only_and_other_ranks_print_nothing(capsys):
     from shardfeed._training.callbacks import callback_list as _callback_list
 

@@ -208,6 +208,19 @@ class ShardedResidentDataset:
             raise self._train_plan_error  # type: ignore[misc]
         return self._train_plan
 
+    def replan_training(self, per_replica_batch_size: int) -> None:
+        """Re-plans training epochs for another per-replica batch; the rows stay
+        where they are. `fit` uses it to keep a checkpoint's global batch when
+        resuming on another number of replicas (`_training/resume.py`)."""
+        self._train_plan = _plan.plan_shards(
+            self.num_rows,
+            self.world.num_replicas_in_sync,
+            per_replica_batch_size,
+            self.plan.placement,
+            self.plan.drop_remainder,
+            training=True,
+        )
+
     @property
     def num_rows(self) -> int:
         return self.columns.num_rows

@@ -20,10 +20,12 @@ from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import check_global_batch
 from shardfeed._data.sources import columns_from_arrays
 from shardfeed._distribute.world import current_world
+from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
-from shardfeed._training.callbacks import callback_list, check_callbacks
+from shardfeed._training.callbacks import callback_list
 from shardfeed._training.class_weights import class_weights
 from shardfeed._training.compiled import loop_for
+from shardfeed._training.epochs import FitRun, check_steps
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
 from shardfeed._training.options import FitOptions
@@ -185,6 +187,8 @@ def fit(
     *,
     epochs: int = 1,
     initial_epoch: int = 0,
+    initial_step: int = 0,
+    steps_per_epoch: int | None = None,
     validation_data: Any = None,
     validation_split: float = 0.0,
     validation_freq: int | list[int] = 1,
@@ -204,6 +208,15 @@ def fit(
         dataset: A `ShardedResidentDataset` with targets.
         epochs: Index of the epoch to stop before (as in `model.fit`).
         initial_epoch: Epoch to start at (for resuming).
+        initial_step: Steps of `initial_epoch` already done: resumes inside
+            an epoch (e.g. from `ModelCheckpoint(save_freq=N)`: its `{epoch}`
+            is `initial_epoch + 1` and its `{batch}` is `initial_step`) with
+            the same remaining batches in the same order. The first epoch's
+            logs then cover only its remaining steps; a `BackupAndRestore`
+            resumes by itself, with logs over the whole epoch.
+        steps_per_epoch: Steps per epoch (None: one pass over the data). The
+            order continues across epochs as in Keras, each pass over the
+            data using every row once.
         validation_data: A `ShardedResidentDataset` or a tuple
             `(x, y[, sample_weight])`, evaluated at the end of epochs; its logs
             get a `val_` prefix.
@@ -215,6 +228,9 @@ def fit(
         class_weight: `{class: weight}`: each training row weighs its class's
             weight (1 if absent), as in Keras.
         callbacks: Keras callbacks. Batch hooks fire once per compiled call.
+            A `keras.callbacks.BackupAndRestore` (also with an integer
+            `save_freq`) resumes a killed fit at its last backup, on this or
+            another number of replicas (docs/resume.md).
         verbose: "auto" or 1 (progress bar), 2 (a line per epoch), 0 (silent).
         options: `FitOptions` (steps per call, XLA).
         **unsupported: Other `model.fit` arguments are refused, each with what
@@ -258,7 +274,16 @@ def fit(
         )
     should_validate = fit_args.validation_schedule(validation_freq)
     epochs, initial_epoch = int(epochs), int(initial_epoch)
-    check_callbacks(callbacks)
+    check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
+    run = FitRun(
+        model,
+        dataset,
+        initial_epoch,
+        int(initial_step),
+        None if steps_per_epoch is None else int(steps_per_epoch),
+    )
+    callbacks = _backup.wrap(callbacks, run, dataset.world.is_chief)
+    plan = dataset.plan  # a resume on other replicas may re-plan it
     # Arrays later given to evaluate/predict get this dataset's transform.
     _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
@@ -273,7 +298,7 @@ def fit(
         check_sparse_labels(model, val_ds, "validation_data")
     params = {
         "epochs": epochs,
-        "steps": plan.steps_per_epoch,
+        "steps": run.epoch_steps,
         "verbose": verbose,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.per_replica_batch_size,
@@ -288,25 +313,15 @@ def fit(
     cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
-    # `BackupAndRestore` restores the weights in on_train_begin and says where
-    # to resume through `model._initial_epoch`, as Keras' own fit reads it.
-    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
-    epoch_logs: dict[str, float] = {}
-    for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        cbs.on_epoch_begin(epoch)
 
-        def on_end(step: int, logs: dict[str, float]) -> bool:
-            cbs.on_train_batch_end(step, logs)
-            return bool(model.stop_training)
+    def validate(epoch: int) -> dict[str, float] | None:
+        if val_loop is None or not should_validate(epoch):
+            return None
+        return {f"val_{k}": v for k, v in _evaluate_loop(val_loop, cbs).items()}
 
-        epoch_logs = dict(loop.run_epoch(epoch, True, cbs.on_train_batch_begin, on_end))
-        if val_loop is not None and should_validate(epoch):
-            val_logs = _evaluate_loop(val_loop, cbs)
-            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        cbs.on_epoch_end(epoch, epoch_logs)
-        if model.stop_training:
-            break
+    # The cursor (and a backup's state) says where to start; a callback that
+    # restores the Keras way sets `model._initial_epoch`, which `train` reads.
+    epoch_logs = run.train(loop, cbs, epochs, validate, options.sync_check)
     cbs.on_train_end(epoch_logs)
     return model.history
 

@@ -1,8 +1,8 @@
 """Callbacks under `shardfeed.fit`: which run where, and which are refused.
 
 Owns the `CallbackList` each rank runs (our progress bar added, chief-only
-callbacks removed on other ranks, the rest silenced there) and refusing
-callbacks whose contract `fit` cannot keep.
+callbacks removed on other ranks, the rest silenced there). `BackupAndRestore`
+is replaced by `backup.ResumableBackup` before the list is built.
 """
 
 from __future__ import annotations
@@ -13,29 +13,6 @@ import keras
 
 from shardfeed._common import errors as _errors
 from shardfeed._training.progress import Progress
-
-
-def check_callbacks(callbacks: list[keras.callbacks.Callback] | None) -> None:
-    """Refuses callbacks whose contract `fit` cannot keep.
-
-    `BackupAndRestore(save_freq=<int>)` backs up mid-epoch and, on restart,
-    Keras resumes from that step; `fit` resumes at epoch boundaries only, so
-    it would restore mid-epoch weights and replay the whole epoch.
-    """
-    for callback in callbacks or ():
-        if isinstance(callback, keras.callbacks.BackupAndRestore) and callback.save_freq not in (
-            "epoch",
-            False,
-        ):
-            raise ValueError(
-                _errors.message(
-                    "`shardfeed.fit` resumes at epoch boundaries only, so "
-                    '`BackupAndRestore` must back up once per epoch (save_freq="epoch").',
-                    f"save_freq={callback.save_freq!r}",
-                    'Use `keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch")`.',
-                )
-            )
-
 
 # Callbacks that write files or print: run on the chief (rank 0) only.
 _CHIEF_ONLY_CALLBACKS = (

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
+from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
 
@@ -330,9 +331,15 @@ class Loop:
         )
 
     def run_epoch(
-        self, epoch: int, training: bool, on_chunk_begin, on_chunk_end
+        self,
+        epoch: int,
+        training: bool,
+        on_chunk_begin,
+        on_chunk_end,
+        steps: tuple[int, int] | None = None,
+        totals: list[float] | None = None,
     ) -> dict[str, float]:
-        """Runs one epoch of training or evaluation.
+        """Runs one epoch of training or evaluation, or steps `[start, stop)` of it.
 
         Args:
             epoch: Epoch number (seeds the shuffle).
@@ -340,6 +347,9 @@ class Loop:
             on_chunk_begin: Called with the first step of each call.
             on_chunk_end: Called with the last step of each call and the logs
                 so far; returns True to stop early.
+            steps: Only steps `[start, stop)` (a resumed or short epoch); step
+                numbers and each step's rows stay those of the whole epoch.
+            totals: The running `[loss_sum, rows]`, continued in place.
 
         Returns:
             The epoch's logs: loss and compiled metrics over all replicas.
@@ -347,25 +357,33 @@ class Loop:
         ds = self.dataset
         plan = ds.plan if training else ds.eval_plan
         order = ds.epoch_order(epoch, training)
+        first, last = steps or (0, plan.steps_per_epoch)
         try:
-            return self._run_epoch(order, plan, training, on_chunk_begin, on_chunk_end)
+            return self._run_epoch(
+                order, plan, training, on_chunk_begin, on_chunk_end, first, last,
+                totals if totals is not None else [0.0, 0],
+            )
         finally:
             order.close()
 
-    def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end):
+    def _run_epoch(
+        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals
+    ):
         chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
         handles = self._handles()
-        loss_sum, count = 0.0, 0
-        logs: dict[str, float] = {}
+        logs = self.logs(totals[0] / totals[1]) if totals[1] else {}
         b_global = plan.global_batch_size
         for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
+            start, stop = max(start, first), min(stop, last)
+            if start >= stop:
+                continue
             on_chunk_begin(start)
-            loss_sum += float(chunk_fn(handles, self._slices(order, start, stop)))
-            count += (stop - start) * b_global
-            logs = self.logs(loss_sum / count)
+            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop)))
+            totals[1] += (stop - start) * b_global
+            logs = self.logs(totals[0] / totals[1])
             if on_chunk_end(stop - 1, logs):
                 return logs
-        if plan.has_partial_step:
+        if plan.has_partial_step and first < plan.steps_per_epoch <= last:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
             order.prepare(step, step + 1)
@@ -376,9 +394,9 @@ class Loop:
                 value = self._train_partial_fn(handles, last, self._real_rows(plan), all_rows)
             else:
                 value = self._test_partial_fn(handles, last, self._real_rows(plan))
-            loss_sum += float(value)
-            count += real_rows
-            logs = self.logs(loss_sum / count)
+            totals[0] += float(value)
+            totals[1] += real_rows
+            logs = self.logs(totals[0] / totals[1])
             on_chunk_end(step, logs)
         return logs
 
@@ -395,7 +413,6 @@ class Loop:
         on every worker."""
         ds = self.dataset
         plan = ds.eval_plan
-        b = plan.per_replica_batch_size
         order = ds.epoch_order(0, training=False)
         chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
@@ -408,27 +425,7 @@ class Loop:
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
         finally:
             order.close()
-        # Every replica has steps_per_epoch * b slots; padding slots get row -1.
-        rows_per_replica, leaves_per_replica = [], []
-        for local, store in enumerate(ds.stores):
-            slot_rows = order.rows(local).copy()
-            real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
-            slot_rows[real:] = -1
-            rows_per_replica.append(slot_rows)
-            leaves_per_replica.append(
-                [
-                    np.concatenate([c[j] for c in chunks[local]]).reshape(-1, *leaf.shape[2:])
-                    for j, leaf in enumerate(chunks[local][0])
-                ]
-            )
-        rows = self.engine.all_gather(rows_per_replica)
-        keep = np.flatnonzero(rows >= 0)
-        in_row_order = keep[np.argsort(rows[keep], kind="stable")]
-        leaves = [
-            self.engine.all_gather([leaves[j] for leaves in leaves_per_replica])[in_row_order]
-            for j in range(len(leaves_per_replica[0]))
-        ]
-        return keras.tree.pack_sequence_as(structure, leaves)
+        return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
 
     def _local_structures(self, out: Any) -> list[Any]:
         flat = keras.tree.flatten(out)

@@ -25,6 +25,11 @@ class FitOptions:
         jit_compile: XLA for the step: True, False, or "auto" (on for GPUs;
             on CPUs only for models without convolutions, which XLA's CPU
             backend runs far slower inside loops).
+        sync_check: With more than one replica, check that every replica
+            holds the same trainable weights (integer checksums gathered from
+            all replicas; a clear error names the first diverged variable):
+            True (default) at the end of each epoch, an integer k also after
+            every k-th compiled call, or False (never).
 
     Example:
         >>> FitOptions(steps_per_execution=64, jit_compile=False)
@@ -32,6 +37,7 @@ class FitOptions:
 
     steps_per_execution: int | Literal["auto"] = "auto"
     jit_compile: bool | Literal["auto"] = "auto"
+    sync_check: bool | int = True
 
     def __post_init__(self) -> None:
         spe = self.steps_per_execution
@@ -47,4 +53,13 @@ class FitOptions:
             f"jit_compile={self.jit_compile!r}",
             'Use "auto" unless you measured otherwise.',
         )
+        _require(
+            isinstance(self.sync_check, bool)
+            or (_errors.is_integer(self.sync_check) and self.sync_check >= 1),
+            "`sync_check` must be True, False or an integer >= 1 (every k calls).",
+            f"sync_check={self.sync_check!r}",
+            "Use True (each epoch), False (off) or e.g. 10.",
+        )
         _as_int(self, "steps_per_execution")
+        if not isinstance(self.sync_check, bool):
+            _as_int(self, "sync_check")

@@ -1,0 +1,152 @@
+"""`keras.callbacks.BackupAndRestore` under `shardfeed.fit`: mid-epoch, on every rank.
+
+Separation of concerns: this module owns the backup directory -- what is
+written, by whom, and what a restarted `fit` reads back. What the state holds
+and how a resume continues the order is `resume.py`'s; `epochs.py` moves the
+cursor.
+
+`fit` replaces each `BackupAndRestore` it is given by a `ResumableBackup`
+with the same `backup_dir`, `save_freq` and `delete_checkpoint`, which
+follows TensorFlow's multi-worker pattern:
+- every rank runs it and reads the metric state together (under
+  MultiWorkerMirroredStrategy a sync-on-read read is a collective);
+- only the chief writes: `ckpt-0.weights.h5` or `ckpt-1.weights.h5` in
+  turn (Keras `save_weights`: weights and optimizer state, which are
+  mirrored, so a local read), then
+  `shardfeed_state.json` (the resume state and the weights file's name)
+  atomically by rename, then it removes older weights files -- a kill at any
+  point leaves a state that names a complete weights file;
+- every rank reads the same files on restore (`backup_dir` must be on a
+  filesystem every worker sees, as for TensorFlow's own backups).
+Batch hooks fire once per compiled call, so `save_freq=N` saves at the end of
+the first call after which at least N steps ran since the last save (as
+Keras' own callback does with `steps_per_execution`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import keras
+
+from shardfeed._common import errors as _errors
+from shardfeed._training.epochs import FitRun
+from shardfeed._training.resume import ResumeState
+
+STATE_FILE = "shardfeed_state.json"
+
+
+class ResumableBackup(keras.callbacks.Callback):
+    """Backs up weights, optimizer and resume state; restores them at the start.
+
+    Args:
+        source: The user's `keras.callbacks.BackupAndRestore` (its
+            `backup_dir`, `save_freq` and `delete_checkpoint` are used).
+        run: The `fit` call's `FitRun` (its cursor and running totals).
+        is_chief: Whether this rank writes the files.
+    """
+
+    shardfeed_all_ranks = True
+
+    def __init__(
+        self, source: keras.callbacks.BackupAndRestore, run: FitRun, is_chief: bool
+    ) -> None:
+        super().__init__()
+        self.backup_dir = str(source.backup_dir)
+        self.save_freq = source.save_freq
+        self.delete_checkpoint = source.delete_checkpoint
+        self._run = run
+        self._is_chief = is_chief
+        self._saved_at_steps = 0
+        self._state_path = os.path.join(self.backup_dir, STATE_FILE)
+        self._weights_file: str | None = None
+
+    # -- restore -------------------------------------------------------------
+
+    def read_state(self) -> ResumeState | None:
+        """The saved resume state, or None when there is no backup."""
+        if not os.path.exists(self._state_path):
+            return None
+        with open(self._state_path) as f:
+            saved = json.load(f)
+        self._weights_file = saved["weights"]
+        return ResumeState.from_dict(saved["state"])
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self._weights_file is None:
+            return
+        model = self.model
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(os.path.join(self.backup_dir, self._weights_file))
+
+    # -- save ----------------------------------------------------------------
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if isinstance(self.save_freq, str) or not self.save_freq:
+            return
+        if self._run.steps_run - self._saved_at_steps >= self.save_freq:
+            self._save()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.save_freq == "epoch":
+            self._save()
+
+    def _save(self) -> None:
+        self._saved_at_steps = self._run.steps_run
+        state = self._run.capture()  # every rank: metric reads may be collectives
+        if not self._is_chief:
+            return
+        os.makedirs(self.backup_dir, exist_ok=True)
+        # Two names in turn: the file the current state names is never overwritten.
+        name = "ckpt-1.weights.h5" if self._weights_file == "ckpt-0.weights.h5" else (
+            "ckpt-0.weights.h5"
+        )
+        self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        tmp = self._state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"weights": name, "state": state.to_dict()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._state_path)
+        self._weights_file = name
+        for old in os.listdir(self.backup_dir):
+            if old.startswith("ckpt-") and old != name:
+                os.remove(os.path.join(self.backup_dir, old))
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._is_chief and self.delete_checkpoint and os.path.exists(self.backup_dir):
+            shutil.rmtree(self.backup_dir)
+
+
+def wrap(
+    callbacks: list[keras.callbacks.Callback] | None, run: FitRun, is_chief: bool
+) -> list[keras.callbacks.Callback]:
+    """`callbacks` with each `BackupAndRestore` replaced by a `ResumableBackup`;
+    a found backup's state is handed to `run` (which checks it and resumes).
+
+    Raises:
+        ValueError: For more than one `BackupAndRestore`, or a backup that
+            cannot resume on this dataset and world (see `resume.adapt`).
+    """
+    out = list(callbacks or [])
+    backups = [i for i, c in enumerate(out) if isinstance(c, keras.callbacks.BackupAndRestore)]
+    if len(backups) > 1:
+        raise ValueError(
+            _errors.message(
+                "`shardfeed.fit` takes at most one `BackupAndRestore`: each would restore "
+                "its own state.",
+                f"{len(backups)} BackupAndRestore callbacks",
+                "Keep one (several backups of one run add no safety).",
+            )
+        )
+    for i in backups:
+        backup = ResumableBackup(out[i], run, is_chief)
+        state = backup.read_state()
+        if state is not None:
+            run.resume(state)
+        out[i] = backup
+    return out

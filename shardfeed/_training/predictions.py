@@ -1,0 +1,65 @@
+"""Predictions back in the original row order, on every worker.
+
+Each replica predicts its own slots (real rows and padding) call by call;
+this module drops the padding, gathers every replica's rows and outputs from
+all workers, and sorts them by row number, so `predict` returns exactly one
+output per row, in the order the rows were given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from shardfeed._data.plan import ShardPlan
+from shardfeed._data.storage import ReplicaStore
+
+
+def in_row_order(
+    engine: Any,
+    order: Any,
+    plan: ShardPlan,
+    stores: tuple[ReplicaStore, ...],
+    chunks: list[list[Any]],
+    structure: Any,
+) -> Any:
+    """Every row's output, sorted by row number, from every replica's chunks.
+
+    Args:
+        engine: The engine (its `all_gather` crosses workers).
+        order: The evaluation epoch's order (`rows(local)`: each slot's row).
+        plan: The evaluation plan (how many slots of the last step are real).
+        stores: The local replicas' storage.
+        chunks: Per local replica, per compiled call, the flat output leaves.
+        structure: One replica's output structure (to pack the leaves into).
+
+    Returns:
+        The outputs, one per row of the whole dataset, in row order.
+
+    Example:
+        >>> in_row_order(engine, order, ds.eval_plan, ds.stores, chunks, structure)
+    """
+    b = plan.per_replica_batch_size
+    # Every replica has steps_per_epoch * b slots; padding slots get row -1.
+    rows_per_replica, leaves_per_replica = [], []
+    for local, store in enumerate(stores):
+        slot_rows = order.rows(local).copy()
+        real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
+        slot_rows[real:] = -1
+        rows_per_replica.append(slot_rows)
+        leaves_per_replica.append(
+            [
+                np.concatenate([c[j] for c in chunks[local]]).reshape(-1, *leaf.shape[2:])
+                for j, leaf in enumerate(chunks[local][0])
+            ]
+        )
+    rows = engine.all_gather(rows_per_replica)
+    keep = np.flatnonzero(rows >= 0)
+    in_order = keep[np.argsort(rows[keep], kind="stable")]
+    leaves = [
+        engine.all_gather([leaves[j] for leaves in leaves_per_replica])[in_order]
+        for j in range(len(leaves_per_replica[0]))
+    ]
+    return keras.tree.pack_sequence_as(structure, leaves)
