@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
+from shardfeed._training import augmenting as _augmenting
 from shardfeed._training.options import FitOptions
 
 _CONV_LAYERS = (
@@ -203,21 +204,22 @@ class Loop:
 
     # -- compiled calls ------------------------------------------------------
 
-    def _train_chunk(self, handles, indices):
+    def _train_chunk(self, handles, indices, where, replicas):
         # The step loop sits outside `engine.run`: a strategy cannot merge
         # (all-reduce gradients) inside a while loop of the replica function.
         # Per-replica loss sums go to a sync-on-read accumulator, reduced once
         # per call rather than once per step.
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
-        def replica(handles, indices, i):
+        def replica(handles, indices, i, r):
             x, y, sw = self.dataset.gather(handles, indices[i])
+            x = _augmenting.augmented(self.dataset, x, where, i, r)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
         for i in tf.range(steps):
-            self.engine.run(replica, (handles, indices, i))
+            self.engine.run(replica, (handles, indices, i, replicas))
         return self.engine.read_sum(self._loss_sum)
 
     def _test_chunk(self, handles, indices):
@@ -230,14 +232,15 @@ class Loop:
 
         return self.engine.sum_across_replicas(self.engine.run(replica, (handles, indices)))
 
-    def _train_partial(self, handles, indices, real_rows, all_rows):
-        def replica(handles, indices, real_rows):
+    def _train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
+        def replica(handles, indices, real_rows, r):
             x, y, sw = self.dataset.gather(handles, indices[:real_rows])
+            x = _augmenting.augmented(self.dataset, x, where, 0, r)
             total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 
         self._loss_sum.assign(0.0)
-        self.engine.run(replica, (handles, indices, real_rows))
+        self.engine.run(replica, (handles, indices, real_rows, replicas))
         return self.engine.read_sum(self._loss_sum)
 
     def _test_partial(self, handles, indices, real_rows):
@@ -338,19 +341,25 @@ class Loop:
         plan = ds.plan if training else ds.eval_plan
         order = ds.epoch_order(epoch, training)
         try:
-            return self._run_epoch(order, plan, training, on_chunk_begin, on_chunk_end)
+            return self._run_epoch(order, plan, training, on_chunk_begin, on_chunk_end, epoch)
         finally:
             order.close()
 
-    def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end):
-        chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
-        handles = self._handles()
+    def _run_epoch(self, order, plan, training, on_chunk_begin, on_chunk_end, epoch=0):
+        handles, replicas = self._handles(), _augmenting.replica_ids(self.engine)
+
+        def chunk_fn(handles, indices, start):
+            if not training:
+                return self._test_chunk_fn(handles, indices)
+            where = _augmenting.position(epoch, start)
+            return self._train_chunk_fn(handles, indices, where, replicas)
+
         loss_sum, count = 0.0, 0
         logs: dict[str, float] = {}
         b_global = plan.global_batch_size
         for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
             on_chunk_begin(start)
-            loss_sum += float(chunk_fn(handles, self._slices(order, start, stop)))
+            loss_sum += float(chunk_fn(handles, self._slices(order, start, stop), start))
             count += (stop - start) * b_global
             logs = self.logs(loss_sum / count)
             if on_chunk_end(stop - 1, logs):
@@ -363,7 +372,10 @@ class Loop:
             real_rows = sum(plan.last_step_rows)
             if training:
                 all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(handles, last, self._real_rows(plan), all_rows)
+                value = self._train_partial_fn(
+                    handles, last, self._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, step), replicas,
+                )
             else:
                 value = self._test_partial_fn(handles, last, self._real_rows(plan))
             loss_sum += float(value)
