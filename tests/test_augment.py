@@ -277,3 +277,17 @@ def test_replicas_draw_different_augmentations():
     per_replica = [v.numpy() for v in draws.values]
     assert per_replica[0][0] != 0 and per_replica[1][1] != 0
     assert per_replica[0][0] != per_replica[1][1]
+
+
+def test_a_run_resumed_at_an_epoch_repeats_the_augmentations():
+    whole, _ = _fit(AUGMENT, epochs=2)
+    images, labels = _images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=64, seed=5, transform=_scale, augment=AUGMENT
+    )
+    resumed = _cnn()
+    options = FitOptions(steps_per_execution=2, jit_compile=False)
+    shardfeed.fit(resumed, ds, epochs=1, verbose=0, options=options)
+    shardfeed.fit(resumed, ds, epochs=2, initial_epoch=1, verbose=0, options=options)
+    for wa, wb in zip(whole.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_array_equal(wa, wb)
