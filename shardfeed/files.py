@@ -3,7 +3,8 @@
 Each function returns a leaf usable wherever an array is accepted in `x`,
 `y` or `sample_weight`; a worker reads only the rows its replicas own, one
 chunk at a time. `split` writes per-rank shard files plus a manifest, and
-`manifest` reads them back as leaves. Implementation: one module per format in
+`manifest` reads them back as leaves; `tfrecord` reads `tf.train.Example`
+files (TensorFlow imported only when it is called). Implementation: one module per format in
 `shardfeed._data.formats`, and the writer `shardfeed._data.split`.
 
 Example:
@@ -22,6 +23,7 @@ from shardfeed._data.formats.npz import npz as npz
 from shardfeed._data.formats.parquet import parquet as parquet
 from shardfeed._data.formats.parquet import parquet_columns as parquet_columns
 from shardfeed._data.split import split as split
+from shardfeed._data.tfrecord import tfrecord as tfrecord
 
 __all__ = [
     "FileArray",
@@ -34,4 +36,5 @@ __all__ = [
     "parquet",
     "parquet_columns",
     "split",
+    "tfrecord",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from shardfeed._commands.bench import tuning as _tuning
@@ -96,3 +97,26 @@ def test_probe_note_names_winner_and_catastrophic_jit(configs, winner, catastrop
     note = _tuning._probe_note(configs)
     assert note.startswith("Winner: ") and winner in note.split(";")[0]
     assert ("catastrophically slow" in note) == catastrophic
+
+
+@pytest.mark.slow
+def test_w4_augments_in_every_variant(tmp_path):
+    """W4: Keras layers in model.fit(numpy)'s model, shardfeed.augment in the
+    tf.data map, augment= for shardfeed; the floor reports the augmentation's
+    own time."""
+    argv = ["bench", "--workloads", "W4", "--variants", "numpy,tfdata,shardfeed,floor"]
+    argv += ["--rows-scale", "0.0005", "--epochs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    variants = report["workloads"]["W4"]["variants"]
+    assert variants["floor"]["augment_ms_per_step"] > 0
+    assert "Augmentation alone" in (tmp_path / "bench.md").read_text()
+    w4 = _workloads.WORKLOADS["W4"]
+    layers = [type(layer).__name__ for layer in _workloads.build_model(w4, True, 0, True).layers]
+    assert layers[:3] == ["Rescaling", "RandomFlip", "RandomTranslation"]
+    x, y = _workloads.make_data(w4, 300, seed=0)
+    batch = next(iter(_workloads.tf_data(x, y, w4)))[0].numpy()
+    originals = {image.tobytes() for image in x}
+    unchanged = sum(image.tobytes() in originals for image in batch)
+    # Unchanged only when the coin says "no flip" and both offsets are 0 (1 in 50).
+    assert batch.dtype == np.uint8 and unchanged < len(batch) // 4

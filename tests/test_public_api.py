@@ -25,6 +25,16 @@ EXPECTED = [
 
 # Public submodules and their exports.
 EXPECTED_MODULES = {
+    "augment": [
+        "brightness",
+        "compose",
+        "contrast",
+        "cutout",
+        "flip_left_right",
+        "gaussian_noise",
+        "random_crop",
+        "translate",
+    ],
     "files": [
         "FileArray",
         "concat",
@@ -36,6 +46,7 @@ EXPECTED_MODULES = {
         "parquet",
         "parquet_columns",
         "split",
+        "tfrecord",
     ],
     "launch": ["LaunchOptions", "run"],
 }

@@ -30,6 +30,7 @@ from shardfeed._data import plan as _plan
 from shardfeed._data import sources as _sources
 from shardfeed._data import storage as _storage
 from shardfeed._data import streaming as _streaming
+from shardfeed._data import tfdata as _tfdata
 from shardfeed._data.options import LoadOptions
 from shardfeed._distribute.world import World, current_world
 
@@ -40,6 +41,26 @@ Batch = tuple[Any, Any, Any]
 # Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
 # `default_rng` (streamed epochs): [0, 2**63) works in both.
 MAX_SEED = 2**63
+
+
+def _check_augment(augment: Any, seed: int | None) -> None:
+    if augment is not None and not callable(augment):
+        raise TypeError(
+            _errors.message(
+                "`augment` must be a function `(x, seed) -> x`.",
+                f"type(augment)={type(augment).__name__}",
+                "Pass e.g. `augment=shardfeed.augment.flip_left_right()`.",
+            )
+        )
+    if augment is not None and seed is None:
+        raise ValueError(
+            _errors.message(
+                "Augmenting requires a seed, so that reruns and resumed runs draw "
+                "the same augmentations.",
+                "augment=<function>, seed=None",
+                "Pass `seed=<int>`.",
+            )
+        )
 
 
 class ShardedResidentDataset:
@@ -69,6 +90,11 @@ class ShardedResidentDataset:
             `"replicate"`: each replica holds all rows.
         transform: A function applied to each batch's `x` inside the
             compiled step, e.g. `lambda x: tf.cast(x, "float32") / 255`.
+        augment: A function `(x, seed) -> x` applied to each *training*
+            batch inside the compiled step, after `transform`, before the
+            model (never by `evaluate`/`predict`); `seed` is a stateless
+            `[2]` seed drawn from `(seed, epoch, step, replica)`. See
+            `shardfeed.augment` for blocks. Requires `seed`.
         load_options: Chunk size, memory headroom and checks for the upload.
         strategy: The `tf.distribute` strategy whose devices hold the rows;
             defaults to the strategy in scope.
@@ -95,6 +121,7 @@ class ShardedResidentDataset:
         drop_remainder: bool = False,
         placement: _plan.Placement = "shard",
         transform: Callable[[Any], Any] | None = None,
+        augment: Callable[[Any, Any], Any] | None = None,
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
@@ -124,12 +151,14 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
+        _check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
         self.shuffle = bool(shuffle)
         self.seed = None if seed is None else int(seed)
         self.transform = transform
+        self.augment = augment
         self.load_options = load_options or LoadOptions()
         self.eval_plan = _plan.plan_shards(
             self.columns.num_rows,
@@ -194,6 +223,19 @@ class ShardedResidentDataset:
                 if train_plan.drop_remainder
                 else "a replica would have no row in the last step",
             )
+
+    @classmethod
+    def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
+        """Builds a resident dataset from a finite `tf.data.Dataset`; each
+        worker drains only its shard. See `shardfeed._data.tfdata.from_tf_dataset`
+        for the arguments.
+
+        Example:
+            >>> ds = ShardedResidentDataset.from_tf_dataset(
+            ...     tf.data.Dataset.from_tensor_slices((x, y)),
+            ...     per_replica_batch_size=256, seed=0)
+        """
+        return _tfdata.from_tf_dataset(cls, dataset, **kwargs)
 
     # -- what it holds -------------------------------------------------------
 

@@ -228,6 +228,7 @@ def split_validation(
             shuffle=dataset.shuffle,
             seed=dataset.seed,
             drop_remainder=plan.drop_remainder,
+            augment=dataset.augment,  # training only: validation never augments
         ),
         part(split_at, rows, per_replica_batch_size=val_batch, shuffle=False),
     )

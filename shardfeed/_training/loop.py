@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
+from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -214,21 +215,22 @@ class Loop:
 
     # -- compiled calls ------------------------------------------------------
 
-    def _train_chunk(self, handles, indices):
+    def _train_chunk(self, handles, indices, where, replicas):
         # The step loop sits outside `engine.run`: a strategy cannot merge
         # (all-reduce gradients) inside a while loop of the replica function.
         # Per-replica loss sums go to a sync-on-read accumulator, reduced once
         # per call rather than once per step.
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
-        def replica(handles, indices, i):
+        def replica(handles, indices, i, r):
             x, y, sw = self._train_batch(handles, indices[i])
+            x = _augmenting.augmented(self.dataset, x, where, i, r)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
         for i in tf.range(steps):
-            self.engine.run(replica, (handles, indices, i))
+            self.engine.run(replica, (handles, indices, i, replicas))
         return self.engine.read_sum(self._loss_sum)
 
     def _test_chunk(self, handles, indices):
@@ -241,14 +243,15 @@ class Loop:
 
         return self.engine.sum_across_replicas(self.engine.run(replica, (handles, indices)))
 
-    def _train_partial(self, handles, indices, real_rows, all_rows):
-        def replica(handles, indices, real_rows):
+    def _train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
+        def replica(handles, indices, real_rows, r):
             x, y, sw = self._train_batch(handles, indices[:real_rows])
+            x = _augmenting.augmented(self.dataset, x, where, 0, r)
             total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
 
         self._loss_sum.assign(0.0)
-        self.engine.run(replica, (handles, indices, real_rows))
+        self.engine.run(replica, (handles, indices, real_rows, replicas))
         return self.engine.read_sum(self._loss_sum)
 
     def _test_partial(self, handles, indices, real_rows):
@@ -361,16 +364,22 @@ class Loop:
         try:
             return self._run_epoch(
                 order, plan, training, on_chunk_begin, on_chunk_end, first, last,
-                totals if totals is not None else [0.0, 0],
+                totals if totals is not None else [0.0, 0], epoch,
             )
         finally:
             order.close()
 
     def _run_epoch(
-        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals
+        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals, epoch
     ):
-        chunk_fn = self._train_chunk_fn if training else self._test_chunk_fn
-        handles = self._handles()
+        handles, replicas = self._handles(), _augmenting.replica_ids(self.engine)
+
+        def chunk_fn(handles, indices, start):
+            if not training:
+                return self._test_chunk_fn(handles, indices)
+            where = _augmenting.position(epoch, start)
+            return self._train_chunk_fn(handles, indices, where, replicas)
+
         logs = self.logs(totals[0] / totals[1]) if totals[1] else {}
         b_global = plan.global_batch_size
         for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
@@ -378,7 +387,7 @@ class Loop:
             if start >= stop:
                 continue
             on_chunk_begin(start)
-            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop)))
+            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop), start))
             totals[1] += (stop - start) * b_global
             logs = self.logs(totals[0] / totals[1])
             if on_chunk_end(stop - 1, logs):
@@ -387,13 +396,16 @@ class Loop:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
             order.prepare(step, step + 1)
-            last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+            last_step = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
             real_rows = sum(plan.last_step_rows)
             if training:
                 all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(handles, last, self._real_rows(plan), all_rows)
+                value = self._train_partial_fn(
+                    handles, last_step, self._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, step), replicas,
+                )
             else:
-                value = self._test_partial_fn(handles, last, self._real_rows(plan))
+                value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
             totals[0] += float(value)
             totals[1] += real_rows
             logs = self.logs(totals[0] / totals[1])

@@ -2,7 +2,7 @@
 
 Separation of concerns: this package owns the benchmark only, one concept per
 module -- `cli` (flags and the run), `machine` (what the numbers were measured
-on), `workloads` (the W1/W2/W3 data and models, shared with `shardfeed demo`),
+on), `workloads` (the W1-W4 data and models, shared with `shardfeed demo`),
 `variants` (what is timed), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
 rounds), `report` (JSON, Markdown, chart) and `engines` (`--engines`). It

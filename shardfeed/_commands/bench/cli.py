@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads",
         type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
         default=list(WORKLOADS),
-        help="comma-separated, from W1,W2,W3 (default: all)",
+        help="comma-separated, from W1,W2,W3,W4 (default: all)",
     )
     parser.add_argument(
         "--variants",

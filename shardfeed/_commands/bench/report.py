@@ -72,6 +72,14 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(r['speedup_vs_numpy'], '.2f', 'x')} | {_fmt(r['final_loss'], '.4f')} "
                 f"| {_fmt(r['setup_s'], '.2f')} | {_fmt(r['warmup_s'], '.2f')} |"
             )
+        floor = w["variants"].get("floor") or {}
+        if floor.get("augment_ms_per_step") is not None:
+            share = floor["augment_ms_per_step"] / floor["ms_per_step"]
+            lines += [
+                "",
+                f"Augmentation alone (same calls, no train step): "
+                f"{floor['augment_ms_per_step']:.3f} ms/step, {share:.0%} of the floor's step.",
+            ]
         tuned = w["variants"].get("tuned")
         if tuned:
             probe = tuned["probe"]

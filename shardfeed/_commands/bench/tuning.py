@@ -66,7 +66,7 @@ def probe_keras_settings(
         0.41
     """
     steps = min(math.ceil(len(x) / BATCH_SIZE), PROBE_MAX_STEPS)
-    data = tf_data(x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE])
+    data = tf_data(x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE], workload)
     configs = []
     for spe in PROBE_SPE:
         for jit in PROBE_JIT:

@@ -21,6 +21,7 @@ from shardfeed._commands.bench.tuning import probe_keras_settings
 from shardfeed._commands.bench.workloads import (
     BATCH_SIZE,
     Workload,
+    augment_for,
     new_model,
     tf_data,
     transform_for,
@@ -118,10 +119,12 @@ class _KerasFit(Variant):
             self.reference,
             True,
             self.args.seed,
+            # W4: model.fit(numpy) augments with Keras' preprocessing layers.
+            keras_augment=self.name == "numpy" and augment_for(self.workload) is not None,
             steps_per_execution=self.spe,
             jit_compile=self.jit,
         )
-        self.data = None if self.name == "numpy" else tf_data(self.x, self.y)
+        self.data = None if self.name == "numpy" else tf_data(self.x, self.y, self.workload)
         self.settings = {
             "steps_per_execution": self.model.steps_per_execution,
             "jit_compile": self.model.jit_compile,
@@ -174,6 +177,7 @@ class _Shardfeed(Variant):
             per_replica_batch_size=BATCH_SIZE,
             seed=self.args.seed,
             transform=transform_for(self.workload),
+            augment=augment_for(self.workload),
             load_options=self.load_options(),
         )
 
@@ -243,6 +247,7 @@ class _Floor(Variant):
         import tensorflow as tf
 
         from shardfeed import ShardedResidentDataset
+        from shardfeed._data.augment import step_seed
 
         self.model = new_model(self.workload, self.reference, False, self.args.seed)
         # Only the first batch is needed: the loop is built for it, then the
@@ -260,15 +265,31 @@ class _Floor(Variant):
         x, y, sw = dataset.gather(store.handles, tf.range(BATCH_SIZE))
         self.batch = (tf.identity(x), tf.identity(y), sw)
         self.calls = [tf.zeros([min(k, steps - s)], tf.int32) for s in range(0, steps, k)]
+        augment = augment_for(self.workload)
+
+        def augmented(x: Any, i: Any) -> Any:
+            if augment is None:
+                return x
+            return augment(x, step_seed(self.args.seed, tf.constant(0), i, tf.constant(0)))
 
         def chunk(x: Any, y: Any, sw: Any, steps: Any) -> Any:
             loss_sum = tf.zeros([], tf.float32)
-            for _ in tf.range(steps.shape[0]):  # static trip count, as in Loop._train_chunk
-                loss_sum += tf.cast(train_step(x, y, sw), tf.float32)
+            for i in tf.range(steps.shape[0]):  # static trip count, as in Loop._train_chunk
+                loss_sum += tf.cast(train_step(augmented(x, i), y, sw), tf.float32)
             return loss_sum
+
+        def augment_only(x: Any, steps: Any) -> Any:
+            total = tf.zeros([], x.dtype)
+            for i in tf.range(steps.shape[0]):
+                total += tf.reduce_sum(augmented(x, i)[:, 0, 0, 0])
+            return total
 
         self.fn = tf.function(chunk, jit_compile=jit)
         self.settings = {"steps_per_execution": k, "jit_compile": jit}
+        if augment is not None:
+            self.extra["augment_ms_per_step"] = _time_augment(
+                tf.function(augment_only, jit_compile=jit), self.batch[0], self.calls
+            )
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
         start = time.perf_counter()
@@ -276,6 +297,19 @@ class _Floor(Variant):
         for steps in self.calls:
             total += float(self.fn(*self.batch, steps))  # float() waits for the call
         return time.perf_counter() - start, None
+
+
+def _time_augment(fn: Callable[..., Any], x: Any, calls: list[Any]) -> float:
+    """Milliseconds per step of the augmentation alone (median of 3 epochs' worth
+    of calls, after one warm-up call)."""
+    float(fn(x, calls[0]))
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for steps in calls:
+            float(fn(x, steps))
+        runs.append((time.perf_counter() - start) / sum(int(c.shape[0]) for c in calls))
+    return 1000 * sorted(runs)[1]
 
 
 VARIANT_TYPES: dict[str, Callable[..., Variant]] = {

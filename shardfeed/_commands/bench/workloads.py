@@ -1,4 +1,4 @@
-"""The benchmark workloads W1, W2 and W3: their data, models, losses and inputs.
+"""The benchmark workloads W1-W4: their data, models, losses and inputs.
 
 Separation of concerns: this module owns what is trained -- deterministic
 synthetic data, the seeded models, the loss and optimizer, the `transform`
@@ -62,6 +62,20 @@ WORKLOADS: dict[str, Workload] = {
         "`transform=lambda x: tf.cast(x, 'float32') / 255` inside the step, no Rescaling "
         "layer. Floor: one batch normalised once, outside the loop.",
     ),
+    "W4": Workload(
+        "W4",
+        50_000,
+        "50,000 x 32x32x3 uint8 images (CIFAR-10-shaped), 10 classes, airbench-like CNN "
+        "(conv-BN-ReLU blocks 24-32-64-64 with max pooling, global max pool, Dense10), "
+        "flip + translate(2, reflect) augmentation per image",
+        "uint8 rows everywhere, augmentation on every training batch. model.fit(numpy): "
+        "Keras preprocessing layers in the model (`Rescaling(1/255)`, `RandomFlip("
+        "'horizontal')`, `RandomTranslation(2/32, 2/32, fill_mode='reflect')`). tf.data "
+        "variants: `shardfeed.augment` flip + translate(2) in `map` after `batch` "
+        "(AUTOTUNE, a seed per batch), `Rescaling(1/255)` in the model. shardfeed: "
+        "`transform` (cast, /255) and `augment=compose(flip_left_right(), translate(2))` in "
+        "the step. Floor: the same train step and the same augmentation on one batch.",
+    ),
 }
 
 
@@ -96,6 +110,7 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
         w2 = rng.standard_normal((16, 1), dtype=np.float32)
         noise = np.float32(0.1) * rng.standard_normal((rows, 1), dtype=np.float32)
         return x, (np.tanh(x @ w1) @ w2 + noise).astype(np.float32)
+    # W3 and W4: class prototypes plus noise.
     prototypes = rng.integers(0, 48, (10, 8, 8, 3), dtype=np.uint8)
     prototypes = prototypes.repeat(4, axis=1).repeat(4, axis=2)
     y = rng.integers(0, 10, rows, dtype=np.int32)
@@ -104,15 +119,43 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
     return images, y
 
 
-def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:
+def _airbench_like(head: list[Any], seeds: Any) -> list[Any]:
+    """W4's CNN: conv-BN-ReLU blocks with max pooling (airbench's shape, narrower
+    so an epoch fits a CPU)."""
+    import keras
+    from keras import layers
+
+    def block(filters: int, pool: bool) -> list[Any]:
+        init = keras.initializers.GlorotUniform(seed=next(seeds))
+        conv = layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=init)
+        pooling = [layers.MaxPooling2D()] if pool else []
+        return [conv, *pooling, layers.BatchNormalization(), layers.ReLU()]
+
+    init = keras.initializers.GlorotUniform(seed=next(seeds))
+    return [
+        *head,
+        *block(24, False),
+        *block(32, True),
+        *block(64, True),
+        *block(64, True),
+        layers.GlobalMaxPooling2D(),
+        layers.Dense(10, kernel_initializer=init),
+    ]
+
+
+def build_model(
+    workload: Workload, for_keras_fit: bool, seed: int, keras_augment: bool = False
+) -> Any:
     """The workload's model, with seeded initialisers.
 
     Args:
         workload: Which workload.
-        for_keras_fit: For W3, take uint8 input with a `Rescaling(1/255)`
+        for_keras_fit: For W3 and W4, take uint8 input with a `Rescaling(1/255)`
             first layer (the Keras variants); else float32 input (shardfeed's
             `transform` normalises). Ignored for W1 and W2.
         seed: Initialiser seed.
+        keras_augment: W4 only: Keras' `RandomFlip` and `RandomTranslation`
+            after the rescaling (they hold no weights).
 
     Returns:
         An uncompiled `keras.Model`.
@@ -144,6 +187,14 @@ def build_model(workload: Workload, for_keras_fit: bool, seed: int) -> Any:
             if for_keras_fit
             else [keras.Input((32, 32, 3))]
         )
+        if keras_augment:
+            head += [
+                layers.RandomFlip("horizontal", seed=seed),
+                layers.RandomTranslation(2 / 32, 2 / 32, fill_mode="reflect", seed=seed),
+            ]
+    if workload.name == "W4":
+        stack = _airbench_like(head, seeds)
+    elif workload.name == "W3":
         stack = [
             *head,
             conv(32),
@@ -167,8 +218,8 @@ def loss_for(workload: Workload) -> Any:
 
 
 def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
-    """shardfeed's per-batch `transform`: W3's uint8 -> float32 / 255, else None."""
-    if workload.name != "W3":
+    """shardfeed's per-batch `transform`: W3's and W4's uint8 -> float32 / 255, else None."""
+    if workload.name not in ("W3", "W4"):
         return None
     import tensorflow as tf
 
@@ -176,6 +227,15 @@ def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
         return tf.cast(x, "float32") / 255  # shardfeed: uint8 stays resident, cast per batch
 
     return normalise
+
+
+def augment_for(workload: Workload) -> Callable[[Any, Any], Any] | None:
+    """W4's augmentation (flip, translate by 2 with reflection), else None."""
+    if workload.name != "W4":
+        return None
+    from shardfeed import augment
+
+    return augment.compose(augment.flip_left_right(), augment.translate(2))
 
 
 def compile_model(model: Any, workload: Workload, **compile_kw: Any) -> Any:
@@ -204,7 +264,12 @@ def compile_model(model: Any, workload: Workload, **compile_kw: Any) -> Any:
 
 
 def new_model(
-    workload: Workload, reference: Any, for_keras_fit: bool, seed: int, **compile_kw: Any
+    workload: Workload,
+    reference: Any,
+    for_keras_fit: bool,
+    seed: int,
+    keras_augment: bool = False,
+    **compile_kw: Any,
 ) -> Any:
     """A fresh compiled model starting from `reference`'s weights.
 
@@ -213,24 +278,27 @@ def new_model(
         reference: A model of the same workload whose weights are copied.
         for_keras_fit: As in `build_model`.
         seed: Initialiser seed (overwritten by `reference`'s weights).
+        keras_augment: As in `build_model`.
         **compile_kw: As in `compile_model`.
 
     Returns:
         A `keras.Model` compiled by `compile_model`.
     """
-    model = build_model(workload, for_keras_fit, seed)
+    model = build_model(workload, for_keras_fit, seed, keras_augment)
     model.set_weights(reference.get_weights())
     return compile_model(model, workload, **compile_kw)
 
 
-def tf_data(x: np.ndarray, y: np.ndarray) -> Any:
-    """The Keras variants' pipeline: cache, full-size shuffle, batch, prefetch."""
+def tf_data(x: np.ndarray, y: np.ndarray, workload: Workload | None = None) -> Any:
+    """The Keras variants' pipeline: cache, full-size shuffle, batch, the
+    workload's augmentation in `map` (W4; parallel, one seed per batch), prefetch."""
     import tensorflow as tf
 
-    return (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .cache()
-        .shuffle(len(x))
-        .batch(BATCH_SIZE)
-        .prefetch(tf.data.AUTOTUNE)
-    )
+    data = tf.data.Dataset.from_tensor_slices((x, y)).cache().shuffle(len(x)).batch(BATCH_SIZE)
+    augment = augment_for(workload) if workload is not None else None
+    if augment is not None:
+        data = data.enumerate().map(
+            lambda i, xy: (augment(xy[0], tf.stack([tf.constant(0, tf.int64), i])), xy[1]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    return data.prefetch(tf.data.AUTOTUNE)

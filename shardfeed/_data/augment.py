@@ -1,0 +1,322 @@
+"""On-device augmentation: stateless, batched blocks and the per-step seed.
+
+Separation of concerns: this module owns *what* an augmentation does to a
+batch and *which seed* a training step draws from. The loop decides when to
+apply one (training steps only, after gathering, before the model); the
+dataset holds the function the user passed as `augment=`.
+
+Every block is a function `(x, seed) -> x` of a batch `x` (`[batch, height,
+width, channels]` for images) and a stateless seed (shape `[2]` integers):
+the same seed gives the same output on every run and device, and each
+example draws its own transform (its own flip, offset, square), as in
+airbench. Blocks use only gathers, selects and elementwise ops, so they
+compile with XLA and run inside the compiled step.
+
+Seeds. `step_seed` folds `(dataset seed, epoch, step, replica)` into one
+seed: every replica draws differently, a rerun repeats, and a run resumed at
+an epoch draws what an uninterrupted run would. The step is the step within
+the epoch, so the draws do not depend on `steps_per_execution`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from shardfeed._common import errors as _errors
+
+Augment = Callable[[Any, tf.Tensor], Any]
+
+# Keeps augmentation draws apart from the epoch permutations, which are
+# seeded by (seed, epoch) too.
+_DOMAIN = 0x61756720  # "aug "
+
+
+def step_seed(seed: int, epoch: tf.Tensor, step: tf.Tensor, replica: tf.Tensor) -> tf.Tensor:
+    """The seed of one training step on one replica.
+
+    Args:
+        seed: The dataset's seed.
+        epoch: Epoch number (a tensor: a Python int would be baked into the trace).
+        step: Step within the epoch (a tensor).
+        replica: Global replica id (a tensor).
+
+    Returns:
+        A `[2]` int32 seed for `tf.random.stateless_*` ops.
+    """
+    fold = tf.random.experimental.stateless_fold_in
+    key = tf.constant([seed, _DOMAIN], tf.int64)
+    for data in (epoch, step, replica):
+        key = fold(key, tf.cast(data, tf.int64))
+    return key
+
+
+def _float_only(name: str, x: tf.Tensor) -> None:
+    if not x.dtype.is_floating:
+        raise TypeError(
+            _errors.message(
+                f"`shardfeed.augment.{name}` works on float images.",
+                f"x.dtype={x.dtype.name}",
+                "Convert first, e.g. `transform=lambda x: tf.cast(x, 'float32') / 255` "
+                "(augment runs after transform).",
+            )
+        )
+
+
+def _uniform(seed: tf.Tensor, batch: tf.Tensor, low: float, high: float) -> tf.Tensor:
+    return tf.random.stateless_uniform([batch], seed, minval=low, maxval=high)
+
+
+def flip_left_right() -> Augment:
+    """Flips each image left-right with probability 1/2.
+
+    Returns:
+        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
+
+    Example:
+        >>> aug = shardfeed.augment.flip_left_right()
+        >>> flipped = aug(images, tf.constant([0, 1]))
+    """
+
+    def flip(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        coin = _uniform(seed, tf.shape(x)[0], 0.0, 1.0) < 0.5
+        return tf.where(coin[:, None, None, None], tf.reverse(x, axis=[2]), x)
+
+    return flip
+
+
+def translate(pixels: int, fill: str | float = "reflect") -> Augment:
+    """Shifts each image by its own offset in `[-pixels, pixels]` along each axis.
+
+    The image is padded by `pixels` on every side and a window of the
+    original size is cut at a random position (airbench's "translate by 2
+    with reflection padding" is `translate(2)`).
+
+    Args:
+        pixels: The largest shift, in pixels (0: the identity).
+        fill: How the border is filled: `"reflect"` (mirror without
+            repeating the edge), `"symmetric"` (mirror with it), or a number
+            (a constant).
+
+    Returns:
+        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
+
+    Raises:
+        ValueError: For a negative `pixels` or an unknown `fill`.
+
+    Example:
+        >>> aug = shardfeed.augment.translate(2)
+    """
+    if not (_errors.is_integer(pixels) and pixels >= 0):
+        raise ValueError(
+            _errors.message(
+                "`pixels` must be a non-negative integer.",
+                f"pixels={pixels!r}",
+                "Pass e.g. `translate(2)`.",
+            )
+        )
+    if isinstance(fill, str) and fill not in ("reflect", "symmetric"):
+        raise ValueError(
+            _errors.message(
+                '`fill` must be "reflect", "symmetric" or a number.',
+                f"fill={fill!r}",
+                'Pass e.g. `fill="reflect"` or `fill=0`.',
+            )
+        )
+    p = int(pixels)
+
+    def shift(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        if p == 0:
+            return x
+        pad = [[0, 0], [p, p], [p, p], [0, 0]]
+        if isinstance(fill, str):
+            padded = tf.pad(x, pad, mode=fill.upper())
+        else:
+            padded = tf.pad(x, pad, constant_values=tf.cast(fill, x.dtype))
+        batch, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
+        offsets = tf.random.stateless_uniform(
+            [2, batch], seed, minval=0, maxval=2 * p + 1, dtype=tf.int32
+        )
+        rows = offsets[0][:, None] + tf.range(height)[None, :]
+        cols = offsets[1][:, None] + tf.range(width)[None, :]
+        # Two batched gathers: each image its own window, no per-image loop.
+        out = tf.gather(padded, rows, axis=1, batch_dims=1)
+        return tf.gather(out, cols, axis=2, batch_dims=1)
+
+    return shift
+
+
+def random_crop(padding: int, fill: str | float = 0.0) -> Augment:
+    """The classic CIFAR crop: pad by `padding` (zeros by default), cut a
+    window of the original size at a random position per image.
+
+    The same as `translate(padding, fill)`; torchvision's
+    `RandomCrop(32, padding=4)` is `random_crop(4)`.
+
+    Args:
+        padding: Pixels added on each side.
+        fill: As in `translate`.
+
+    Returns:
+        A block `(x, seed) -> x`.
+
+    Raises:
+        ValueError: As `translate`.
+
+    Example:
+        >>> aug = shardfeed.augment.random_crop(4)
+    """
+    return translate(padding, fill)
+
+
+def cutout(size: int, fill: float = 0.0) -> Augment:
+    """Sets a `size` x `size` square of each image to `fill`, centred at a
+    random pixel (the square may be cut by the border, as in DeVries & Taylor).
+
+    Args:
+        size: Side of the square, in pixels.
+        fill: The value written into the square.
+
+    Returns:
+        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
+
+    Raises:
+        ValueError: For a non-positive `size`.
+
+    Example:
+        >>> aug = shardfeed.augment.cutout(8)
+    """
+    if not (_errors.is_integer(size) and size > 0):
+        raise ValueError(
+            _errors.message(
+                "`size` must be a positive integer.", f"size={size!r}", "Pass e.g. `cutout(8)`."
+            )
+        )
+
+    def cut(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        batch, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
+        centre = tf.random.stateless_uniform(
+            [2, batch], seed, minval=0, maxval=tf.int32.max, dtype=tf.int32
+        ) % tf.constant([[height], [width]])
+        top, left = centre[0] - size // 2, centre[1] - size // 2
+        ys, xs = tf.range(height)[None, :], tf.range(width)[None, :]
+        in_rows = (ys >= top[:, None]) & (ys < top[:, None] + size)
+        in_cols = (xs >= left[:, None]) & (xs < left[:, None] + size)
+        square = in_rows[:, :, None, None] & in_cols[:, None, :, None]
+        return tf.where(square, tf.cast(fill, x.dtype), x)
+
+    return cut
+
+
+def gaussian_noise(stddev: float) -> Augment:
+    """Adds normal noise with standard deviation `stddev` (float images).
+
+    Returns:
+        A block `(x, seed) -> x`.
+
+    Raises:
+        TypeError: When applied to a non-float batch.
+
+    Example:
+        >>> aug = shardfeed.augment.gaussian_noise(0.05)
+    """
+
+    def noise(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        _float_only("gaussian_noise", x)
+        return x + tf.random.stateless_normal(tf.shape(x), seed, stddev=stddev, dtype=x.dtype)
+
+    return noise
+
+
+def brightness(max_delta: float) -> Augment:
+    """Adds one offset per image, uniform in `[-max_delta, max_delta]`
+    (float images, e.g. in [0, 1]).
+
+    Returns:
+        A block `(x, seed) -> x`.
+
+    Raises:
+        TypeError: When applied to a non-float batch.
+
+    Example:
+        >>> aug = shardfeed.augment.brightness(0.1)
+    """
+
+    def bright(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        _float_only("brightness", x)
+        delta = _uniform(seed, tf.shape(x)[0], -max_delta, max_delta)
+        return x + tf.cast(delta, x.dtype)[:, None, None, None]
+
+    return bright
+
+
+def contrast(lower: float, upper: float) -> Augment:
+    """Scales each image's deviation from its mean by one factor per image,
+    uniform in `[lower, upper]` (float images; `tf.image.adjust_contrast`
+    per channel).
+
+    Returns:
+        A block `(x, seed) -> x`.
+
+    Raises:
+        ValueError: Unless `0 <= lower <= upper`.
+        TypeError: When applied to a non-float batch.
+
+    Example:
+        >>> aug = shardfeed.augment.contrast(0.9, 1.1)
+    """
+    if not 0 <= lower <= upper:
+        raise ValueError(
+            _errors.message(
+                "`contrast` needs 0 <= lower <= upper.",
+                f"lower={lower!r}, upper={upper!r}",
+                "Pass e.g. `contrast(0.9, 1.1)`.",
+            )
+        )
+
+    def scale(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        _float_only("contrast", x)
+        factor = tf.cast(_uniform(seed, tf.shape(x)[0], lower, upper), x.dtype)
+        mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)
+        return (x - mean) * factor[:, None, None, None] + mean
+
+    return scale
+
+
+def compose(*blocks: Augment) -> Augment:
+    """Applies `blocks` in order, each with its own seed split from the step's.
+
+    Args:
+        *blocks: Functions `(x, seed) -> x`.
+
+    Returns:
+        A block `(x, seed) -> x`.
+
+    Raises:
+        TypeError: If a block is not callable.
+
+    Example:
+        >>> aug = shardfeed.augment.compose(
+        ...     shardfeed.augment.flip_left_right(), shardfeed.augment.translate(2))
+    """
+    for block in blocks:
+        if not callable(block):
+            raise TypeError(
+                _errors.message(
+                    "`compose` takes functions `(x, seed) -> x`.",
+                    f"type(block)={type(block).__name__}",
+                    "Pass blocks such as `shardfeed.augment.flip_left_right()`.",
+                )
+            )
+
+    def composed(x: Any, seed: tf.Tensor) -> Any:
+        if not blocks:
+            return x
+        seeds = tf.random.experimental.stateless_split(seed, len(blocks))
+        for i, block in enumerate(blocks):
+            x = block(x, seeds[i])
+        return x
+
+    return composed

@@ -1,0 +1,293 @@
+"""On-device augmentation: the blocks (`shardfeed.augment`) and `augment=` in training.
+
+Blocks are pinned per example: flip is an involution, translate by 0 is the
+identity, offsets stay within bounds and vary per image, a seed repeats.
+Training: augment runs on training batches only, its draws are a function
+of (seed, epoch, step, replica) -- not of `steps_per_execution` -- so reruns
+and resumed runs repeat.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+import shardfeed
+from shardfeed import FitOptions, ShardedResidentDataset
+from shardfeed import augment as aug
+from shardfeed._data.augment import step_seed
+
+SEED = tf.constant([3, 4])
+H = W = 6
+
+
+def _coords(batch=64):
+    """Images whose pixel (i, j) holds 1000 + 10 * i + j (all channels)."""
+    grid = 1000.0 + 10 * np.arange(H)[:, None] + np.arange(W)[None, :]
+    return tf.constant(np.broadcast_to(grid[None, :, :, None], (batch, H, W, 2)), tf.float32)
+
+
+def test_flip_is_an_involution_and_per_example():
+    x = _coords()
+    flip = aug.flip_left_right()
+    once = flip(x, SEED).numpy()
+    np.testing.assert_array_equal(flip(tf.constant(once), SEED).numpy(), x.numpy())
+    flipped = (once != x.numpy()).any(axis=(1, 2, 3))
+    assert 0 < flipped.sum() < len(flipped)  # each image its own coin
+    np.testing.assert_array_equal(once[flipped], x.numpy()[flipped][:, :, ::-1])
+
+
+def test_translate_by_zero_is_the_identity():
+    x = _coords()
+    assert aug.translate(0)(x, SEED) is x
+
+
+@pytest.mark.parametrize("pixels", [1, 2])
+def test_translate_offsets_stay_within_bounds_and_vary(pixels):
+    x = _coords(256)
+    out = aug.translate(pixels, fill=-1.0)(x, SEED).numpy()[..., 0]
+    offsets = set()
+    for image in out:
+        inside = np.argwhere(image >= 0)
+        (i, j), value = inside[0], image[tuple(inside[0])]
+        di, dj = int(value - 1000) // 10 - int(i), int(value - 1000) % 10 - int(j)
+        assert -pixels <= di <= pixels and -pixels <= dj <= pixels
+        # The window is a shifted copy of the image; the rest is the fill.
+        expected = np.full((H, W), -1.0)
+        src = 1000.0 + 10 * np.arange(H)[:, None] + np.arange(W)[None, :]
+        for a in range(H):
+            for b in range(W):
+                if 0 <= a + di < H and 0 <= b + dj < W:
+                    expected[a, b] = src[a + di, b + dj]
+        np.testing.assert_array_equal(image, expected)
+        offsets.add((int(di), int(dj)))
+    shifts = range(-pixels, pixels + 1)
+    assert offsets == {(a, b) for a in shifts for b in shifts}
+
+
+def test_translate_reflects_the_border_and_keeps_uint8():
+    x = tf.constant(np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4, 1))
+    out = aug.translate(2)(x, SEED)
+    assert out.dtype == tf.uint8 and out.shape == x.shape
+    padded = np.pad(x.numpy(), [(0, 0), (2, 2), (2, 2), (0, 0)], mode="reflect")
+    for image, source in zip(out.numpy(), padded, strict=True):
+        windows = [source[a : a + 4, b : b + 4] for a in range(5) for b in range(5)]
+        assert any(np.array_equal(image, w) for w in windows)
+
+
+def test_blocks_repeat_for_a_seed_and_differ_across_seeds():
+    x = _coords() / 2000.0
+    block = aug.compose(
+        aug.flip_left_right(),
+        aug.translate(2),
+        aug.cutout(2),
+        aug.gaussian_noise(0.01),
+        aug.brightness(0.1),
+        aug.contrast(0.8, 1.2),
+    )
+    a, b = block(x, SEED).numpy(), block(x, SEED).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, block(x, tf.constant([3, 5])).numpy())
+    # XLA-friendly; XLA draws its own stream (another RNG algorithm), repeatably.
+    compiled = tf.function(block, jit_compile=True)
+    np.testing.assert_array_equal(compiled(x, SEED).numpy(), compiled(x, SEED).numpy())
+
+
+def test_cutout_blanks_at_most_a_square_per_image():
+    x = _coords(128)
+    out = aug.cutout(3, fill=0.0)(x, SEED).numpy()[..., 0]
+    blanked = (out == 0).sum(axis=(1, 2))
+    assert blanked.max() == 9 and blanked.min() >= 1  # border cuts the square
+
+
+def test_float_only_blocks_refuse_integers():
+    with pytest.raises(TypeError) as err:
+        aug.gaussian_noise(0.1)(tf.zeros((1, 2, 2, 1), tf.uint8), SEED)
+    assert str(err.value) == (
+        "`shardfeed.augment.gaussian_noise` works on float images. Received: x.dtype=uint8. "
+        "Convert first, e.g. `transform=lambda x: tf.cast(x, 'float32') / 255` "
+        "(augment runs after transform)."
+    )
+
+
+def test_step_seeds_differ_per_epoch_step_and_replica():
+    seeds = {
+        tuple(step_seed(7, tf.constant(e), tf.constant(s), tf.constant(r)).numpy())
+        for e in range(2)
+        for s in range(3)
+        for r in range(2)
+    }
+    assert len(seeds) == 12
+
+
+def test_augment_needs_a_seed_and_a_function():
+    x, y = np.zeros((8, 4, 4, 3), "float32"), np.zeros(8, "int32")
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(
+            x, y, per_replica_batch_size=4, shuffle=False, augment=aug.flip_left_right()
+        )
+    assert str(err.value) == (
+        "Augmenting requires a seed, so that reruns and resumed runs draw the same "
+        "augmentations. Received: augment=<function>, seed=None. Pass `seed=<int>`."
+    )
+    with pytest.raises(TypeError, match=r"Received: type\(augment\)=int"):
+        ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0, augment=3)
+
+
+# -- in training -------------------------------------------------------------------------
+
+
+def _images(rows=300, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(rows, 6, 6, 3), dtype=np.uint8)
+    labels = images[:, :, :3, 0].mean(axis=(1, 2)).astype("int32") % 3
+    return images, labels
+
+
+def _cnn():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            layers.Conv2D(4, 3, activation="relu"),
+            layers.Flatten(),
+            layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _scale(x):
+    return tf.cast(x, "float32") / 255.0
+
+
+AUGMENT = aug.compose(aug.flip_left_right(), aug.translate(2))
+
+
+def _fit(augment, steps_per_execution=2, shuffle=True, epochs=2, **kwargs):
+    images, labels = _images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=64, seed=5, shuffle=shuffle,
+        transform=_scale, augment=augment, **kwargs,
+    )
+    model = _cnn()
+    shardfeed.fit(
+        model, ds, epochs=epochs, verbose=0,
+        options=FitOptions(steps_per_execution=steps_per_execution, jit_compile=False),
+    )
+    return model, ds
+
+
+def test_two_runs_with_one_seed_give_identical_weights_and_augment_changes_them():
+    a, _ = _fit(AUGMENT)
+    b, _ = _fit(AUGMENT)
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_array_equal(wa, wb)
+    plain, _ = _fit(None)
+    assert not all(
+        np.array_equal(wa, wp) for wa, wp in zip(a.get_weights(), plain.get_weights(), strict=True)
+    )
+
+
+def test_draws_depend_on_the_step_not_on_steps_per_execution():
+    # 300 rows / 64: 4 full steps and a partial one, cut into calls differently.
+    a, _ = _fit(AUGMENT, steps_per_execution=1)
+    b, _ = _fit(AUGMENT, steps_per_execution=3)
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_allclose(wa, wb, rtol=1e-6, atol=1e-7)
+
+
+def test_evaluate_and_predict_see_unaugmented_rows():
+    model, ds = _fit(AUGMENT)
+    images, labels = _images()
+    expected = model.evaluate(_scale(images), labels, batch_size=64, verbose=0, return_dict=True)
+    got = shardfeed.evaluate(model, ds, verbose=0, return_dict=True)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5)
+    np.testing.assert_allclose(
+        shardfeed.predict(model, ds),
+        model.predict(_scale(images), batch_size=64, verbose=0),
+        rtol=1e-5, atol=1e-6,
+    )
+
+
+def test_augment_receives_the_input_structure():
+    seen = []
+
+    def on_dict(x, seed):
+        seen.append(sorted(x))
+        return {"image": AUGMENT(x["image"], seed), "extra": x["extra"]}
+
+    images, labels = _images()
+    keras.utils.set_random_seed(0)
+    image_in, extra_in = keras.Input((6, 6, 3), name="image"), keras.Input((2,), name="extra")
+    hidden = layers.Concatenate()([layers.Flatten()(image_in), extra_in])
+    model = keras.Model({"image": image_in, "extra": extra_in}, layers.Dense(3)(hidden))
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    x = {"image": images.astype("float32") / 255, "extra": np.ones((len(images), 2), "float32")}
+    ds = ShardedResidentDataset(x, labels, per_replica_batch_size=64, seed=1, augment=on_dict)
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert seen and seen[0] == ["extra", "image"]
+
+
+def test_keras_preprocessing_layers_work_as_augment():
+    flip = layers.RandomFlip("horizontal", seed=0)
+
+    def keras_augment(x, seed):
+        del seed  # Keras layers draw from their own seed generator
+        return flip(x, training=True)
+
+    model, _ = _fit(keras_augment, epochs=1)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@pytest.mark.multi_device
+def test_replicas_draw_different_augmentations():
+    """Two replicas holding the same rows (placement="replicate") with the
+    same batch: each records the draw it got; they differ."""
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    images = np.ones((16, 6, 6, 3), "uint8")
+    labels = np.zeros(16, "int32")
+    with strategy.scope():
+        model = _cnn()
+        draws = tf.Variable(
+            tf.zeros([2]),
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.NONE,
+        )
+
+    def recorder(x, seed):
+        ctx = tf.distribute.get_replica_context()
+        value = tf.random.stateless_uniform([], seed)
+        draws.assign(tf.tensor_scatter_nd_update(
+            tf.zeros([2]), [[ctx.replica_id_in_sync_group]], [value]
+        ))
+        return x
+
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=8, seed=2, transform=_scale,
+        augment=recorder, placement="replicate", strategy=strategy, shuffle=False,
+    )
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    per_replica = [v.numpy() for v in draws.values]
+    assert per_replica[0][0] != 0 and per_replica[1][1] != 0
+    assert per_replica[0][0] != per_replica[1][1]
+
+
+def test_a_run_resumed_at_an_epoch_repeats_the_augmentations():
+    whole, _ = _fit(AUGMENT, epochs=2)
+    images, labels = _images()
+    ds = ShardedResidentDataset(
+        images, labels, per_replica_batch_size=64, seed=5, transform=_scale, augment=AUGMENT
+    )
+    resumed = _cnn()
+    options = FitOptions(steps_per_execution=2, jit_compile=False)
+    shardfeed.fit(resumed, ds, epochs=1, verbose=0, options=options)
+    shardfeed.fit(resumed, ds, epochs=2, initial_epoch=1, verbose=0, options=options)
+    for wa, wb in zip(whole.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_array_equal(wa, wb)
