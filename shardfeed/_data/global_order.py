@@ -108,23 +108,14 @@ def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
     return shuffle is True and plan.placement == "shard"
 
 
-def staging_bytes(plan: ShardPlan, row_bytes: int, options: LoadOptions) -> int:
-    """Device bytes per replica the exchange may stage: the buffer, or less
-    when a whole shard (sent and received, or gathered from every replica)
-    is smaller."""
-    if plan.num_replicas == 1:
-        return 0
-    largest = max(plan.shard_rows(r) for r in range(plan.num_replicas)) * row_bytes
-    return min(options.exchange_buffer_bytes, (plan.num_replicas + 1) * largest)
-
-
 def with_staging(
     needed: dict[str, int], plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World
 ) -> dict[str, int]:
     """`needed` bytes per device plus each local replica's staging buffer."""
     out = dict(needed)
     for device in world.local_devices:
-        out[device] = out.get(device, 0) + staging_bytes(plan, row_bytes, options)
+        staged = _exchange.staging_bytes(plan, row_bytes, options.exchange_buffer_bytes)
+        out[device] = out.get(device, 0) + staged
     return out
 
 
