@@ -87,6 +87,7 @@ def main() -> int:
         idset = ShardedResidentDataset(
             {"id": ids.astype("int64"), "twice": (2 * ids).astype("float32")},
             per_replica_batch_size=40, seed=3, drop_remainder=drop, load_options=small,
+            strategy=world.strategy,
         )
         plan = idset.plan
         out[f"dropped_{drop}"] = np.array(plan.dropped_rows_per_epoch)

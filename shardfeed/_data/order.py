@@ -5,9 +5,10 @@ index matrices built from a `ShardPlan`; the dataset asks for them once per
 epoch and the loop slices them per call. Streamed epochs have their own order
 (`streaming.StreamingOrder`) with the same methods.
 
-Shuffling follows the placement:
-- `placement="shard"`: each replica reshuffles its own rows every epoch from
-  `(seed, epoch, replica)`: "local" shuffling.
+Shuffling (`shuffle=True` with `placement="shard"` -- the global order of
+sharded rows -- is `global_order.py`'s: it moves rows, then indexes slots):
+- `shuffle="local"`, `placement="shard"`: each replica reshuffles its own
+  rows every epoch from `(seed, epoch, replica)`.
 - `placement="replicate"`: every replica holds all rows; all draw the same
   epoch permutation from `(seed, epoch)` and take their own slice of each
   global batch: `DistributedSampler` semantics with no host traffic, and the
