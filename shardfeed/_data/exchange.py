@@ -203,14 +203,18 @@ def round_rows(buffer_bytes: int, row_bytes: int, staged_rows_per_row: int) -> i
     return int(rows)
 
 
-def staging_bytes(plan: ShardPlan, row_bytes: int, buffer_bytes: int) -> int:
+def staging_bytes(
+    plan: ShardPlan, row_bytes: int, buffer_bytes: int, staged_rows_per_row: int | None = None
+) -> int:
     """Device bytes per replica a global-order exchange may stage: the
-    buffer, or less when every replica's whole shard (an all-gather's
-    worst case, `replicas + 1` shards) is smaller; 0 on one replica."""
+    buffer, or less when `staged_rows_per_row` whole shards are smaller (2
+    for an all-to-all; by default `replicas + 1`, an all-gather's worst
+    case); 0 on one replica."""
     if plan.num_replicas == 1 or plan.placement != "shard":
         return 0
+    factor = staged_rows_per_row or plan.num_replicas + 1
     largest = max(plan.shard_rows(r) for r in range(plan.num_replicas)) * row_bytes
-    return min(buffer_bytes, (plan.num_replicas + 1) * largest)
+    return min(buffer_bytes, factor * largest)
 
 
 def _replica_of(held: list[np.ndarray], num_rows: int) -> np.ndarray:

@@ -114,7 +114,10 @@ def with_staging(
     """`needed` bytes per device plus each local replica's staging buffer."""
     out = dict(needed)
     for device in world.local_devices:
-        staged = _exchange.staging_bytes(plan, row_bytes, options.exchange_buffer_bytes)
+        # One process, or Horovod's all-to-all: a send and a receive buffer;
+        # across strategy workers, every replica's send buffer (all-gather).
+        factor = 2 if world.world_size == 1 or world.backend == "horovod" else None
+        staged = _exchange.staging_bytes(plan, row_bytes, options.exchange_buffer_bytes, factor)
         out[device] = out.get(device, 0) + staged
     return out
 

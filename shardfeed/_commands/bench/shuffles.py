@@ -66,8 +66,9 @@ def _worker(args: argparse.Namespace) -> int:
         shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
         epoch_s = statistics.median(timer.seconds[1:])
         reports = ds.exchange.reports[1:] if ds.exchange is not None else []
+        factor = 2 if workers == 1 else None  # see `global_order.with_staging`
         staged = staging_bytes(ds.eval_plan, ds.columns.row_bytes,
-                               ds.load_options.exchange_buffer_bytes) if reports else 0
+                               ds.load_options.exchange_buffer_bytes, factor) if reports else 0
         result = {
             "placement": placement,
             "shuffle": shuffle,
