@@ -125,3 +125,34 @@ def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch)
     while not _gone(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(worker), "the worker outlived its engine's timeout"
+
+
+def test_shuffles_table_reports_the_exchange_beside_local_and_replicate():
+    from shardfeed._commands.bench import shuffles as _shuffles
+
+    row = {"epoch_s": 2.0, "exchange_s": 0.5, "gb_per_s": 0.01, "exchange_share": 0.25}
+    setups = [
+        {
+            "setup": "mirrored2",
+            "replicas": 2,
+            "results": [
+                {"placement": "shard", "shuffle": True, "bytes_sent_per_replica": 5_000_000,
+                 "bytes_per_replica": 7_000_000, **row},
+                {"placement": "shard", "shuffle": "local", "bytes_sent_per_replica": 0,
+                 "bytes_per_replica": 6_000_000, **row, "exchange_s": 0.0, "gb_per_s": 0.0,
+                 "exchange_share": 0.0},
+                {"placement": "replicate", "shuffle": True, "bytes_sent_per_replica": 0,
+                 "bytes_per_replica": 12_000_000, **row, "exchange_s": 0.0, "gb_per_s": 0.0,
+                 "exchange_share": 0.0},
+            ],
+        },
+        {"setup": "multiworker2", "skipped": "failed (exit 1): boom"},
+    ]
+    table = _shuffles.to_markdown(setups, 1000, 2).splitlines()
+    assert table[0] == (
+        "### Shuffles: W2 model, 1,000 rows, per-replica batch 256, median of 2 epochs"
+    )
+    assert table[4] == "| mirrored2 | shard, global | 2.000 | 5.00 | 0.500 | 0.01 | 25% | 7.00 |"
+    assert table[5] == "| mirrored2 | shard, local | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 6.00 |"
+    assert table[6] == "| mirrored2 | replicate | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 12.00 |"
+    assert table[7] == "| multiworker2 | skipped: failed (exit 1): boom ||||||"

@@ -20,14 +20,14 @@ def _xy(rows=103):
 def _rows_of_epoch(ds, epoch, training=True):
     """Global rows each step uses, real rows only (per replica, flattened)."""
     plan = ds.plan if training else ds.eval_plan
+    b = plan.per_replica_batch_size
+    order = ds.epoch_order(epoch, training)
     out = []
-    for local, idx in enumerate(ds.epoch_indices(epoch, training)):
-        store = ds.stores[local]
-        idx = idx.numpy()
-        real = idx[: plan.full_steps_per_epoch].reshape(-1).tolist()
-        if plan.has_partial_step:
-            real += idx[-1, : plan.last_step_rows[store.replica]].tolist()
-        out.append([i + store.row_start for i in real])
+    for local, store in enumerate(ds.stores):
+        real = plan.full_steps_per_epoch * b + (
+            plan.last_step_rows[store.replica] if plan.has_partial_step else 0
+        )
+        out.append(order.rows(local)[:real].tolist())
     return out
 
 
@@ -238,6 +238,7 @@ def test_seeds_at_the_edges_shuffle_resident_and_streamed_epochs(seed, streaming
         y,
         per_replica_batch_size=np.int64(10),  # NumPy integers count as integers
         seed=seed,
+        shuffle="local" if streaming else True,  # a streamed shard has no global order
         load_options=LoadOptions(streaming=streaming, stream_chunk_bytes=np.int64(20 * 20)),
     )
     assert type(ds.seed) is int and ds.per_replica_batch_size == 10

@@ -16,7 +16,14 @@ from shardfeed._commands import cli as _cli
 from shardfeed._common.units import format_bytes, parse_size
 from shardfeed._data import memory as _memory
 from shardfeed._data import memplan as _memplan
-from shardfeed._data.memplan import memory_plan
+from shardfeed._data.memplan import memory_plan as _memory_plan
+
+
+def memory_plan(*args, **kwargs):
+    # These tests check the rows' own numbers; the global shuffle's staging
+    # buffer (counted by default) is checked in the tests at the end.
+    return _memory_plan(*args, **{"shuffle": "local", **kwargs})
+
 
 GIB = 1024**3
 # x: float32[32] (128 B) + y: int64 (8 B) = 136 B per row.
@@ -97,7 +104,7 @@ def test_per_rank_numbers(args, expected):
 
 def test_plan_is_frozen_and_public():
     plan = memory_plan(_data(10), num_workers=1, per_replica_batch_size=2, device_memory_bytes=GIB)
-    assert isinstance(plan, shardfeed.MemoryPlan) and shardfeed.memory_plan is memory_plan
+    assert isinstance(plan, shardfeed.MemoryPlan) and shardfeed.memory_plan is _memory_plan
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.num_workers = 2  # type: ignore[misc]
 
@@ -515,6 +522,8 @@ device, and chunks of up to 50,529,024 rows (197,379 steps of 256, 6.40 GiB each
 
 
 def _plan_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    if not any(a.startswith("--shuffle") for a in argv):
+        argv = (*argv, "--shuffle=local")  # staging is checked on its own below
     code = _cli.main(["plan", *argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -695,3 +704,29 @@ def test_plan_runs_without_tensorflow():
     )
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
     assert "tensorflow" not in _memplan.__dict__
+
+
+def test_global_shuffle_counts_the_exchange_staging_per_device():
+    data = {"x": ((1001, 32), "float32")}
+    args = dict(num_workers=2, replicas_per_worker=2, per_replica_batch_size=10,
+                device_memory_bytes=GIB)
+    local = _memory_plan(data, shuffle="local", **args)
+    assert all(r.staging_bytes == 0 for r in local.ranks)
+    # Largest shard: 251 rows x 128 B; an all-gather round may stage 5 of them.
+    full = _memory_plan(data, **args)
+    assert [r.staging_bytes for r in full.ranks] == [5 * 251 * 128] * 2
+    assert full.ranks[0].needed_bytes == 251 * 128 + 5 * 251 * 128
+    capped = _memory_plan(data, exchange_buffer_bytes=1000, **args)
+    assert capped.ranks[0].needed_bytes == 251 * 128 + 1000
+    assert "shuffle=True: the per-epoch exchange stages up to" in capped.table()
+    one = _memory_plan(data, num_workers=1, per_replica_batch_size=10, device_memory_bytes=GIB)
+    assert one.ranks[0].staging_bytes == 0  # one replica: nothing to exchange
+
+
+def test_cli_shuffle_flag_and_exchange_buffer(capsys):
+    argv = ["--num-workers=2", "--per-replica-batch-size=10", "x=1000x32:float32",
+            "--device-memory=200KB", "--memory-fraction=1"]
+    assert _plan_cli(capsys, *argv, "--shuffle=local")[0] == 0  # 64 KB shards fit
+    code, out, _ = _plan_cli(capsys, *argv, "--shuffle=global")
+    assert code == 1 and "stages up to" in out  # + 192 KB of staging does not
+    assert _plan_cli(capsys, *argv, "--shuffle=global", "--exchange-buffer=100KB")[0] == 0

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import shardfeed
-from shardfeed import FitOptions, ShardedResidentDataset
+from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset
 
 ROWS = 600
 SEED = 3
@@ -81,7 +81,16 @@ def _strategy(n):
     return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
 
 
-def _fit(replicas, global_batch, callbacks, epochs=3, placement="replicate", **kwargs):
+def _fit(
+    replicas,
+    global_batch,
+    callbacks,
+    epochs=3,
+    placement="replicate",
+    shuffle=True,
+    load_options=None,
+    **kwargs,
+):
     x, y = _data()
     strategy = _strategy(replicas)
     with strategy.scope():
@@ -92,6 +101,8 @@ def _fit(replicas, global_batch, callbacks, epochs=3, placement="replicate", **k
             per_replica_batch_size=global_batch // replicas,
             seed=1,
             placement=placement,
+            shuffle=shuffle,
+            load_options=load_options,
             strategy=strategy,
         )
     hist = shardfeed.fit(
@@ -160,16 +171,26 @@ def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path):
 
 @pytest.mark.multi_device
 @pytest.mark.parametrize("replicas", [4, 2, 1])
-def test_resume_on_another_number_of_replicas_keeps_the_global_batch(tmp_path, replicas):
+@pytest.mark.parametrize("placement", ["replicate", "shard"])  # shard: the global exchange
+def test_resume_on_another_number_of_replicas_keeps_the_global_batch(
+    tmp_path, replicas, placement
+):
     """Backed up on 4 replicas (per-replica batch 12, global 48), resumed on 4,
     2 and 1: per-replica batch 12, 24, 48; the same global batches, so every
     row of the interrupted epoch once and the weights of the uninterrupted
-    4-replica run (to float summation order)."""
-    straight, _ = _fit(4, 48, [])
+    4-replica run (to float summation order). Sharded rows take the global
+    order through the exchange, which starts from whatever the new replicas
+    hold."""
+    straight, _ = _fit(4, 48, [], placement=placement)
     backup = str(tmp_path / "backup")
     with pytest.raises(KeyboardInterrupt):
-        _fit(4, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3), Preempt(1, 7)])
-    resumed, hist = _fit(replicas, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3)])
+        _fit(
+            4, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3), Preempt(1, 7)],
+            placement=placement,
+        )
+    resumed, hist = _fit(
+        replicas, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3)], placement=placement
+    )
     assert hist.params["per_replica_batch_size"] == 48 // replicas
     assert hist.params["global_batch_size"] == 48
     _assert_every_row_once(hist)
@@ -199,21 +220,49 @@ def test_mid_epoch_resume_on_other_replicas_is_refused_with_local_shuffling(tmp_
     with pytest.raises(KeyboardInterrupt):
         _fit(
             2, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3), Preempt(0, 5)],
-            placement="shard",
+            placement="shard", shuffle="local",
         )
     with pytest.raises(ValueError) as err:
-        _fit(4, 48, [keras.callbacks.BackupAndRestore(backup)], placement="shard")
+        _fit(
+            4, 48, [keras.callbacks.BackupAndRestore(backup)], placement="shard", shuffle="local"
+        )
     assert str(err.value) == (
         "Resuming inside an epoch on another number of replicas needs the global order "
-        '(placement="replicate", not streamed): with placement="shard" each replica\'s order '
-        "is its own, so the rows left in the epoch cannot be known on the new replicas. "
-        "Received: num_replicas=4 (checkpoint: 2), placement='shard', step 4 of the epoch. "
-        "Resume on 2 replicas, or resume from a checkpoint taken at an epoch boundary "
-        '(save_freq="epoch"), or train with placement="replicate".'
+        '(shuffle=True with a full exchange, or placement="replicate"; not streamed): with '
+        "shuffle='local' each replica's order is its own, so the rows left in the epoch "
+        "cannot be known on the new replicas. Received: num_replicas=4 (checkpoint: 2), "
+        "placement='shard', shuffle='local', step 4 of the epoch. Resume on 2 replicas, or "
+        'resume from a checkpoint taken at an epoch boundary (save_freq="epoch"), or train '
+        "with the global order (shuffle=True)."
     )
     # On the same replicas, a locally shuffled run resumes exactly.
-    _, hist = _fit(2, 48, [keras.callbacks.BackupAndRestore(backup)], placement="shard")
+    _, hist = _fit(
+        2, 48, [keras.callbacks.BackupAndRestore(backup)], placement="shard", shuffle="local"
+    )
     _assert_every_row_once(hist)
+
+
+@pytest.mark.multi_device
+def test_mid_epoch_resume_after_a_partial_exchange_is_refused(tmp_path):
+    """A partial exchange mixes from the rows each replica held, which a restart
+    resets: the interrupted epoch's order cannot be drawn again."""
+    partial = LoadOptions(exchange_fraction=0.5)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _fit(
+            2, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3), Preempt(0, 5)],
+            placement="shard", load_options=partial,
+        )
+    with pytest.raises(ValueError) as err:
+        _fit(2, 48, [keras.callbacks.BackupAndRestore(backup)], placement="shard",
+             load_options=partial)
+    assert str(err.value) == (
+        "Resuming inside an epoch needs that epoch's order again; a partial exchange "
+        "(exchange_fraction < 1) mixes the rows each replica held before the epoch, and a "
+        "restart reloads the shards as they were first loaded. Received: exchange_fraction=0.5, "
+        'step 4 of the epoch. Resume from a checkpoint taken at an epoch boundary '
+        '(save_freq="epoch"), or train with the full exchange (exchange_fraction=1).'
+    )
 
 
 def test_model_checkpoint_and_initial_step_resume_inside_an_epoch(tmp_path):

@@ -70,6 +70,7 @@ def test_each_row_once_per_epoch_with_two_level_shuffle(drop_remainder):
         y,
         per_replica_batch_size=10,
         seed=4,
+        shuffle="local",  # streamed shards shuffle chunk, then row
         drop_remainder=drop_remainder,
         load_options=_stream(),
     )
@@ -93,7 +94,9 @@ def test_each_row_once_per_epoch_with_two_level_shuffle(drop_remainder):
 def test_streamed_evaluate_and_predict_are_exact():
     x, y = _data()
     model = _model()
-    ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, seed=0, load_options=_stream())
+    ds = ShardedResidentDataset(
+        x, y, per_replica_batch_size=16, seed=0, shuffle="local", load_options=_stream()
+    )
     shardfeed.fit(model, ds, epochs=1, verbose=0)
     got = shardfeed.evaluate(model, ds, return_dict=True)
     want = model.evaluate(x, y, batch_size=ROWS, verbose=0, return_dict=True)
@@ -111,6 +114,7 @@ def test_a_shard_that_does_not_fit_streams_automatically(caplog):
             y,
             per_replica_batch_size=10,
             seed=0,
+            shuffle="local",
             load_options=LoadOptions(device_memory_bytes=5_000, memory_fraction=1.0),
         )
     assert ds.is_streaming
@@ -133,7 +137,9 @@ def test_streaming_on_two_replicas_with_uneven_shards_is_exact():
     x, y = _data()
     with strategy.scope():
         model = _model()
-        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, seed=1, load_options=_stream())
+        ds = ShardedResidentDataset(
+            x, y, per_replica_batch_size=10, seed=1, shuffle="local", load_options=_stream()
+        )
     shardfeed.fit(model, ds, epochs=1, verbose=0)
     plain = _model()
     plain.set_weights(model.get_weights())

@@ -14,7 +14,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from shardfeed._commands import inputs as _inputs
 from shardfeed._common import errors as _errors
@@ -96,6 +96,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--drop-remainder", action="store_true", help="drop a partial last step")
     parser.add_argument(
+        "--shuffle",
+        choices=("global", "local", "none"),
+        default="global",
+        help="global (default): sharded rows are exchanged each epoch, counting a staging "
+        "buffer per device; local: each device shuffles its rows; none",
+    )
+    parser.add_argument(
+        "--exchange-buffer",
+        metavar="SIZE",
+        default="256MiB",
+        help="staging buffer per device of the global shuffle's exchange (default 256MiB)",
+    )
+    parser.add_argument(
         "--device-memory",
         metavar="SIZE",
         help="free memory per device, e.g. 16GiB or 80GB (default: GPU 0 via NVML, else "
@@ -108,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.8,
         help="share of free memory the data may take (default 0.8)",
     )
+
+
+_SHUFFLES: dict[str, bool | Literal["local"]] = {"global": True, "local": "local", "none": False}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
             drop_remainder=args.drop_remainder,
             device_memory_bytes=device_memory,
             memory_fraction=args.memory_fraction,
+            shuffle=_SHUFFLES[args.shuffle],
+            exchange_buffer_bytes=parse_size(args.exchange_buffer, "--exchange-buffer"),
             workers_per_host=(
                 args.workers_per_host
                 if args.workers_per_host is not None

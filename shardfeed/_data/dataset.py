@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import global_order as _global_order
 from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
 from shardfeed._data import order as _order
@@ -79,8 +80,13 @@ class ShardedResidentDataset:
             None.
         per_replica_batch_size: Rows each replica takes per step. The global
             batch is `per_replica_batch_size * num_replicas_in_sync`.
-        shuffle: Reshuffle every epoch (see the module docs for local vs
-            global shuffling).
+        shuffle: True (default): the global order -- one permutation of all
+            rows per epoch from `(seed, epoch)`, each global step a slice of
+            it, as one replica with batch `global_batch_size` would see;
+            sharded rows move between replicas once per epoch to follow it
+            (`LoadOptions.exchange_buffer_bytes`, `exchange_fraction`).
+            `"local"`: with `placement="shard"`, each replica shuffles its
+            own rows (no exchange). False: rows in order. See docs/data.md.
         seed: Seed of the epoch permutations, an integer in `[0, 2**63)`;
             required when shuffling so every replica and every rerun draws
             the same order.
@@ -116,7 +122,7 @@ class ShardedResidentDataset:
         sample_weight: Any = None,
         *,
         per_replica_batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool | Literal["local"] = True,
         seed: int | None = None,
         drop_remainder: bool = False,
         placement: _plan.Placement = "shard",
@@ -125,15 +131,7 @@ class ShardedResidentDataset:
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
-        if shuffle and seed is None:
-            raise ValueError(
-                _errors.message(
-                    "Shuffling requires a seed, so that every replica and every "
-                    "rerun draws the same epoch order.",
-                    "shuffle=True, seed=None",
-                    "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
-                )
-            )
+        shuffle = _global_order.check_shuffle(shuffle, seed, placement)
         if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):
             raise ValueError(
                 _errors.message(
@@ -155,7 +153,7 @@ class ShardedResidentDataset:
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
-        self.shuffle = bool(shuffle)
+        self.shuffle = shuffle
         self.seed = None if seed is None else int(seed)
         self.transform = transform
         self.augment = augment
@@ -184,11 +182,22 @@ class ShardedResidentDataset:
             self._train_plan_error = err
         needed = _storage.needed_bytes(self.columns, self.eval_plan, self.world)
         opts = self.load_options
+        exchanged = _global_order.uses_exchange(self.shuffle, self.eval_plan)
+        if exchanged:
+            needed = _global_order.with_staging(
+                needed, self.eval_plan, self.columns.row_bytes, opts, self.world
+            )
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         self.stream: _streaming.StreamPlan | None = None
+        # The global order of sharded rows: the per-epoch exchange (None otherwise).
+        self.exchange: _global_order.GlobalShuffle | None = None
+        if exchanged and (opts.streaming is True or misfit is not None):
+            numbers = misfit.numbers() if misfit is not None else ""
+            error = MemoryError if misfit is not None else ValueError
+            raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True))
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.plan_stream(
                 self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
@@ -211,6 +220,11 @@ class ShardedResidentDataset:
             raise MemoryError(_memory.fit_error(misfit, opts.memory_fraction))
         else:
             self.stores = _storage.upload(self.columns, self.eval_plan, self.world, opts)
+            if exchanged:
+                self.exchange = _global_order.GlobalShuffle(
+                    self.eval_plan, self.stores, self.world, self.columns.row_bytes, opts,
+                    self.seed,  # type: ignore[arg-type]
+                )
         train_plan = self._train_plan
         if train_plan is not None and train_plan.dropped_rows_per_epoch and self.world.is_chief:
             logger.warning(
@@ -362,6 +376,8 @@ class ShardedResidentDataset:
         plan's `last_step_rows` says how many are real.
         """
         plan = self.plan if training else self.eval_plan
+        if self.exchange is not None:
+            return self.exchange.epoch_order(plan, epoch, training)
         if self.stream is not None:
             return _streaming.StreamingOrder(
                 self.columns,

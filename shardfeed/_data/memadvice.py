@@ -44,6 +44,12 @@ def table(mem: MemoryPlan) -> str:
         f"per_replica_batch_size={plan.per_replica_batch_size} "
         f"(global batch {plan.global_batch_size:,}); placement={plan.placement!r}; "
         f"drop_remainder={plan.drop_remainder}",
+        *(
+            [f"shuffle=True: the per-epoch exchange stages up to "
+             f"{format_bytes(mem.ranks[0].staging_bytes)} per device (counted in fits)"]
+            if mem.ranks[0].staging_bytes
+            else []
+        ),
         "",
     ]
     header: tuple[str, ...] = (

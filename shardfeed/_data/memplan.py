@@ -22,9 +22,11 @@ one host's memory.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.units import MIB
+from shardfeed._data import exchange as _exchange
 from shardfeed._data import memadvice as _memadvice
 from shardfeed._data import memory as _memory
 from shardfeed._data.described import ColumnSpec, column_specs
@@ -54,6 +56,8 @@ class RankMemory:
         free_bytes: Free bytes per device (None when unknown).
         usable_bytes: `int(free_bytes * memory_fraction)` (None when unknown).
         host: Index of the host it runs on (`rank // workers_per_host`).
+        staging_bytes: Per device, the most the per-epoch exchange of the
+            global shuffle stages (counted in `needed_bytes`; 0 without it).
     """
 
     rank: int
@@ -66,6 +70,7 @@ class RankMemory:
     free_bytes: int | None
     usable_bytes: int | None
     host: int = 0
+    staging_bytes: int = 0
 
     @property
     def rows(self) -> int:
@@ -197,6 +202,8 @@ def memory_plan(
     device_memory_bytes: int | None = None,
     memory_fraction: float = 0.8,
     workers_per_host: int = 1,
+    shuffle: bool | Literal["local"] = True,
+    exchange_buffer_bytes: int = 256 * MIB,
 ) -> MemoryPlan:
     """Plans where the rows go and whether each worker's devices can hold them.
 
@@ -224,6 +231,10 @@ def memory_plan(
             for `shardfeed launch --num-workers 2` on one machine). When the
             devices are the host's RAM, all their shards must fit in it
             together.
+        shuffle: The dataset's `shuffle`: True (the global order) with
+            `placement="shard"` counts the exchange's staging buffer on
+            every device; `"local"` and False need none.
+        exchange_buffer_bytes: `LoadOptions.exchange_buffer_bytes`.
 
     Returns:
         The `MemoryPlan`; `.table()` prints it and `.advice()` says what to
@@ -287,10 +298,13 @@ def memory_plan(
     usable = None if free is None else int(free * memory_fraction)
     dropped = _dropped_per_replica(plan)
     shared_host = _memory.shares_host_ram(source)
+    staged = (
+        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes) if shuffle is True else 0
+    )
     host_bytes: dict[int, int] = {}
     for replica in range(num_replicas):
         host = replica // replicas_per_worker // workers_per_host
-        host_bytes[host] = host_bytes.get(host, 0) + plan.shard_rows(replica) * row_bytes
+        host_bytes[host] = host_bytes.get(host, 0) + plan.shard_rows(replica) * row_bytes + staged
     ranks = []
     for rank in range(num_workers):
         ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
@@ -307,10 +321,11 @@ def memory_plan(
                 dropped_rows_per_epoch=sum(dropped[r] for r in ids),
                 # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
                 # them), and so do all the workers on one host.
-                needed_bytes=host_bytes[host] if shared_host else max(held_bytes),
+                needed_bytes=host_bytes[host] if shared_host else max(held_bytes) + staged,
                 free_bytes=free,
                 usable_bytes=usable,
                 host=host,
+                staging_bytes=staged,
             )
         )
     return MemoryPlan(

@@ -47,6 +47,13 @@ class LoadOptions:
             stream; False: never (a shard that does not fit is an error).
         stream_chunk_bytes: Rows per ring slot, in bytes per replica (rounded
             down to whole steps; shrunk so two slots fit).
+        exchange_buffer_bytes: Most device bytes per replica the per-epoch
+            exchange of a globally shuffled sharded dataset stages at once
+            (counted in the memory check and `memory_plan`).
+        exchange_fraction: Share of each replica's rows that the per-epoch
+            exchange mixes across replicas, in (0, 1]. 1 (default): the exact
+            global order; below 1: a partial mix, then a local shuffle
+            (see docs/data.md).
 
     Example:
         >>> LoadOptions(chunk_bytes=16 * 1024**2, check_finite=True)
@@ -58,6 +65,8 @@ class LoadOptions:
     check_finite: bool = False
     streaming: bool | Literal["auto"] = "auto"
     stream_chunk_bytes: int = 256 * MIB
+    exchange_buffer_bytes: int = 256 * MIB
+    exchange_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         _require(
@@ -86,5 +95,21 @@ class LoadOptions:
             f"stream_chunk_bytes={self.stream_chunk_bytes!r}",
             "Use e.g. 256 * 1024**2 (256 MiB per slot).",
         )
-        for name in ("chunk_bytes", "device_memory_bytes", "stream_chunk_bytes"):
+        _require(
+            _errors.is_integer(self.exchange_buffer_bytes) and self.exchange_buffer_bytes >= 1,
+            "`exchange_buffer_bytes` must be a positive integer.",
+            f"exchange_buffer_bytes={self.exchange_buffer_bytes!r}",
+            "Use e.g. 256 * 1024**2 (256 MiB of staging per replica).",
+        )
+        _require(
+            isinstance(self.exchange_fraction, int | float)
+            and not isinstance(self.exchange_fraction, bool)
+            and 0 < self.exchange_fraction <= 1,
+            "`exchange_fraction` must be a number in (0, 1].",
+            f"exchange_fraction={self.exchange_fraction!r}",
+            "Use 1 for the exact global order, or e.g. 0.25 to mix a quarter of the rows.",
+        )
+        object.__setattr__(self, "exchange_fraction", float(self.exchange_fraction))
+        for name in ("chunk_bytes", "device_memory_bytes", "stream_chunk_bytes",
+                     "exchange_buffer_bytes"):
             _as_int(self, name)

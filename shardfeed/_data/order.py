@@ -5,9 +5,10 @@ index matrices built from a `ShardPlan`; the dataset asks for them once per
 epoch and the loop slices them per call. Streamed epochs have their own order
 (`streaming.StreamingOrder`) with the same methods.
 
-Shuffling follows the placement:
-- `placement="shard"`: each replica reshuffles its own rows every epoch from
-  `(seed, epoch, replica)`: "local" shuffling.
+Shuffling (`shuffle=True` with `placement="shard"` -- the global order of
+sharded rows -- is `global_order.py`'s: it moves rows, then indexes slots):
+- `shuffle="local"`, `placement="shard"`: each replica reshuffles its own
+  rows every epoch from `(seed, epoch, replica)`.
 - `placement="replicate"`: every replica holds all rows; all draw the same
   epoch permutation from `(seed, epoch)` and take their own slice of each
   global batch: `DistributedSampler` semantics with no host traffic, and the
@@ -35,9 +36,17 @@ class EpochOrder:
 
     call_bounds: list[int] | None = None  # any step may start a call
 
-    def __init__(self, indices: list[tf.Tensor], stores: tuple[_storage.ReplicaStore, ...]):
+    def __init__(
+        self,
+        indices: list[tf.Tensor],
+        stores: tuple[_storage.ReplicaStore, ...],
+        held: list[np.ndarray] | None = None,
+    ):
         self._indices = indices
         self._stores = stores
+        # Per local replica, the global row in each slot, once an exchange
+        # (`global_order.py`) has moved rows; None: the uploaded rows in order.
+        self._held = held
 
     def prepare(self, start: int, stop: int) -> None:
         """Nothing to do: every row is resident."""
@@ -47,7 +56,11 @@ class EpochOrder:
 
     def rows(self, local: int) -> np.ndarray:
         """Global row numbers of local replica `local`'s slots, step by step."""
-        return self._indices[local].numpy().reshape(-1) + self._stores[local].row_start
+        slots = self._indices[local].numpy().reshape(-1)
+        if self._held is None:
+            return slots + self._stores[local].row_start
+        held = self._held[local] if len(self._held[local]) else np.zeros(1, np.int64)
+        return held[slots]
 
     def close(self) -> None:
         pass

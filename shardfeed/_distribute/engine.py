@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._distribute import alltoall as _alltoall
 from shardfeed._distribute.metrics import metric_results
 from shardfeed._distribute.world import World, is_default_strategy
 
@@ -47,6 +48,9 @@ class Engine(Protocol):
     def reduce_gradients(self, grads: list[Any]) -> list[Any]: ...
     def metric_results(self, model: keras.Model) -> dict[str, float]: ...
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
+    @property
+    def staged_rows_per_row(self) -> int: ...
+    def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]: ...
     def prepare_model(self, model: keras.Model) -> None: ...
 
 
@@ -146,6 +150,23 @@ class StrategyEngine:
                 tensors.append(tf.constant(array))
         value = self.distribute(tensors)
         return self.strategy.gather(value, axis=0).numpy()
+
+    @property
+    def staged_rows_per_row(self) -> int:
+        """Rows staged per row sent in `all_to_all`: a send and a receive
+        buffer in one process, every replica's send buffer across workers."""
+        return 2 if self.world.world_size == 1 else 1 + self.num_replicas_in_sync
+
+    def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
+        """Sends each local replica's rows (grouped by destination, `counts[s, d]`
+        rows from replica s to d) and returns each local replica's arrivals
+        (grouped by source); see `alltoall.py`."""
+        if self.world.world_size == 1:
+            return _alltoall.local_all_to_all(send, counts, self.world.local_devices)
+        return _alltoall.gathered_all_to_all(
+            self.strategy, self.distribute, send, counts,
+            self.world.global_replica_ids, self.world.local_devices,
+        )
 
     def prepare_model(self, model: keras.Model) -> None:
         # Variables created in a strategy's scope start identical on every

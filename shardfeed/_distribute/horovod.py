@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._distribute import alltoall as _alltoall
 from shardfeed._distribute.metrics import metric_results
 from shardfeed._distribute.world import World
 
@@ -106,6 +107,18 @@ class HorovodEngine:
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray:
         (array,) = per_local_replica
         return hvd.allgather(tf.constant(array)).numpy()
+
+    @property
+    def staged_rows_per_row(self) -> int:
+        return 2  # a send and a receive buffer
+
+    def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
+        """`hvd.alltoall` with splits: this rank's row of `counts` says how
+        many rows go to each rank; rows travel as int32 words (any dtype)."""
+        (rows,) = send
+        splits = tf.constant(counts[self.world.rank], tf.int32)
+        received, _ = hvd.alltoall(_alltoall.to_words(rows), splits=splits)
+        return [_alltoall.from_words(received, rows)]
 
     def prepare_model(self, model: keras.Model) -> None:
         """Makes every rank start from rank 0's weights and optimizer state."""

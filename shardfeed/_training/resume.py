@@ -89,7 +89,7 @@ class ResumeState:
 
     cursor: Cursor
     seed: int | None
-    shuffle: bool
+    shuffle: bool | str
     placement: str
     num_rows: int
     num_replicas: int
@@ -164,14 +164,20 @@ def restore_metrics(model: keras.Model, values: list[Any], engine: Any) -> None:
 
 def order_is_global(dataset: ShardedResidentDataset) -> bool:
     """Whether step `s` of an epoch takes the same global rows on any number of
-    replicas: the global order (`placement="replicate"`, shuffled or not).
+    replicas: the global order (`placement="replicate"`, shuffled or not, or
+    sharded rows with `shuffle=True` and a full exchange).
 
-    A sharded, locally shuffled dataset draws one order per replica, and a
-    streamed one shuffles chunks per replica: neither keeps the rows of the
-    first `s` steps when the replicas change. (A sharded dataset with a global
-    order belongs here too once it exists.)
+    A sharded dataset with `shuffle="local"` or `False` draws one order per
+    replica, a partial exchange (`exchange_fraction < 1`) mixes from the rows
+    each replica happened to hold, and a streamed one shuffles chunks per
+    replica: none keeps the rows of the first `s` steps when the replicas
+    change.
     """
-    return dataset.plan.placement == "replicate" and not dataset.is_streaming
+    if dataset.is_streaming:
+        return False
+    if dataset.plan.placement == "replicate":
+        return True
+    return dataset.exchange is not None and dataset.load_options.exchange_fraction == 1
 
 
 def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
@@ -207,14 +213,27 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
         raise ValueError(
             _errors.message(
                 "Resuming inside an epoch on another number of replicas needs the global "
-                'order (placement="replicate", not streamed): with placement="shard" each '
-                "replica's order is its own, so the rows left in the epoch cannot be "
-                "known on the new replicas.",
+                'order (shuffle=True with a full exchange, or placement="replicate"; not '
+                f"streamed): with shuffle={dataset.shuffle!r} each replica's order is its "
+                "own, so the rows left in the epoch cannot be known on the new replicas.",
                 f"num_replicas={m} (checkpoint: {state.num_replicas}), "
-                f"placement={plan.placement!r}, step {state.cursor.data_step} of the epoch",
+                f"placement={plan.placement!r}, shuffle={dataset.shuffle!r}, "
+                f"step {state.cursor.data_step} of the epoch",
                 f"Resume on {state.num_replicas} replicas, or resume from a checkpoint taken "
-                'at an epoch boundary (save_freq="epoch"), or train with '
-                'placement="replicate".',
+                'at an epoch boundary (save_freq="epoch"), or train with the global order '
+                "(shuffle=True).",
+            )
+        )
+    fraction = dataset.load_options.exchange_fraction
+    if mid_epoch and dataset.exchange is not None and fraction < 1:
+        raise ValueError(
+            _errors.message(
+                "Resuming inside an epoch needs that epoch's order again; a partial exchange "
+                "(exchange_fraction < 1) mixes the rows each replica held before the epoch, "
+                "and a restart reloads the shards as they were first loaded.",
+                f"exchange_fraction={fraction}, step {state.cursor.data_step} of the epoch",
+                'Resume from a checkpoint taken at an epoch boundary (save_freq="epoch"), '
+                "or train with the full exchange (exchange_fraction=1).",
             )
         )
     if plan.global_batch_size == g:

@@ -118,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rows for --engines (default: 200,000)",
     )
     parser.add_argument(
+        "--shuffles",
+        action="store_true",
+        help="also time the three shuffles of several replicas (sharded global order with "
+        "its per-epoch exchange, sharded local, replicated) on 2 and 4 CPU devices and "
+        "2 workers, with --engine-rows rows",
+    )
+    parser.add_argument(
         "--horovod-python",
         help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
         "prints) for the Horovod row of --engines",
@@ -161,11 +168,19 @@ def run(args: argparse.Namespace) -> int:
         from shardfeed._commands.bench import engines as _engines
 
         report["engines"] = _engines.run_engines(args.engine_rows, args.epochs, args.horovod_python)
+    if args.shuffles:
+        from shardfeed._commands.bench import shuffles as _shuffles
+
+        report["shuffles"] = _shuffles.run_shuffles(args.engine_rows, args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(report)
     if args.engines:
         markdown += (
             "\n" + _engines.to_markdown(report["engines"], args.engine_rows, args.epochs) + "\n"
+        )
+    if args.shuffles:
+        markdown += (
+            "\n" + _shuffles.to_markdown(report["shuffles"], args.engine_rows, args.epochs) + "\n"
         )
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)

@@ -1,0 +1,169 @@
+"""`shardfeed bench --shuffles`: what the three shuffles of several replicas cost.
+
+Separation of concerns: this module owns the shuffles benchmark only -- its
+worker processes and its Markdown table; processes start as in `engines.py`.
+Each setup (2 and 4 logical CPU devices under MirroredStrategy, 2
+MultiWorkerMirroredStrategy workers) trains the W2 workload (`workloads`)
+with `shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs, three
+times: `placement="shard"` with the global order (the per-epoch exchange),
+`placement="shard"` with `shuffle="local"`, and `placement="replicate"`.
+Reported per row: epoch seconds (median), the exchange's bytes sent per
+replica, seconds, GB/s and share of the epoch, and device bytes per replica
+(rows, plus the exchange's staging bound for the global order).
+
+Run as a worker: `python -m shardfeed._commands.bench.shuffles --setup mirrored4 --out f.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+SETUPS = {"mirrored2": (1, 2), "mirrored4": (1, 4), "multiworker2": (2, 1)}  # workers, devices
+SHUFFLES: tuple[tuple[Literal["shard", "replicate"], bool | Literal["local"]], ...] = (
+    ("shard", True),
+    ("shard", "local"),
+    ("replicate", True),
+)
+PER_REPLICA_BATCH = 256
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
+    workers, devices = SETUPS[args.setup]
+    if devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * devices
+        )
+    import keras
+
+    import shardfeed
+    from shardfeed._commands.bench.timing import epoch_timer
+    from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
+    from shardfeed._data.exchange import staging_bytes
+
+    world = shardfeed.init("multiworker" if workers > 1 else "auto")
+    w2 = WORKLOADS["W2"]
+    x, y = make_data(w2, args.rows, seed=0)
+    results = []
+    for placement, shuffle in SHUFFLES:
+        with world.scope():
+            keras.utils.set_random_seed(0)
+            model = compile_model(build_model(w2, False, seed=0), w2)
+            ds = shardfeed.ShardedResidentDataset(
+                x, y, per_replica_batch_size=PER_REPLICA_BATCH, seed=0, shuffle=shuffle,
+                placement=placement, drop_remainder=True,
+            )
+        timer = epoch_timer()
+        shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
+        epoch_s = statistics.median(timer.seconds[1:])
+        reports = ds.exchange.reports[1:] if ds.exchange is not None else []
+        factor = 2 if workers == 1 else None  # see `global_order.with_staging`
+        staged = staging_bytes(ds.eval_plan, ds.columns.row_bytes,
+                               ds.load_options.exchange_buffer_bytes, factor) if reports else 0
+        result = {
+            "placement": placement,
+            "shuffle": shuffle,
+            "epoch_s": epoch_s,
+            "bytes_sent_per_replica": max((max(r.bytes_sent) for r in reports), default=0),
+            "exchange_s": statistics.median([r.seconds for r in reports]) if reports else 0.0,
+            "bytes_per_replica": ds.nbytes_on_device // len(ds.stores) + staged,
+        }
+        result["gb_per_s"] = (
+            result["bytes_sent_per_replica"] / result["exchange_s"] / 1e9
+            if result["exchange_s"] else 0.0
+        )
+        result["exchange_share"] = result["exchange_s"] / epoch_s
+        results.append(result)
+        del ds, model
+    if world.is_chief:
+        Path(args.out).write_text(json.dumps(
+            {"setup": args.setup, "replicas": world.num_replicas_in_sync, "results": results}
+        ))
+    return 0
+
+
+def run_shuffles(rows: int, epochs: int, timeout_s: float = 1800) -> list[dict[str, Any]]:
+    """Runs every setup in `SETUPS`; one dict per setup (or `skipped`, why).
+
+    Args:
+        rows: W2 rows (at least 4 x 256: batches are dropped, not padded).
+        epochs: Timed epochs after the warm-up one.
+        timeout_s: Bound on each setup's run (its processes are killed past it).
+
+    Returns:
+        Per setup: `setup`, `replicas`, `results` (one dict per shuffle).
+    """
+    from shardfeed._commands.bench.engines import _run_bounded
+
+    out_all = []
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    script = str(Path(__file__).resolve())
+    for setup, (workers, _) in SETUPS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            args = [script, "--setup", setup, "--rows", str(rows), "--epochs", str(epochs),
+                    "--out", str(out)]
+            if workers > 1:
+                cli = Path(sys.executable).parent / "shardfeed"
+                command = [str(cli), "launch", "--num-workers", str(workers), *args]
+            else:
+                command = [sys.executable, *args]
+            print(f"  shuffles: {setup} ...", flush=True)
+            proc = _run_bounded(command, env, tmp, timeout_s)
+            if proc.returncode != 0 or not out.exists():
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+                out_all.append({"setup": setup, "skipped": f"failed (exit {proc.returncode}): "
+                                f"{tail[0]}"})
+                continue
+            out_all.append(json.loads(out.read_text()))
+    return out_all
+
+
+def to_markdown(setups: list[dict], rows: int, epochs: int) -> str:
+    """The shuffles table: one row per setup and shuffle."""
+    lines = [
+        f"### Shuffles: W2 model, {rows:,} rows, per-replica batch {PER_REPLICA_BATCH}, "
+        f"median of {epochs} epochs",
+        "",
+        "| setup | shuffle | epoch s | exchange MB sent/replica | exchange s | GB/s "
+        "| share of epoch | device MB/replica |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in setups:
+        if "skipped" in s:
+            lines.append(f"| {s['setup']} | skipped: {s['skipped']} ||||||")
+            continue
+        for r in s["results"]:
+            name = (
+                "replicate" if r["placement"] == "replicate"
+                else "shard, global" if r["shuffle"] is True else "shard, local"
+            )
+            lines.append(
+                f"| {s['setup']} | {name} | {r['epoch_s']:.3f} "
+                f"| {r['bytes_sent_per_replica'] / 1e6:.2f} | {r['exchange_s']:.3f} "
+                f"| {r['gb_per_s']:.2f} | {r['exchange_share']:.0%} "
+                f"| {r['bytes_per_replica'] / 1e6:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", choices=tuple(SETUPS), required=True)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    return _worker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""Who sends which rows to whom before a globally shuffled epoch of sharded data.
+
+Separation of concerns: this module is pure arithmetic on NumPy arrays of row
+ids. It reads no data, touches no device and talks to no rank: every rank
+computes the same moves from numbers every rank knows (the epoch's
+permutation, the current layout of rows on replicas, the plan), so nothing
+is negotiated at run time. `global_order.py` runs the moves through the
+engine's all-to-all (`_distribute/alltoall.py`).
+
+The layout: replica r's variables have `plan.shard_rows(r)` slots; `held[r]`
+says which global row sits in each slot. It starts contiguous (the rows
+`storage.upload` wrote) and every exchange permutes rows between slots, so
+each row stays resident exactly once.
+
+An epoch with the global order (`exchange_fraction=1`): replica r uses the
+rows of its slice of every global step of the permutation (`epoch_rows`,
+DistributedSampler semantics, as `placement="replicate"`). Rows another
+replica uses move there; rows that no replica uses this epoch (dropped) stay
+where they are unless a replica needs their slots. The moves are cut into
+rounds in which every replica sends as many rows as it receives, at most
+`round_rows` each: a round's arrivals land in the slots its departures freed,
+so the exchange needs a staging buffer of one round, never a second copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.plan import ShardPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One round of an exchange.
+
+    Attributes:
+        counts: `[R, R]` int64: `counts[s, d]` rows replica s sends to d.
+        send_slots: Per replica, the slots whose rows it sends, grouped by
+            destination in replica order; arrivals (grouped by source in
+            replica order) are written into the same slots, in order.
+        arriving_rows: Per replica, the global ids of the rows it receives,
+            in arrival order (grouped by source).
+    """
+
+    counts: np.ndarray
+    send_slots: tuple[np.ndarray, ...]
+    arriving_rows: tuple[np.ndarray, ...]
+
+    @property
+    def max_send_rows(self) -> int:
+        return int(self.counts.sum(axis=1).max(initial=0))
+
+
+def initial_layout(plan: ShardPlan) -> list[np.ndarray]:
+    """Per replica, the global rows its slots hold after the upload."""
+    return [np.arange(start, stop, dtype=np.int64) for start, stop in plan.shards]
+
+
+def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
+    """Per replica, the global rows it uses in a globally shuffled epoch, in
+    step order: its slice `[r*b, (r+1)*b)` of each full global step, then its
+    share of the partial last step (the slicing of `placement="replicate"`).
+
+    Example:
+        >>> plan = plan_shards(10, 2, 2)
+        >>> [r.tolist() for r in epoch_rows(plan, np.arange(10))]
+        [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
+    """
+    b, n_rep, full = plan.per_replica_batch_size, plan.num_replicas, plan.full_steps_per_epoch
+    g = plan.global_batch_size
+    body = permutation[: full * g].reshape(full, n_rep, b)
+    out = []
+    for r in range(n_rep):
+        rows = [body[:, r, :].reshape(-1)]
+        if plan.has_partial_step:
+            offset = full * g + sum(plan.last_step_rows[:r])
+            rows.append(permutation[offset : offset + plan.last_step_rows[r]])
+        out.append(np.concatenate(rows).astype(np.int64))
+    return out
+
+
+def global_destinations(
+    held: list[np.ndarray], needed: list[np.ndarray], num_rows: int
+) -> np.ndarray:
+    """Each row's replica after the exchange: the replica that uses it, or,
+    for a row no replica uses this epoch, where it is, moved only when its
+    replica needs the slot (to the replicas with free slots, in order)."""
+    source = _replica_of(held, num_rows)
+    dest = np.full(num_rows, -1, dtype=np.int64)
+    for r, rows in enumerate(needed):
+        dest[rows] = r
+    unused = dest < 0
+    dest[unused] = source[unused]
+    capacity = np.array([len(h) for h in held])
+    surplus = np.bincount(dest, minlength=len(held)) - capacity
+    takers = [r for r in range(len(held)) if surplus[r] < 0]
+    for r in range(len(held)):
+        if surplus[r] <= 0:
+            continue
+        # `needed[r]` fits in r's slots, so r holds at least `surplus[r]` unused rows.
+        spare = held[r][unused[held[r]]][: surplus[r]]
+        for row in spare:
+            while surplus[takers[0]] == 0:
+                takers.pop(0)
+            dest[row] = takers[0]
+            surplus[takers[0]] += 1
+        surplus[r] = 0
+    return dest
+
+
+def partial_destinations(
+    held: list[np.ndarray], fraction: float, seed: int, epoch: int, num_rows: int
+) -> np.ndarray:
+    """Each row's replica after a partial exchange: every replica puts
+    `floor(fraction * rows it holds)` of its rows, drawn from
+    `(seed, epoch, replica)`, into a pool; the pool is shuffled from
+    `(seed, epoch)` and dealt back in the same counts. Rows outside the
+    pool stay."""
+    dest = _replica_of(held, num_rows)
+    pool, counts = [], []
+    for r, rows in enumerate(held):
+        m = int(fraction * len(rows))
+        pick = np.random.default_rng([seed, epoch, r]).permutation(len(rows))[:m]
+        pool.append(rows[pick])
+        counts.append(m)
+    mixed = np.random.default_rng([seed, epoch]).permutation(np.concatenate(pool))
+    dest[mixed] = np.repeat(np.arange(len(held)), counts)
+    return dest
+
+
+def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> list[Round]:
+    """Cuts the moves `held -> dest` into rounds of at most `round_rows` rows
+    sent and received per replica.
+
+    The transfer matrix is balanced (each replica receives as many rows as
+    it sends), so it splits into cycles of replicas; a round takes flow from
+    cycles while every replica on them has room, and on a cycle each replica
+    sends exactly what it receives.
+
+    Args:
+        held: Per replica, the global row in each slot now.
+        dest: Each global row's replica after the exchange.
+        round_rows: Most rows a replica sends (and receives) per round.
+
+    Returns:
+        The rounds, in order; empty when nothing moves.
+    """
+    n_rep = len(held)
+    queues: dict[tuple[int, int], list[np.ndarray]] = {}
+    matrix = np.zeros((n_rep, n_rep), dtype=np.int64)
+    for s, rows in enumerate(held):
+        targets = dest[rows]
+        for d in range(n_rep):
+            if d != s:
+                slots = np.flatnonzero(targets == d)
+                queues[(s, d)] = [slots, rows[slots]]
+                matrix[s, d] = len(slots)
+    rounds = []
+    for counts in _round_counts(_cycles(matrix), n_rep, round_rows):
+        send, arriving = [], []
+        for r in range(n_rep):
+            send.append(
+                np.concatenate([_take(queues, (r, d), counts[r, d], 0) for d in range(n_rep)])
+            )
+            arriving.append(
+                np.concatenate([_take(queues, (s, r), counts[s, r], 1) for s in range(n_rep)])
+            )
+        for s, d in zip(*np.nonzero(counts), strict=True):
+            queues[(s, d)] = [q[counts[s, d] :] for q in queues[(s, d)]]
+        rounds.append(Round(counts, tuple(send), tuple(arriving)))
+    return rounds
+
+
+def apply_round(held: list[np.ndarray], rnd: Round) -> None:
+    """Updates the layout as the round's transfer does."""
+    for r, slots in enumerate(rnd.send_slots):
+        held[r][slots] = rnd.arriving_rows[r]
+
+
+def round_rows(buffer_bytes: int, row_bytes: int, staged_rows_per_row: int) -> int:
+    """Rows per replica per round that keep one round's staging within
+    `buffer_bytes` (`staged_rows_per_row` staged rows per row sent: 2 for an
+    all-to-all, a send and a receive buffer; `1 + replicas` for an
+    all-gather).
+
+    Raises:
+        ValueError: If the buffer cannot stage one row.
+    """
+    rows = buffer_bytes // max(1, row_bytes * staged_rows_per_row)
+    if rows < 1:
+        raise ValueError(
+            _errors.message(
+                "`LoadOptions.exchange_buffer_bytes` must hold one round of at least one "
+                "row per replica.",
+                f"exchange_buffer_bytes={buffer_bytes}, row_bytes={row_bytes}, "
+                f"staged_rows_per_row={staged_rows_per_row}",
+                f"Use exchange_buffer_bytes >= {row_bytes * staged_rows_per_row}.",
+            )
+        )
+    return int(rows)
+
+
+def staging_bytes(
+    plan: ShardPlan, row_bytes: int, buffer_bytes: int, staged_rows_per_row: int | None = None
+) -> int:
+    """Device bytes per replica a global-order exchange may stage: the
+    buffer, or less when `staged_rows_per_row` whole shards are smaller (2
+    for an all-to-all; by default `replicas + 1`, an all-gather's worst
+    case); 0 on one replica."""
+    if plan.num_replicas == 1 or plan.placement != "shard":
+        return 0
+    factor = staged_rows_per_row or plan.num_replicas + 1
+    largest = max(plan.shard_rows(r) for r in range(plan.num_replicas)) * row_bytes
+    return min(buffer_bytes, factor * largest)
+
+
+def _replica_of(held: list[np.ndarray], num_rows: int) -> np.ndarray:
+    source = np.empty(num_rows, dtype=np.int64)
+    for r, rows in enumerate(held):
+        source[rows] = r
+    return source
+
+
+def _take(queues, key, count, which) -> np.ndarray:
+    if key not in queues or count == 0:
+        return np.zeros(0, dtype=np.int64)
+    return queues[key][which][:count]
+
+
+def _cycles(matrix: np.ndarray) -> list[tuple[list[int], int]]:
+    """Splits a balanced transfer matrix (zero diagonal) into cycles with flows."""
+    matrix = matrix.copy()
+    cycles = []
+    while matrix.any():
+        start = int(np.flatnonzero(matrix.sum(axis=1))[0])
+        path, seen, node = [start], {start: 0}, start
+        while True:
+            # A replica reached by a transfer receives rows, so it also sends some.
+            node = int(np.flatnonzero(matrix[node])[0])
+            if node in seen:
+                cycle = path[seen[node] :]
+                break
+            seen[node] = len(path)
+            path.append(node)
+        edges = list(zip(cycle, cycle[1:] + cycle[:1], strict=True))
+        flow = int(min(matrix[s, d] for s, d in edges))
+        for s, d in edges:
+            matrix[s, d] -= flow
+        cycles.append((cycle, flow))
+    return cycles
+
+
+def _round_counts(cycles, n_rep: int, round_rows: int) -> list[np.ndarray]:
+    left = [flow for _, flow in cycles]
+    out = []
+    while any(left):
+        room = np.full(n_rep, round_rows, dtype=np.int64)
+        counts = np.zeros((n_rep, n_rep), dtype=np.int64)
+        for i, (cycle, _) in enumerate(cycles):
+            amount = min(left[i], int(room[cycle].min()))
+            if amount <= 0:
+                continue
+            for s, d in zip(cycle, cycle[1:] + cycle[:1], strict=True):
+                counts[s, d] += amount
+            room[cycle] -= amount
+            left[i] -= amount
+        out.append(counts)
+    return out

@@ -1,0 +1,250 @@
+"""The global shuffle of sharded rows: a per-epoch exchange between replicas.
+
+Separation of concerns: the dataset owns shuffling; this module owns the
+global order of `placement="shard"` data (`shuffle=True`). It keeps the
+layout (which global row sits in each slot of each replica's variables, the
+same on every rank), computes each epoch's moves with `exchange.py` (pure
+arithmetic), moves the rows device to device through the engine's
+`all_to_all` (`_distribute/alltoall.py`, Horovod's `hvd.alltoall`), and
+hands the loop index matrices that point at the slots where each replica's
+epoch rows now sit. The step gather stays local; nothing is re-read from the
+source and nothing goes through files.
+
+The exchange runs once per training epoch, between epochs, before the
+epoch's first step (it is synchronous: the next epoch needs its rows). Its
+bytes and seconds are logged (logger `shardfeed`, INFO, on the chief) and
+kept in `reports`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Literal
+
+import numpy as np
+import tensorflow as tf
+
+from shardfeed._common import errors as _errors
+from shardfeed._data import exchange as _exchange
+from shardfeed._data import order as _order
+from shardfeed._data import storage as _storage
+from shardfeed._data.options import LoadOptions
+from shardfeed._data.plan import ShardPlan
+from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._distribute.world import World
+
+logger = logging.getLogger("shardfeed")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangeReport:
+    """One epoch's exchange, seen from this worker.
+
+    Attributes:
+        epoch: The epoch the rows were moved for.
+        rows_sent: Per local replica, rows it sent (it received as many).
+        bytes_sent: Per local replica, bytes it sent (all columns).
+        seconds: Wall time of the exchange on this worker.
+        rounds: Rounds of at most `exchange_buffer_bytes` of staging.
+    """
+
+    epoch: int
+    rows_sent: tuple[int, ...]
+    bytes_sent: tuple[int, ...]
+    seconds: float
+    rounds: int
+
+    @property
+    def gb_per_s(self) -> float:
+        """Bytes sent per replica (the largest) per second, in GB/s."""
+        return max(self.bytes_sent, default=0) / max(self.seconds, 1e-12) / 1e9
+
+
+def check_shuffle(
+    shuffle: object, seed: int | None, placement: str
+) -> bool | Literal["local"]:
+    """Validates `shuffle` (True: global, "local", False) and returns it.
+
+    Raises:
+        ValueError: For another value, a shuffle without a seed, or
+            `shuffle="local"` with `placement="replicate"`.
+    """
+    if isinstance(shuffle, bool | np.bool_):
+        shuffle = bool(shuffle)
+    elif not (isinstance(shuffle, str) and shuffle == "local"):
+        raise ValueError(
+            _errors.message(
+                '`shuffle` must be True (the global order), "local" (each replica '
+                "shuffles its own shard) or False (rows in order).",
+                f"shuffle={shuffle!r}",
+                'Pass shuffle=True, shuffle="local" or shuffle=False.',
+            )
+        )
+    if shuffle and seed is None:
+        raise ValueError(
+            _errors.message(
+                "Shuffling requires a seed, so that every replica and every "
+                "rerun draws the same epoch order.",
+                f"shuffle={shuffle!r}, seed=None",
+                "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
+            )
+        )
+    if shuffle == "local" and placement == "replicate":
+        raise ValueError(
+            _errors.message(
+                'shuffle="local" needs placement="shard" (each replica shuffles the '
+                "rows it holds; replicated rows already take the global order).",
+                "shuffle='local', placement='replicate'",
+                'Use shuffle=True with placement="replicate".',
+            )
+        )
+    return "local" if shuffle == "local" else bool(shuffle)
+
+
+def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
+    """Whether epochs need the exchange: the global order of sharded rows."""
+    return shuffle is True and plan.placement == "shard"
+
+
+def with_staging(
+    needed: dict[str, int], plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World
+) -> dict[str, int]:
+    """`needed` bytes per device plus each local replica's staging buffer."""
+    out = dict(needed)
+    for device in world.local_devices:
+        # One process, or Horovod's all-to-all: a send and a receive buffer;
+        # across strategy workers, every replica's send buffer (all-gather).
+        factor = 2 if world.world_size == 1 or world.backend == "horovod" else None
+        staged = _exchange.staging_bytes(plan, row_bytes, options.exchange_buffer_bytes, factor)
+        out[device] = out.get(device, 0) + staged
+    return out
+
+
+def misfit_error(numbers: str, options: LoadOptions, streaming_asked: bool) -> str:
+    """The refusal when globally shuffled sharded rows (and their staging)
+    do not fit, or would stream."""
+    return _errors.message(
+        "The global shuffle (shuffle=True) of sharded rows needs every shard resident, "
+        "plus a staging buffer of at most `LoadOptions.exchange_buffer_bytes` per replica "
+        "for the per-epoch exchange; a streamed shard has no global order.",
+        f"{numbers}, exchange_buffer_bytes={options.exchange_buffer_bytes}"
+        if numbers
+        else f"streaming={options.streaming!r}, shuffle=True",
+        'Pass shuffle="local" (each replica shuffles its own rows; a shard that does '
+        "not fit then streams with a chunk-then-row shuffle), use more replicas, or "
+        "lower `LoadOptions.exchange_buffer_bytes`."
+        if not streaming_asked
+        else 'Pass shuffle="local" to stream with a chunk-then-row shuffle, or '
+        "`LoadOptions(streaming=False)` to hold the shard resident.",
+    )
+
+
+class GlobalShuffle:
+    """The layout of sharded rows across replicas and the per-epoch exchange.
+
+    Args:
+        plan: The dataset's evaluation plan (which rows each replica holds).
+        stores: This worker's replicas' storage.
+        world: Which replicas are local.
+        row_bytes: Bytes of one row, all columns.
+        options: `exchange_buffer_bytes`, `exchange_fraction`.
+        seed: The dataset's seed.
+    """
+
+    def __init__(
+        self,
+        plan: ShardPlan,
+        stores: tuple[_storage.ReplicaStore, ...],
+        world: World,
+        row_bytes: int,
+        options: LoadOptions,
+        seed: int,
+    ) -> None:
+        self.held = _exchange.initial_layout(plan)
+        self.reports: list[ExchangeReport] = []
+        self._stores, self._world = stores, world
+        self._row_bytes, self._options, self._seed = row_bytes, options, seed
+        self._num_rows = plan.num_rows
+        self._engine: Engine | None = None
+
+    def epoch_order(self, plan: ShardPlan, epoch: int, training: bool) -> _order.EpochOrder:
+        """Moves the rows for a training epoch, then returns its order.
+
+        Evaluation epochs read the slots as they are (each row once, in slot
+        order); `EpochOrder.rows` maps slots back to global rows.
+        """
+        if not training:
+            indices = _order.epoch_indices(plan, self._stores, None, epoch, False)
+            return _order.EpochOrder(indices, self._stores, self._local_layout())
+        fraction = self._options.exchange_fraction
+        if fraction < 1:
+            dest = _exchange.partial_destinations(
+                self.held, fraction, self._seed, epoch, self._num_rows
+            )
+            self._move(dest, epoch)
+            indices = _order.epoch_indices(plan, self._stores, self._seed, epoch, True)
+            return _order.EpochOrder(indices, self._stores, self._local_layout())
+        permutation = _order.permutation(self._num_rows, self._seed, epoch, None, True).numpy()
+        needed = _exchange.epoch_rows(plan, permutation)
+        self._move(_exchange.global_destinations(self.held, needed, self._num_rows), epoch)
+        slot = np.empty(self._num_rows, dtype=np.int64)
+        for rows in self.held:
+            slot[rows] = np.arange(len(rows))
+        b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
+        indices = []
+        for store in self._stores:
+            flat = np.zeros(steps * b, dtype=np.int32 if self._num_rows < 2**31 else np.int64)
+            mine = slot[needed[store.replica]]
+            flat[: len(mine)] = mine
+            with tf.device(store.device):
+                indices.append(tf.constant(flat.reshape(steps, b)))
+        return _order.EpochOrder(indices, self._stores, self._local_layout())
+
+    def _local_layout(self) -> list[np.ndarray]:
+        return [self.held[s.replica].copy() for s in self._stores]
+
+    def _move(self, dest: np.ndarray, epoch: int) -> None:
+        if self._engine is None:
+            self._engine = engine_for(self._world)
+        engine = self._engine
+        k = _exchange.round_rows(
+            self._options.exchange_buffer_bytes, self._row_bytes, engine.staged_rows_per_row
+        )
+        rounds = _exchange.plan_rounds(self.held, dest, k)
+        began = time.perf_counter()
+        for rnd in rounds:
+            for column in range(len(self._stores[0].variables)):
+                send = []
+                for store in self._stores:
+                    slots = rnd.send_slots[store.replica]
+                    with tf.device(store.device):
+                        send.append(tf.gather(store.variables[column], slots))
+                received = engine.all_to_all(send, rnd.counts)
+                for store, rows in zip(self._stores, received, strict=True):
+                    with tf.device(store.device):
+                        tf.raw_ops.ResourceScatterUpdate(
+                            resource=store.variables[column].handle,
+                            indices=rnd.send_slots[store.replica],
+                            updates=rows,
+                        )
+            _exchange.apply_round(self.held, rnd)
+        if rounds:
+            for store in self._stores:  # wait for the last writes (devices run async)
+                store.variables[-1].sparse_read([0]).numpy()
+        seconds = time.perf_counter() - began
+        sent = tuple(
+            int(sum(rnd.counts[s.replica].sum() for rnd in rounds)) for s in self._stores
+        )
+        report = ExchangeReport(
+            epoch, sent, tuple(n * self._row_bytes for n in sent), seconds, len(rounds)
+        )
+        self.reports.append(report)
+        if self._world.is_chief:
+            logger.info(
+                "shardfeed: epoch %d exchange: %d rows (%.1f MB) sent per replica in %.3f s "
+                "(%.2f GB/s, %d round(s)).",
+                epoch, max(sent, default=0), max(report.bytes_sent, default=0) / 1e6,
+                seconds, report.gb_per_s, len(rounds),
+            )

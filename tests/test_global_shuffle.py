@@ -1,0 +1,232 @@
+"""The global shuffle of sharded rows on 1-4 replicas in one process.
+
+`placement="shard"` with `shuffle=True` must train exactly as
+`placement="replicate"` and as one replica with batch N*b on the same order,
+while each replica holds only 1/N of the rows: the per-epoch exchange moves
+every row the next epoch needs to its replica, all columns together.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+import shardfeed
+from shardfeed import LoadOptions, ShardedResidentDataset, files
+from shardfeed._data.formats import base as _formats_base
+
+pytestmark = pytest.mark.multi_device
+
+ROWS = 1001  # uneven shards on 2, 3 and 4 replicas, and a partial last step
+SMALL_BUFFER = LoadOptions(exchange_buffer_bytes=4_000)  # many rounds per exchange
+
+
+def _strategy(n):
+    if n == 1:
+        return tf.distribute.get_strategy()
+    # Strategies in one process share collective keys; move the base per strategy
+    # (see test_mirrored.py).
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+
+
+def _data(rows=ROWS):
+    rng = np.random.default_rng(0)
+    x = {
+        "a": rng.normal(size=(rows, 6)).astype("float32"),
+        "b": rng.integers(0, 256, size=(rows, 2)).astype("uint8"),
+    }
+    y = (x["a"] @ rng.normal(size=(6, 1))).astype("float32")
+    w = rng.uniform(0.5, 1.5, size=rows).astype("float32")
+    return x, y, w
+
+
+def _scale(x):
+    return {"a": x["a"], "b": tf.cast(x["b"], "float32") / 255.0}
+
+
+def _model():
+    keras.utils.set_random_seed(7)
+    a, b = keras.Input((6,), name="a"), keras.Input((2,), name="b")
+    h = layers.Dense(16, activation="relu")(layers.Concatenate()([a, b]))
+    model = keras.Model({"a": a, "b": b}, layers.Dense(1)(h))
+    model.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"])
+    return model
+
+
+class _EpochWeights(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append(self.model.get_weights())
+
+
+def _train(replicas, b, placement, options=None):
+    x, y, w = _data()
+    with _strategy(replicas).scope():
+        model = _model()
+        ds = ShardedResidentDataset(
+            x, y, w, per_replica_batch_size=b, seed=11, placement=placement,
+            transform=_scale, load_options=options,
+        )
+    record = _EpochWeights()
+    shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[record])
+    return record.weights, ds
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_sharded_global_order_trains_as_replicated_and_as_one_replica(replicas):
+    b = 32
+    sharded, ds = _train(replicas, b, "shard", SMALL_BUFFER)
+    replicated, _ = _train(replicas, b, "replicate")
+    single, _ = _train(1, b * replicas, "shard")
+    for epoch in range(3):
+        for got, rep, one in zip(sharded[epoch], replicated[epoch], single[epoch], strict=True):
+            np.testing.assert_allclose(got, rep, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-6)
+    # Each replica still holds only its shard's worth of rows.
+    assert [s.variables[0].shape[0] for s in ds.stores] == [
+        ds.plan.shard_rows(r) for r in range(replicas)
+    ]
+    reports = ds.exchange.reports
+    assert [r.epoch for r in reports] == [0, 1, 2]
+    assert all(r.rounds > 1 and min(r.rows_sent) > 0 for r in reports)
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_each_row_used_exactly_once_per_epoch_with_all_its_columns(replicas, drop_remainder):
+    ids = np.arange(ROWS)
+    x = {"id": ids.astype("int64"), "twice": (2 * ids).astype("float32")}
+    strategy = _strategy(replicas)
+    args = dict(per_replica_batch_size=40, seed=3, drop_remainder=drop_remainder,
+                strategy=strategy)
+    ds = ShardedResidentDataset(x, ids.astype("int32"), (ids % 7).astype("float32"),
+                                load_options=SMALL_BUFFER, **args)
+    replicated = ShardedResidentDataset(x, placement="replicate", **args)
+    plan, b = ds.plan, 40
+    for epoch in range(3):
+        order, reference = ds.epoch_order(epoch, True), replicated.epoch_order(epoch, True)
+        used = []
+        for local, store in enumerate(ds.stores):
+            real = plan.full_steps_per_epoch * b + (
+                plan.last_step_rows[store.replica] if plan.has_partial_step else 0
+            )
+            idx = tf.reshape(order.slice(0, plan.steps_per_epoch)[local], [-1])[:real]
+            got_id, twice, label, weight = (tf.gather(v, idx).numpy() for v in store.variables)
+            np.testing.assert_array_equal(twice, 2 * got_id)  # columns moved together
+            np.testing.assert_array_equal(label, got_id)
+            np.testing.assert_array_equal(weight, got_id % 7)
+            np.testing.assert_array_equal(order.rows(local)[:real], got_id)
+            np.testing.assert_array_equal(reference.rows(local)[:real], got_id)  # global order
+            used.append(got_id)
+        counts = np.bincount(np.concatenate(used), minlength=ROWS)
+        assert counts.max() == 1 and counts.sum() == ROWS - plan.dropped_rows_per_epoch
+    # The union of what the replicas hold is still every row, once.
+    held = np.concatenate([s.variables[0].numpy()[: s.num_rows] for s in ds.stores])
+    assert sorted(held.tolist()) == list(range(ROWS))
+
+
+def test_evaluate_and_predict_after_an_exchange_see_every_row_in_order():
+    x, y, w = _data()
+    with _strategy(3).scope():
+        model = _model()
+        ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=32, seed=2, transform=_scale)
+    shardfeed.fit(model, ds, epochs=2, verbose=0)
+    assert ds.exchange.reports  # the rows moved
+    got = shardfeed.predict(model, ds)
+    want = model.predict(_scale(x), batch_size=ROWS, verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    loss = shardfeed.evaluate(model, ds, return_dict=True)["loss"]
+    # Keras' weighted mse: sum of w * squared error over all rows, / rows.
+    ref = float(np.sum(w * np.mean((want - y) ** 2, axis=1)) / ROWS)
+    np.testing.assert_allclose(loss, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5])
+def test_partial_exchange_mixes_a_fraction_and_uses_each_row_once(fraction):
+    ids = np.arange(ROWS).astype("int64")
+    ds = ShardedResidentDataset(
+        ids, per_replica_batch_size=48, seed=1, strategy=_strategy(4),
+        load_options=LoadOptions(exchange_fraction=fraction),
+    )
+    for epoch in range(2):
+        order = ds.epoch_order(epoch, True)
+        used = np.concatenate([order.rows(i)[: ds.plan.shard_rows(s.replica)]
+                               for i, s in enumerate(ds.stores)])
+        assert sorted(used.tolist()) == list(range(ROWS))
+        moved = max(ds.exchange.reports[-1].rows_sent)
+        assert 0 < moved < 250 * fraction * 1.2  # about fraction * 3/4 of a 250-row shard
+    held = [s.variables[0].numpy() for s in ds.stores]
+    assert sorted(np.concatenate(held).tolist()) == list(range(ROWS))
+
+
+def test_npy_shards_are_read_once_and_train_three_epochs_in_the_global_order(
+    tmp_path, monkeypatch
+):
+    x, y, w = _data()
+    paths = []
+    for i, (start, stop) in enumerate([(0, 400), (400, ROWS)]):  # two shard files
+        np.save(tmp_path / f"a{i}.npy", x["a"][start:stop])
+        paths.append(tmp_path / f"a{i}.npy")
+    reads = []
+    original = _formats_base.RawArray._read_into
+
+    def counting(self, start, stop, out):
+        reads.append((self.source, start, stop))
+        return original(self, start, stop, out)
+
+    monkeypatch.setattr(_formats_base.RawArray, "_read_into", counting)
+    source = files.concat([files.npy(p) for p in paths])
+    with _strategy(2).scope():
+        model = _model()
+        ds = ShardedResidentDataset(
+            {"a": source, "b": x["b"]}, y, w, per_replica_batch_size=32, seed=11,
+            transform=_scale,
+        )
+    loaded = len(reads)
+    assert sum(stop - start for _, start, stop in reads) == ROWS  # each row read once
+    record = _EpochWeights()
+    shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[record])
+    assert len(reads) == loaded  # three epochs, no file read again
+    assert len(ds.exchange.reports) == 3
+    reference, _ = _train(2, 32, "replicate")
+    for got, want in zip(record.weights[-1], reference[-1], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_refusals_name_the_way_out():
+    x, y, _ = _data(100)
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0, shuffle="random")
+    assert str(err.value) == (
+        '`shuffle` must be True (the global order), "local" (each replica shuffles its own '
+        "shard) or False (rows in order). Received: shuffle='random'. Pass shuffle=True, "
+        'shuffle="local" or shuffle=False.'
+    )
+    with pytest.raises(ValueError, match='shuffle="local" needs placement="shard"'):
+        ShardedResidentDataset(
+            x["a"], y, per_replica_batch_size=10, seed=0, shuffle="local", placement="replicate"
+        )
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
+                               load_options=LoadOptions(streaming=True))
+    assert "a streamed shard has no global order. Received: streaming=True, shuffle=True." in str(
+        err.value
+    )
+    assert 'Pass shuffle="local" to stream' in str(err.value)
+    # The shard fits; shard plus staging does not.
+    shard_bytes = 50 * (6 * 4 + 4)
+    tight = LoadOptions(device_memory_bytes=int(shard_bytes * 1.5 / 0.8))
+    with pytest.raises(MemoryError) as err:
+        ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
+                               load_options=tight, strategy=_strategy(2))
+    assert "plus a staging buffer of at most `LoadOptions.exchange_buffer_bytes`" in str(err.value)
+    assert 'Pass shuffle="local"' in str(err.value)
+    ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0, shuffle="local",
+                           load_options=tight, strategy=_strategy(2))  # fits without staging

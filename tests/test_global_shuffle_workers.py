@@ -1,0 +1,69 @@
+"""The global shuffle of sharded rows across 2 worker processes on 127.0.0.1.
+
+Under `shardfeed launch` (MultiWorkerMirroredStrategy: rows cross in bounded
+all-gathers) and under Horovod (`hvd.alltoall` with splits), 2 workers with
+per-replica batch b, each holding half the rows, end each of 3 epochs where
+one process with batch 2b ends on the same global order; every row is used
+exactly once per epoch (with and without drop_remainder); rows loaded from
+.npy shards are read once, never again while training.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
+
+pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
+
+WORKER = Path(__file__).resolve().parent / "_global_shuffle_worker.py"
+ROWS = 1001
+
+
+def _launch(engine, *args):
+    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
+        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                sys.executable, str(WORKER), *args]
+    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
+            "--timeout-s", str(TIMEOUT_S - 20), str(WORKER), *args]
+
+
+def _load(prefix, ranks):
+    return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "res"
+    _run([sys.executable, str(WORKER), "--batch", "64", "--out", str(out)], ROOT)
+    return _load(out, 1)[0]
+
+
+@pytest.mark.parametrize(
+    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
+)
+def test_two_workers_sharded_global_order_equal_one_process(engine, single, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(ROWS, 6)).astype("float32")  # the worker's column "a"
+    np.save(data / "a0.npy", a[:501])
+    np.save(data / "a1.npy", a[501:])
+    out = tmp_path / "res"
+    _run(_launch(engine, "--batch", "32", "--npy", str(data), "--out", str(out)), ROOT)
+    results = _load(out, 2)
+    for rank, res in enumerate(results):
+        np.testing.assert_allclose(res["weights"], single["weights"], rtol=1e-5, atol=1e-6)
+        # Each worker read its own shard file's rows once, then never again.
+        reads = res["reads_at_load"]
+        assert int((reads[:, 1] - reads[:, 0]).sum()) == (501, 500)[rank]
+        assert int(res["reads_after_fit"]) == 0 and int(res["exchanges"]) == 3
+    for drop in (False, True):
+        dropped = int(results[0][f"dropped_{drop}"])
+        for epoch in range(3):
+            used = np.concatenate([res[f"ids_{drop}_{epoch}"] for res in results])
+            counts = np.bincount(used, minlength=ROWS)
+            assert counts.max() == 1 and counts.sum() == ROWS - dropped
