@@ -215,11 +215,15 @@ def test_refusals_name_the_way_out():
         )
     with pytest.raises(ValueError) as err:
         ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
-                               load_options=LoadOptions(streaming=True))
+                               load_options=LoadOptions(streaming=True), strategy=_strategy(2))
     assert "a streamed shard has no global order. Received: streaming=True, shuffle=True." in str(
         err.value
     )
     assert 'Pass shuffle="local" to stream' in str(err.value)
+    # One replica holds every row: no exchange, so it streams (as before the global order).
+    alone = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
+                                   load_options=LoadOptions(streaming=True))
+    assert alone.is_streaming and alone.exchange is None
     # The shard fits; shard plus staging does not.
     shard_bytes = 50 * (6 * 4 + 4)
     tight = LoadOptions(device_memory_bytes=int(shard_bytes * 1.5 / 0.8))
@@ -230,3 +234,18 @@ def test_refusals_name_the_way_out():
     assert 'Pass shuffle="local"' in str(err.value)
     ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0, shuffle="local",
                            load_options=tight, strategy=_strategy(2))  # fits without staging
+
+
+def test_one_sharded_replica_takes_the_global_order_without_an_exchange():
+    """On one replica the shard is every row: `shuffle=True` is the same
+    permutation `placement="replicate"` draws, with no exchange and no staging."""
+    x, y, _ = _data(100)
+    shard = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=3)
+    replicate = ShardedResidentDataset(
+        x["a"], y, per_replica_batch_size=10, seed=3, placement="replicate"
+    )
+    assert shard.exchange is None
+    for epoch in range(3):
+        np.testing.assert_array_equal(
+            shard.epoch_order(epoch, True).rows(0), replicate.epoch_order(epoch, True).rows(0)
+        )

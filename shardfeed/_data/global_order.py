@@ -104,8 +104,10 @@ def check_shuffle(
 
 
 def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
-    """Whether epochs need the exchange: the global order of sharded rows."""
-    return shuffle is True and plan.placement == "shard"
+    """Whether epochs need the exchange: the global order of sharded rows on
+    several replicas. One replica holds every row: its permutation of them is
+    the global order already (`order.epoch_indices`), and it may stream."""
+    return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
 
 
 def with_staging(

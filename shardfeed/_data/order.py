@@ -71,7 +71,7 @@ def epoch_indices(
     stores: tuple[_storage.ReplicaStore, ...],
     seed: int | None,
     epoch: int,
-    shuffle: bool,
+    shuffle: bool | str,
 ) -> list[tf.Tensor]:
     """Per local replica, the index matrix of a resident epoch.
 
@@ -80,7 +80,10 @@ def epoch_indices(
         stores: The local replicas' storage (rows they hold, devices).
         seed: The dataset's seed (required when `shuffle`).
         epoch: The epoch number; with `seed` it fixes the permutation.
-        shuffle: Draw a permutation (else rows in order).
+        shuffle: True: the global order, one permutation of all rows from
+            `(seed, epoch)` (sharded rows on several replicas get it through
+            the exchange instead); "local": each sharded replica permutes its
+            own rows from `(seed, epoch, replica)`; False: rows in order.
 
     Returns:
         Per local replica, an int `[steps_per_epoch, per_replica_batch_size]`
@@ -97,12 +100,13 @@ def epoch_indices(
     for store in stores:
         r = store.replica
         if plan.placement == "shard":
-            order = permutation(store.num_rows, seed, epoch, r if shuffle else None, shuffle)
+            fold = r if shuffle == "local" else None  # one replica: its rows are all rows
+            order = permutation(store.num_rows, seed, epoch, fold, bool(shuffle))
             rows = [order[: full * b]]
             if plan.has_partial_step:
                 rows.append(order[full * b : full * b + plan.last_step_rows[r]])
         else:
-            order = permutation(plan.num_rows, seed, epoch, None, shuffle)
+            order = permutation(plan.num_rows, seed, epoch, None, bool(shuffle))
             g = plan.global_batch_size
             body = tf.reshape(order[: full * g], [full, plan.num_replicas, b])[:, r, :]
             rows = [tf.reshape(body, [-1])]
