@@ -65,7 +65,7 @@ def build_model():
 
 
 model, after, dataset_bytes = None, [], 0
-for cycle in range(5):
+for cycle in range(9):
     x = np.random.default_rng(cycle).normal(size=(ROWS, COLS)).astype("float32")
     y = np.zeros((ROWS, 1), "float32")
     dataset = ShardedResidentDataset(x, y, per_replica_batch_size=ROWS // 4, shuffle=False)
@@ -106,9 +106,12 @@ def test_fit_cycles_give_the_dataset_back(model_per_cycle, jit_compile):
     rss, dataset_bytes = result["rss"], result["dataset_bytes"]
     assert dataset_bytes == 2**18 * 65 * 4
     # The first cycle warms up (TensorFlow's and Keras' one-time state); a
-    # leak keeps about one dataset per cycle: three from the second to the last.
+    # leak keeps about one dataset per cycle: seven from the second to the
+    # last. The allocator's own drift under a loaded machine has reached ~0.8
+    # of a dataset over three cycles, so the bound leaves room for it and
+    # still fails on any leak of more than a quarter of a dataset per cycle.
     growth = rss[-1] - rss[1]
-    assert growth < 0.5 * dataset_bytes, [f"{r / 2**20:.0f} MiB" for r in rss]
+    assert growth < 1.75 * dataset_bytes, [f"{r / 2**20:.0f} MiB" for r in rss]
 
 
 def test_dropping_a_fitted_dataset_frees_its_rows_at_once():

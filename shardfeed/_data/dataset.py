@@ -191,7 +191,7 @@ class ShardedResidentDataset:
             needed, opts.memory_fraction, opts.device_memory_bytes
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
-        self.stream: _streaming.StreamPlan | None = None
+        self.stream: _streaming.StreamLayout | None = None
         # The global order of sharded rows: the per-epoch exchange (None otherwise).
         self.exchange: _global_order.GlobalShuffle | None = None
         if exchanged and (opts.streaming is True or misfit is not None):
@@ -199,7 +199,7 @@ class ShardedResidentDataset:
             error = MemoryError if misfit is not None else ValueError
             raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True))
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
-            self.stream = _streaming.plan_stream(
+            self.stream = _streaming.stream_layout(
                 self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
             )
             self.stores = _streaming.allocate_rings(

@@ -254,7 +254,7 @@ def _streaming(mem: MemoryPlan, usable: int) -> str:
     per_device = usable // (mem.devices_per_host if mem.shared_host else 1)
     b = plan.per_replica_batch_size
     step_bytes = b * mem.row_bytes
-    # Two slots (double buffering) of whole steps, as `_streaming.plan_stream` cuts them.
+    # Two slots (double buffering) of whole steps, as `_streaming.stream_layout` cuts them.
     steps = stream_chunk_steps(plan, mem.row_bytes, per_device)
     if steps < 1:
         return (

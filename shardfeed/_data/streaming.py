@@ -36,7 +36,7 @@ from shardfeed._data.storage import ReplicaStore, allocate, write_rows
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamPlan:
+class StreamLayout:
     """How shards stream: `chunk_steps` steps per chunk, two slots per replica."""
 
     chunk_steps: int
@@ -50,9 +50,9 @@ class StreamPlan:
         return max(1, -(-shard_rows // self.chunk_rows))
 
 
-def plan_stream(
+def stream_layout(
     plan: ShardPlan, row_bytes: int, usable_bytes: int | None, options: LoadOptions
-) -> StreamPlan:
+) -> StreamLayout:
     """Chooses the chunk: `options.stream_chunk_bytes` per slot, shrunk so two
     slots fit in `usable_bytes`, and never more steps than a shard has.
 
@@ -79,13 +79,13 @@ def plan_stream(
                 "Lower `per_replica_batch_size`, store a compact dtype, or use more replicas.",
             )
         )
-    return StreamPlan(chunk_steps=int(steps), per_replica_batch_size=b)
+    return StreamLayout(chunk_steps=int(steps), per_replica_batch_size=b)
 
 
 def allocate_rings(
     columns: Columns,
     plan: ShardPlan,
-    stream: StreamPlan,
+    stream: StreamLayout,
     replica_ids: Sequence[int],
     devices: Sequence[str],
 ) -> tuple[ReplicaStore, ...]:
@@ -118,7 +118,7 @@ class StreamingOrder:
         columns: Columns,
         stores: Sequence[ReplicaStore],
         plan: ShardPlan,
-        stream: StreamPlan,
+        stream: StreamLayout,
         seed: int | None,
         epoch: int,
         options: LoadOptions,

@@ -177,7 +177,11 @@ def order_is_global(dataset: ShardedResidentDataset) -> bool:
         return False
     if dataset.plan.placement == "replicate":
         return True
-    return dataset.exchange is not None and dataset.load_options.exchange_fraction == 1
+    if dataset.shuffle is True:
+        # Several replicas: the exchange, when it is a full one; one replica
+        # holds every row and draws the global permutation itself.
+        return dataset.plan.num_replicas == 1 or dataset.load_options.exchange_fraction == 1
+    return dataset.shuffle is False and dataset.plan.num_replicas == 1
 
 
 def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
