@@ -249,3 +249,14 @@ def test_one_sharded_replica_takes_the_global_order_without_an_exchange():
         np.testing.assert_array_equal(
             shard.epoch_order(epoch, True).rows(0), replicate.epoch_order(epoch, True).rows(0)
         )
+
+
+def test_describe_says_sharded_rows_move_with_the_global_shuffle():
+    x, y, _ = _data(100)
+    moving = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
+                                    strategy=_strategy(2))
+    assert "loaded replica 0 on " in repr(moving)
+    assert repr(moving).endswith("shuffle=True: rows move between replicas each epoch")
+    local = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
+                                   shuffle="local", strategy=_strategy(2))
+    assert "rows move" not in repr(local) and "loaded" not in repr(local)

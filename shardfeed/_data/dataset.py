@@ -309,6 +309,9 @@ class ShardedResidentDataset:
             f"replica {s.replica} on {s.device}: rows [{s.row_start}, {s.row_stop})"
             for s in self.stores
         )
+        if self.exchange is not None:
+            # The ranges are what each replica loaded; the exchange moves rows every epoch.
+            held = f"loaded {held}; shuffle=True: rows move between replicas each epoch"
         return (
             f"ShardedResidentDataset: {plan.num_rows:,} rows ({self.columns.describe()}), "
             f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
