@@ -165,9 +165,7 @@ def _more_replicas(mem: MemoryPlan, usable: int) -> str:
                 f"{format_bytes(mem.row_bytes)}) does not fit in {limit} usable: use "
                 "fewer workers per host, fewer replicas per worker or a compact dtype."
             )
-        hosts = max(1, -(-plan.num_rows // max_rows))
-        while _largest_rank_rows(plan.num_rows, hosts, per_host) > max_rows:
-            hosts += 1
+        hosts = _fewest_groups(plan.num_rows, max_rows, per_host)
         return (
             f"Use more hosts: the {mem.workers_per_host} workers on a host "
             f"({per_host} device(s)) share its RAM, so with placement='shard' at least "
@@ -182,9 +180,7 @@ def _more_replicas(mem: MemoryPlan, usable: int) -> str:
                 f"{format_bytes(mem.row_bytes)}) does not fit in {limit} usable: use "
                 "fewer replicas per worker or a compact dtype."
             )
-        workers = max(1, -(-plan.num_rows // max_rows))
-        while _largest_rank_rows(plan.num_rows, workers, r_per_w) > max_rows:
-            workers += 1
+        workers = _fewest_groups(plan.num_rows, max_rows, r_per_w)
         return (
             f"Use more workers: each worker's {r_per_w} device(s) share one host's RAM, so "
             f"with placement='shard' at least {workers} worker(s) keep every worker within "
@@ -268,6 +264,15 @@ def _streaming(mem: MemoryPlan, usable: int) -> str:
         f"({steps:,} steps of {b:,}, {format_bytes(steps * step_bytes)} each) fit in "
         f"{format_bytes(per_device)} usable per device."
     )
+
+
+def _fewest_groups(num_rows: int, max_rows: int, replicas_per_group: int) -> int:
+    """The fewest workers (or hosts) of `replicas_per_group` devices whose
+    largest group holds at most `max_rows` rows with placement='shard'."""
+    groups = max(1, -(-num_rows // max_rows))
+    while _largest_rank_rows(num_rows, groups, replicas_per_group) > max_rows:
+        groups += 1
+    return groups
 
 
 def _largest_rank_rows(num_rows: int, num_groups: int, replicas_per_group: int) -> int:
