@@ -264,11 +264,12 @@ class ShardedResidentDataset:
             raise self._train_plan_error  # type: ignore[misc]
         return self._train_plan
 
-    def replan_training(self, per_replica_batch_size: int) -> None:
-        """Re-plans training epochs for another per-replica batch; the rows stay
-        where they are. `fit` uses it to keep a checkpoint's global batch when
-        resuming on another number of replicas (`_training/resume.py`)."""
-        self._train_plan = _plan.plan_shards(
+    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
+        """The training plan for another per-replica batch, the rows staying
+        where they are (the dataset is not changed). `fit` uses it to keep a
+        checkpoint's global batch when resuming on another number of replicas
+        (`_training/resume.py`) and passes it to `epoch_order`."""
+        return _plan.plan_shards(
             self.num_rows,
             self.world.num_replicas_in_sync,
             per_replica_batch_size,
@@ -370,15 +371,17 @@ class ShardedResidentDataset:
     # -- per-epoch order (used by the engine) ---------------------------------
 
     def epoch_order(
-        self, epoch: int, training: bool
+        self, epoch: int, training: bool, plan: _plan.ShardPlan | None = None
     ) -> _order.EpochOrder | _streaming.StreamingOrder:
         """The epoch's per-replica `[steps_per_epoch, per_replica_batch_size]`
         index matrices, and what must happen before each call.
 
         Padding slots of a partial last step come after the real ones; the
-        plan's `last_step_rows` says how many are real.
+        plan's `last_step_rows` says how many are real. `plan` (training
+        only) replaces the training plan, e.g. one from `training_plan`.
         """
-        plan = self.plan if training else self.eval_plan
+        if plan is None:
+            plan = self.plan if training else self.eval_plan
         if self.exchange is not None:
             return self.exchange.epoch_order(plan, epoch, training)
         if self.stream is not None:
@@ -391,12 +394,15 @@ class ShardedResidentDataset:
                 epoch,
                 self.load_options,
             )
-        return _order.EpochOrder(self.epoch_indices(epoch, training), self.stores)
+        return _order.EpochOrder(self.epoch_indices(epoch, training, plan), self.stores)
 
-    def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
+    def epoch_indices(
+        self, epoch: int, training: bool, plan: _plan.ShardPlan | None = None
+    ) -> list[tf.Tensor]:
         """Per local replica, the index matrix of a resident epoch (see
         `order.epoch_indices`)."""
-        plan = self.plan if training else self.eval_plan
+        if plan is None:
+            plan = self.plan if training else self.eval_plan
         return _order.epoch_indices(plan, self.stores, self.seed, epoch, self.shuffle and training)
 
     # -- batches (called inside the compiled step) ----------------------------

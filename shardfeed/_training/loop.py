@@ -38,9 +38,11 @@ dropping a dataset frees its rows at once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -48,6 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import predictions as _predictions
@@ -333,84 +336,40 @@ class Loop:
             ]
         )
 
-    def run_epoch(
+    def epoch(
         self,
         epoch: int,
         training: bool,
-        on_chunk_begin,
-        on_chunk_end,
+        plan: ShardPlan | None = None,
         steps: tuple[int, int] | None = None,
-        totals: list[float] | None = None,
-    ) -> dict[str, float]:
-        """Runs one epoch of training or evaluation, or steps `[start, stop)` of it.
+        step_offset: int = 0,
+    ) -> EpochCalls:
+        """The compiled calls of one epoch, or of steps `[start, stop)` of it.
 
         Args:
             epoch: Epoch number (seeds the shuffle).
             training: Train (True) or evaluate (False).
-            on_chunk_begin: Called with the first step of each call.
-            on_chunk_end: Called with the last step of each call and the logs
-                so far; returns True to stop early.
-            steps: Only steps `[start, stop)` (a resumed or short epoch); step
-                numbers and each step's rows stay those of the whole epoch.
-            totals: The running `[loss_sum, rows]`, continued in place.
+            plan: The training plan (default: the dataset's; a resume on
+                another number of replicas passes its own, see `resume.adapt`).
+            steps: Only steps `[start, stop)` (a resumed or short epoch); each
+                step's rows stay those of the whole epoch.
+            step_offset: The data step that is step 0 of the calls' step
+                counter (a `fit` epoch that starts inside a pass).
 
         Returns:
-            The epoch's logs: loss and compiled metrics over all replicas.
+            An `EpochCalls`: iterate it for the `Call`s, run each with `run`.
+
+        Example:
+            >>> with loop.epoch(0, training=True) as calls:
+            ...     for call in calls:
+            ...         loss_sum, rows = calls.run(call)
         """
         ds = self.dataset
-        plan = ds.plan if training else ds.eval_plan
-        order = ds.epoch_order(epoch, training)
+        if plan is None:
+            plan = ds.plan if training else ds.eval_plan
         first, last = steps or (0, plan.steps_per_epoch)
-        try:
-            return self._run_epoch(
-                order, plan, training, on_chunk_begin, on_chunk_end, first, last,
-                totals if totals is not None else [0.0, 0], epoch,
-            )
-        finally:
-            order.close()
-
-    def _run_epoch(
-        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals, epoch
-    ):
-        handles, replicas = self._handles(), _augmenting.replica_ids(self.engine)
-
-        def chunk_fn(handles, indices, start):
-            if not training:
-                return self._test_chunk_fn(handles, indices)
-            where = _augmenting.position(epoch, start)
-            return self._train_chunk_fn(handles, indices, where, replicas)
-
-        logs = self.logs(totals[0] / totals[1]) if totals[1] else {}
-        b_global = plan.global_batch_size
-        for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
-            start, stop = max(start, first), min(stop, last)
-            if start >= stop:
-                continue
-            on_chunk_begin(start)
-            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop), start))
-            totals[1] += (stop - start) * b_global
-            logs = self.logs(totals[0] / totals[1])
-            if on_chunk_end(stop - 1, logs):
-                return logs
-        if plan.has_partial_step and first < plan.steps_per_epoch <= last:
-            step = plan.steps_per_epoch - 1
-            on_chunk_begin(step)
-            order.prepare(step, step + 1)
-            last_step = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
-            real_rows = sum(plan.last_step_rows)
-            if training:
-                all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(
-                    handles, last_step, self._real_rows(plan), all_rows,
-                    _augmenting.position(epoch, step), replicas,
-                )
-            else:
-                value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
-            totals[0] += float(value)
-            totals[1] += real_rows
-            logs = self.logs(totals[0] / totals[1])
-            on_chunk_end(step, logs)
-        return logs
+        order = ds.epoch_order(epoch, training, plan)
+        return EpochCalls(self, order, plan, epoch, training, first, last, step_offset)
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -446,3 +405,127 @@ class Loop:
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
             for i in range(len(self.dataset.stores))
         ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of an epoch, as Keras' epoch iterator yields it.
+
+    Attributes:
+        begin_step, end_step: The step counter for the batch hooks, Keras'
+            own: call `j` runs from `j * k` to `j * k + k - 1` (`k` steps per
+            call), also when the epoch's last call has fewer steps.
+        stop: The (data) step after the last one this call runs.
+        pieces: The compiled calls it takes: `[start, stop)` data steps (more
+            than one where the partial last step or a streamed chunk's first
+            step falls inside it).
+    """
+
+    begin_step: int
+    end_step: int
+    stop: int
+    pieces: tuple[tuple[int, int], ...]
+
+
+class EpochCalls:
+    """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
+    `run` that executes one, holding the epoch's order until `close`."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        order: Any,
+        plan: ShardPlan,
+        epoch: int,
+        training: bool,
+        first: int,
+        last: int,
+        step_offset: int,
+    ) -> None:
+        self._loop, self._order, self._plan = loop, order, plan
+        self._epoch, self._training = epoch, training
+        self._handles = loop._handles()
+        self._replicas = _augmenting.replica_ids(loop.engine)
+        self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
+        self.calls = _calls(
+            first, last, step_offset, self.steps_per_call,
+            plan.full_steps_per_epoch if plan.has_partial_step else None,
+            order.call_bounds,
+        )
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(self.calls)
+
+    def __enter__(self) -> EpochCalls:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._order.close()
+
+    def run(self, call: Call) -> tuple[float, int]:
+        """Runs `call`; returns its loss sum (`(data_loss + reg) * rows`,
+        over all replicas) and its real rows."""
+        loss_sum, rows = 0.0, 0
+        for start, stop in call.pieces:
+            value, n = self._run_piece(start, stop)
+            loss_sum, rows = loss_sum + value, rows + n
+        return loss_sum, rows
+
+    def _run_piece(self, start: int, stop: int) -> tuple[float, int]:
+        loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
+        handles, replicas = self._handles, self._replicas
+        if plan.has_partial_step and start == plan.full_steps_per_epoch:
+            order.prepare(start, start + 1)
+            last_step = loop.engine.distribute([idx[0] for idx in order.slice(start, start + 1)])
+            real_rows = sum(plan.last_step_rows)
+            if self._training:
+                all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
+                value = loop._train_partial_fn(
+                    handles, last_step, loop._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, start), replicas,
+                )
+            else:
+                value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
+            return float(value), real_rows
+        indices = loop._slices(order, start, stop)
+        if self._training:
+            where = _augmenting.position(epoch, start)
+            value = loop._train_chunk_fn(handles, indices, where, replicas)
+        else:
+            value = loop._test_chunk_fn(handles, indices)
+        return float(value), (stop - start) * plan.global_batch_size
+
+
+def _calls(
+    first: int,
+    last: int,
+    step_offset: int,
+    k: int,
+    partial_step: int | None,
+    bounds: list[int] | None,
+) -> list[Call]:
+    """The calls over data steps `[first, last)`: Keras' grid of `k` steps
+    counted from `step_offset`, each cut into compiled pieces at the partial
+    last step (its own compiled call) and at streamed chunks' first steps.
+
+    Example:
+        >>> [(c.begin_step, c.end_step) for c in _calls(0, 7, 0, 3, 6, None)]
+        [(0, 2), (3, 5), (6, 8)]
+    """
+    out = []
+    cell = (first - step_offset) // k
+    while step_offset + cell * k < last:
+        begin = step_offset + cell * k
+        a, b = max(begin, first), min(begin + k, last)
+        cuts = {a, b, *(x for x in (bounds or ()) if a < x < b)}
+        if partial_step is not None and a < partial_step < b:
+            cuts.add(partial_step)
+        edges = sorted(cuts)
+        out.append(
+            Call(a - step_offset, begin - step_offset + k - 1, b, tuple(itertools.pairwise(edges)))
+        )
+        cell += 1
+    return out
