@@ -96,7 +96,6 @@ class ResumableBackup(keras.callbacks.Callback):
         return ResumeState.from_dict(saved["state"])
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._mirror(self._run.cursor.epoch, 0)
         if self._weights_file is None:
             return
         model = self.model
