@@ -450,12 +450,12 @@ def test_validation_matches_the_dataset(x):
             "`workers_per_host` must be at most `num_workers`. Received: workers_per_host=2, "
             "num_workers=1. Pass the workers started on each host (all of them: num_workers).",
         ),
-        (
-            {"per_replica_batch_size": 4, "num_workers": 3},
-            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
-            "larger than the dataset. Received: per_replica_batch_size=4, "
-            "num_replicas_in_sync=3, num_rows=10. Lower `per_replica_batch_size` or use "
-            "fewer replicas.",
+        (  # a batch larger than the data trains one short step; fewer rows than replicas
+            {"per_replica_batch_size": 4, "num_workers": 11},
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=4, num_replicas=11, num_rows=10, "
+            "placement='shard'. Use at most 10 replica(s) (each needs a row in a step), or "
+            "more rows.",
         ),
     ],
 )
@@ -668,11 +668,11 @@ def test_cli_spec_errors(capsys, spec, error):
             "Pass the devices per worker, e.g. 8.",
         ),
         (
-            ["--per-replica-batch-size=11", "x=10:int8"],
-            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
-            "larger than the dataset. Received: per_replica_batch_size=11, "
-            "num_replicas_in_sync=1, num_rows=10. Lower `per_replica_batch_size` or use fewer "
-            "replicas.",
+            ["--num-workers=11", "x=10:int8"],
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=1, num_replicas=11, num_rows=10, "
+            "placement='shard'. Use at most 10 replica(s) (each needs a row in a step), or "
+            "more rows.",
         ),
     ],
 )

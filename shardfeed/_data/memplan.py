@@ -34,7 +34,6 @@ from shardfeed._data.plan import (
     Placement,
     ShardPlan,
     _check_positive,
-    check_global_batch,
     plan_shards,
 )
 
@@ -288,8 +287,6 @@ def memory_plan(
     )
     columns, num_rows = column_specs(data)
     num_replicas = num_workers * replicas_per_worker
-    # The same refusal as `shardfeed.fit`'s.
-    check_global_batch(per_replica_batch_size, num_replicas, num_rows)
     plan = plan_shards(
         num_rows, num_replicas, per_replica_batch_size, placement, drop_remainder, training=True
     )

@@ -309,9 +309,10 @@ class Loop:
     def schedule(
         self, num_steps: int, bounds: list[int] | None = None
     ) -> list[tuple[int, int]]:
-        """The compiled calls of an epoch: `(start, stop)` step ranges of at
-        most `steps_per_call(num_steps)` steps that never cross one of `bounds`
-        (a streamed chunk's first step).
+        """`predict`'s compiled calls over an epoch: `(start, stop)` step
+        ranges of at most `steps_per_call(num_steps)` steps that never cross
+        one of `bounds` (a streamed chunk's first step). Training and
+        evaluation calls come from `epoch`.
 
         Example:
             >>> loop.schedule(10)  # steps_per_execution=4
