@@ -209,12 +209,9 @@ def _more_replicas(mem: MemoryPlan, usable: int) -> str:
         f"every device within {limit} usable, e.g. {workers:,} worker(s) x {r_per_w} "
         f"replica(s) (now {plan.num_replicas})."
     )
-    if replicas * plan.per_replica_batch_size > plan.num_rows:
-        # The dataset refuses a global batch larger than the data.
-        text += (
-            f" With that many replicas, per_replica_batch_size must be at most "
-            f"{plan.num_rows // replicas:,}."
-        )
+    if replicas > plan.num_rows:
+        # A training step needs a real row on every replica (`plan_shards`).
+        text += f" A training epoch needs a row per replica: {plan.num_rows:,} rows is too few."
     return text
 
 

@@ -243,8 +243,8 @@ def memory_plan(
         ValueError: For non-positive counts or sizes, more workers per host
             than workers, a `memory_fraction`
             outside (0, 1], an unknown placement, arrays of different
-            lengths, a global batch larger than the data, or an epoch with
-            no step.
+            lengths, or a training epoch with no step (fewer rows than
+            replicas).
         TypeError: For leaves that are not numeric arrays or a bad dtype.
 
     Example:
