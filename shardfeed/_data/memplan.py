@@ -83,8 +83,7 @@ class RankMemory:
 
     @property
     def fits(self) -> bool:
-        # Same rule as `_memory.MemoryReport.fits`: unknown memory is not checked.
-        return self.usable_bytes is None or self.needed_bytes <= self.usable_bytes
+        return _memory.fits(self.needed_bytes, self.usable_bytes)
 
 
 
@@ -177,18 +176,6 @@ def _free_device_bytes(device_memory_bytes: int | None) -> tuple[int | None, str
     if free is None:
         free, source = _memory.free_bytes("CPU:0")
     return free, source
-
-
-def _dropped_per_replica(plan: ShardPlan) -> list[int]:
-    if plan.placement == "replicate":
-        # Every replica holds every row; a dropped last global batch would
-        # have been dealt out round-robin, as `plan_shards` counts it.
-        dropped = plan.dropped_rows_per_epoch
-        return [len(range(r, dropped, plan.num_replicas)) for r in range(plan.num_replicas)]
-    used_full = (plan.steps_per_epoch - 1) * plan.per_replica_batch_size
-    return [
-        plan.shard_rows(r) - used_full - plan.last_step_rows[r] for r in range(plan.num_replicas)
-    ]
 
 
 def memory_plan(
@@ -295,16 +282,22 @@ def memory_plan(
     )
     row_bytes = sum(c.row_bytes for c in columns)
     free, source = _free_device_bytes(device_memory_bytes)
-    usable = None if free is None else int(free * memory_fraction)
-    dropped = _dropped_per_replica(plan)
+    usable = _memory.usable_bytes(free, memory_fraction)
     shared_host = _memory.shares_host_ram(source)
+    # The backend is not known here: several workers count the larger staging.
+    factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
     staged = (
-        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes) if shuffle is True else 0
+        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
+        if shuffle is True
+        else 0
     )
+    # Bytes per device as the dataset counts them, one device per replica.
+    replicas = range(num_replicas)
+    on_device = _memory.device_bytes(plan, replicas, [str(r) for r in replicas], row_bytes, staged)
     host_bytes: dict[int, int] = {}
-    for replica in range(num_replicas):
+    for replica in replicas:
         host = replica // replicas_per_worker // workers_per_host
-        host_bytes[host] = host_bytes.get(host, 0) + plan.shard_rows(replica) * row_bytes + staged
+        host_bytes[host] = host_bytes.get(host, 0) + on_device[str(replica)]
     ranks = []
     for rank in range(num_workers):
         ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
@@ -318,10 +311,12 @@ def memory_plan(
                 rows_per_replica=held,
                 bytes_per_replica=held_bytes,
                 steps_per_epoch=plan.steps_per_epoch,
-                dropped_rows_per_epoch=sum(dropped[r] for r in ids),
+                dropped_rows_per_epoch=sum(plan.dropped_rows(r) for r in ids),
                 # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
                 # them), and so do all the workers on one host.
-                needed_bytes=host_bytes[host] if shared_host else max(held_bytes) + staged,
+                needed_bytes=host_bytes[host]
+                if shared_host
+                else max(on_device[str(r)] for r in ids),
                 free_bytes=free,
                 usable_bytes=usable,
                 host=host,
