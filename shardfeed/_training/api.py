@@ -206,7 +206,8 @@ def fit(
     Args:
         model: A compiled Keras 3 model (built in the dataset's strategy scope).
         dataset: A `ShardedResidentDataset` with targets.
-        epochs: Index of the epoch to stop before (as in `model.fit`).
+        epochs: Index of the epoch to stop before (as in `model.fit`; none
+            to run returns an empty `History`).
         initial_epoch: Epoch to start at (for resuming).
         initial_step: Steps of `initial_epoch` already done: resumes inside
             an epoch (e.g. from `ModelCheckpoint(save_freq=N)`: its `{epoch}`
@@ -214,9 +215,10 @@ def fit(
             the same remaining batches in the same order. The first epoch's
             logs then cover only its remaining steps; a `BackupAndRestore`
             resumes by itself, with logs over the whole epoch.
-        steps_per_epoch: Steps per epoch (None: one pass over the data). The
-            order continues across epochs as in Keras, each pass over the
-            data using every row once.
+        steps_per_epoch: Steps per epoch (None: one pass over the data). As
+            Keras on finite data, an epoch ends early (with Keras' warning)
+            when the pass over the data runs out, and the next starts a new
+            pass; each pass uses every row once.
         validation_data: A `ShardedResidentDataset` or a tuple
             `(x, y[, sample_weight])`, evaluated at the end of epochs; its logs
             get a `val_` prefix.
@@ -232,7 +234,8 @@ def fit(
             `save_freq`) resumes a killed fit at its last backup, on this or
             another number of replicas (docs/resume.md).
         verbose: "auto" or 1 (progress bar), 2 (a line per epoch), 0 (silent).
-        options: `FitOptions` (steps per call, XLA).
+        options: `FitOptions` (steps per call, XLA). Its "auto" steps per
+            call take the model's `compile(steps_per_execution=k)` when `k > 1`.
         **unsupported: Other `model.fit` arguments are refused, each with what
             to use instead (docs/keras.md has the table).
 
@@ -243,7 +246,8 @@ def fit(
     Raises:
         TypeError: If `model` or `dataset` has the wrong type.
         ValueError: If the model is not compiled, the dataset has no targets,
-            or the epochs are inconsistent.
+            the epochs are not integers >= 0, or `FitOptions.steps_per_execution`
+            disagrees with the model's compiled one.
 
     Example:
         >>> ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)

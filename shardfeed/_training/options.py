@@ -18,10 +18,12 @@ class FitOptions:
     """How the compiled training loop runs.
 
     Attributes:
-        steps_per_execution: Steps per compiled call, or "auto" (about 10
-            calls per epoch, at most 512 steps each). Only each call's logs
-            come back to Python, so callbacks' `on_*_batch_end` hooks and the
-            progress bar see one update per call.
+        steps_per_execution: Steps per compiled call, or "auto": the model's
+            `compile(steps_per_execution=k)` when `k > 1`, else about 10
+            calls per epoch, at most 512 steps each (an integer that differs
+            from such a `k` is refused: see `with_model_steps`). Only each
+            call's logs come back to Python, so callbacks' `on_*_batch_end`
+            hooks and the progress bar see one update per call.
         jit_compile: XLA for the step: True, False, or "auto" (on for GPUs;
             on CPUs only for models without convolutions, which XLA's CPU
             backend runs far slower inside loops).
