@@ -140,6 +140,16 @@ _xfail(
     "BackupAndRestoreCallbackTest::test_backup_corrupted",
 )
 
+# Not an issue 15 item and no helper owns it (reported to the lead): under
+# FitOptions(jit_compile="auto") shardfeed turns XLA on for CPU models without
+# convolutions, and `tf.summary` ops have no XLA kernel; Keras' "auto" is off
+# on CPU, so plain `model.fit` runs this model.
+_xfail(
+    "finding, unassigned: jit_compile='auto' uses XLA on CPU, where a layer's "
+    "tf.summary write has no XLA kernel (Keras' 'auto' is off on CPU)",
+    "TestTensorBoardV2::test_custom_summary",
+)
+
 EXPECTED["TestTrainer::test_validation_data_infinite_generator"] = (
     "skip",
     "documented difference: docs/keras.md, `validation_steps` row (refused: "
