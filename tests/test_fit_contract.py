@@ -355,3 +355,20 @@ def test_no_epoch_to_run_returns_an_empty_history(epochs, initial_epoch):
     assert s_events.events == k_events.events == []
     assert s_hist is ours.history
     _assert_same_weights(theirs, ours, rtol=0)
+
+
+def test_fit_finalizes_the_optimizer_as_keras():
+    """`use_ema=True`: Keras' `fit` ends by putting the moving averages in the
+    model (`optimizer.finalize_variable_values`)."""
+    x, y = _data()
+
+    def ema_model():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, use_ema=True), loss="mse")
+        return model
+
+    theirs, ours = ema_model(), ema_model()
+    _keras_fit(theirs, x, y, 16, epochs=2)
+    _ours(ours, x, y, 16, epochs=2)
+    _assert_same_weights(theirs, ours)

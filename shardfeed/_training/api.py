@@ -337,6 +337,10 @@ def fit(
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
     epoch_logs = run.train(loop, cbs, epochs, validate, options.sync_check)
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
+        with loop.engine.scope():
+            model.optimizer.finalize_variable_values(model.trainable_weights)
     cbs.on_train_end(epoch_logs)
     return model.history
 
