@@ -117,7 +117,8 @@ def _upload_columns(
     for chunk_start in range(start, stop, rows_per_chunk):
         chunk_stop = min(stop, chunk_start + rows_per_chunk)
         for column, variable in zip(columns.columns, variables, strict=True):
-            write_rows(column, chunk_start, chunk_stop, variable, chunk_start - start, device, options)
+            offset = chunk_start - start
+            write_rows(column, chunk_start, chunk_stop, variable, offset, device, options)
     return variables
 
 

@@ -129,7 +129,7 @@ def _order_hazards(dataset: Any) -> tuple[list[str], list[str]]:
     for nodes in bodies:
         consts = {n.name: n for n in nodes if n.op == "Const"}
 
-        def value(name: str) -> int | None:
+        def value(name: str, consts: dict[str, Any] = consts) -> int | None:
             node = consts.get(name.split(":")[0])
             if node is None or node.attr["value"].tensor.dtype != tf.int64.as_datatype_enum:
                 return None
