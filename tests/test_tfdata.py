@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -105,6 +106,52 @@ def test_tfrecord_given_counts_skip_the_counting_pass_and_are_checked(tmp_path):
     with pytest.raises(ValueError) as err:
         np.asarray(too_many["label"])
     assert "ended after 17 rows, 18 were expected" in str(err.value)
+
+
+def _damaged_tfrecords(directory):
+    """A flipped byte, a truncated file and a GZIP file named as plain."""
+    a = _arrays()
+    paths = {}
+    for name in ("plain", "gzip"):
+        os.makedirs(directory / name)
+        compression = "GZIP" if name == "gzip" else ""
+        paths[name] = write_tfrecords(directory / name, a, splits=(), compression=compression)[0]
+    raw = bytearray(Path(paths["plain"]).read_bytes())
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 1
+    (directory / "flipped.tfrecord").write_bytes(flipped)
+    (directory / "truncated.tfrecord").write_bytes(raw[: len(raw) // 2])
+    return paths["gzip"], len(raw)
+
+
+TFRECORD_DAMAGE = "A TFRecord file must hold whole records whose CRC-32s match, read with the " \
+    "compression it was written with. Received: {path} (compression=''): {where}. {fix}"
+REWRITE = (
+    "The file is damaged or was copied incompletely (a record's length or data does not "
+    "match its CRC-32); write it again or copy it again."
+)
+
+
+@pytest.mark.parametrize("counted", [True, False])  # the counting pass, or reading with counts
+def test_tfrecord_damage_is_an_error_naming_the_file_and_offset(tmp_path, counted):
+    """TF's own DataLossError ("corrupted record at 17162") named no file."""
+    gzipped, size = _damaged_tfrecords(tmp_path)
+    label = {"label": FEATURES["label"]}
+    cases = [
+        (tmp_path / "flipped.tfrecord", "corrupted record at byte offset {}", REWRITE),
+        (tmp_path / "truncated.tfrecord", "truncated record at byte offset {}", REWRITE),
+        (Path(gzipped), "corrupted record at byte offset 0",
+         'The file starts with the GZIP magic bytes: pass `compression="GZIP"`.'),
+    ]
+    for path, where, fix in cases:
+        with pytest.raises(ValueError) as err:
+            cols = files.tfrecord(path, label, num_records=None if counted else [ROWS])
+            ShardedResidentDataset(cols["label"], per_replica_batch_size=4, shuffle=False)
+        offset = re.search(r"at byte offset (\d+)", str(err.value))
+        assert offset is not None and 0 <= int(offset[1]) < size
+        assert str(err.value) == TFRECORD_DAMAGE.format(
+            path=path, where=where.format(offset[1]), fix=fix
+        )
 
 
 def test_tfrecord_images_of_another_size_are_refused_or_resized(tmp_path):
