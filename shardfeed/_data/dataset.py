@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import augment as _augment
 from shardfeed._data import global_order as _global_order
 from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
@@ -152,6 +153,8 @@ class ShardedResidentDataset:
         _check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        if transform is None:  # the blocks will see the stored rows: check them now
+            _augment.check_columns(augment, self.columns)
         self.world: World = current_world(strategy)
         self.shuffle = shuffle
         self.seed = None if seed is None else int(seed)
