@@ -300,7 +300,7 @@ def test_a_reshuffling_pipeline_read_twice_in_a_process_is_refused():
         "A tf.data source read more than once in a process (several replicas holding the "
         'same rows, `placement="replicate"`, or rows of a neighbour worker\'s shard) must '
         "give the same order on every pass. Received: the pipeline has "
-        "ShuffleDatasetV3(reshuffle_each_iteration=True). Give the shuffle a seed and "
+        "ShuffleDataset(reshuffle_each_iteration=True). Give the shuffle a seed and "
         "`reshuffle_each_iteration=False` (e.g. `ds.shuffle(n, seed=1, "
         "reshuffle_each_iteration=False)`), or drop it: `ShardedResidentDataset` shuffles "
         "the resident rows itself every epoch (`seed=`)."
@@ -315,24 +315,31 @@ def test_a_reshuffling_pipeline_read_twice_in_a_process_is_refused():
     assert first[1].tobytes() == second[1].tobytes()
 
 
-def test_order_hazards_are_read_from_the_pipeline_graph():
+def test_order_hazards_are_read_from_the_pipeline_steps():
     base = tf.data.Dataset.from_tensor_slices(np.arange(10))
     assert tfdata._order_hazards(base.map(lambda v: v + 1)) == ([], [])
     assert tfdata._order_hazards(base.shuffle(10, seed=1, reshuffle_each_iteration=False)) == (
         [], []
     )
     assert tfdata._order_hazards(base.shuffle(10, reshuffle_each_iteration=False)) == (
-        [], ["ShuffleDatasetV3(seed=None)"]
+        [], ["ShuffleDataset(seed=None)"]
     )
     assert tfdata._order_hazards(base.shuffle(10, seed=1)) == (
-        ["ShuffleDatasetV3(reshuffle_each_iteration=True)"], []
+        ["ShuffleDataset(reshuffle_each_iteration=True)"], []
     )
     loose = base.map(lambda v: v, num_parallel_calls=2, deterministic=False)
-    what = "ParallelMapDatasetV2(deterministic=False)"
+    what = "ParallelMapDataset(deterministic=False)"
     assert tfdata._order_hazards(loose) == ([what], [what])
-    # Inside a function of the graph (interleave) too.
-    nested = base.interleave(lambda v: tf.data.Dataset.from_tensors(v).shuffle(3), cycle_length=2)
-    assert tfdata._order_hazards(nested)[1] == ["ShuffleDatasetV3(seed=None)"]
+    # Through the steps after it, and the options.
+    after = base.shuffle(10).map(lambda v: v).take(5).shard(2, 0)
+    assert tfdata._order_hazards(after) == (
+        ["ShuffleDataset(reshuffle_each_iteration=True)"], ["ShuffleDataset(seed=None)"]
+    )
+    options = tf.data.Options()
+    options.deterministic = False
+    loose = base.with_options(options)
+    what = "options(deterministic=False)"
+    assert tfdata._order_hazards(loose) == ([what], [what])
 
 
 @pytest.mark.parametrize("num_rows", [-5, 0, 2.5, True])
@@ -457,7 +464,7 @@ def test_two_workers_each_hold_their_rows_byte_equal(tmp_path):
             "pipeline's row order must be the same in every process; an unseeded shuffle (or "
             "an op with `deterministic=False`) gives each worker its own order, and rows "
             "would be held twice or never. Received: the pipeline has "
-            "ShuffleDatasetV3(seed=None), workers=2. Seed the shuffle (`ds.shuffle(n, "
+            "ShuffleDataset(seed=None), workers=2. Seed the shuffle (`ds.shuffle(n, "
             "seed=1)`, or `tf.random.set_seed` in every worker), or drop it: "
             "`ShardedResidentDataset` shuffles the resident rows itself every epoch (`seed=`)."
         )
