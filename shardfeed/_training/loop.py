@@ -50,6 +50,7 @@ import tensorflow as tf
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -130,14 +131,30 @@ class Loop:
         if self.jit_compile and not self.whole_loop_jit:
             forward_backward = tf.function(forward_backward, jit_compile=True)
         self._fb = forward_backward
-        self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
-        self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
-        self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
+        # A model's own `train_step`/`test_step`/`predict_step` replaces ours
+        # (`model_steps.py`).
+        self.model_steps = steps = _model_steps.ModelSteps.of(model)
+        self._own = own = _model_steps.ModelStepCalls(self)
+        jit = self.whole_loop_jit
+        self._train_chunk_fn = tf.function(
+            own.train_chunk if steps.train else self._train_chunk, jit_compile=jit
+        )
+        self._test_chunk_fn = tf.function(
+            own.test_chunk if steps.test else self._test_chunk, jit_compile=jit
+        )
+        self._predict_chunk_fn = tf.function(
+            own.predict_chunk if steps.predict else self._predict_chunk, jit_compile=jit
+        )
         # The partial last step's row counts differ per replica, so it is its
         # own call: with one replica they are Python ints (static shapes, XLA
         # as the loop), with several they are per-replica tensors (no XLA).
-        self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
-        self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
+        self._train_partial_fn = tf.function(
+            own.train_partial if steps.train else self._train_partial, jit_compile=jit
+        )
+        self._test_partial_fn = tf.function(
+            own.test_partial if steps.test else self._test_partial, jit_compile=jit
+        )
+        self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -175,7 +192,8 @@ class Loop:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            # Keras' wrapper: also a `compute_loss` override without `training`.
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             reg = self._regularization()
             data, total = self._unscaled(loss, reg)
             if real_rows is None:
@@ -208,7 +226,7 @@ class Loop:
     def _test_step(self, x, y, sw) -> tf.Tensor:
         model = self.model
         y_pred = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
         _, total = self._unscaled(loss, self._regularization())
         model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
@@ -387,9 +405,8 @@ class Loop:
             if start >= stop:
                 continue
             on_chunk_begin(start)
-            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop), start))
-            totals[1] += (stop - start) * b_global
-            logs = self.logs(totals[0] / totals[1])
+            value = chunk_fn(handles, self._slices(order, start, stop), start)
+            logs = self._call_logs(training, value, totals, (stop - start) * b_global)
             if on_chunk_end(stop - 1, logs):
                 return logs
         if plan.has_partial_step and first < plan.steps_per_epoch <= last:
@@ -406,11 +423,17 @@ class Loop:
                 )
             else:
                 value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
-            totals[0] += float(value)
-            totals[1] += real_rows
-            logs = self.logs(totals[0] / totals[1])
+            logs = self._call_logs(training, value, totals, real_rows)
             on_chunk_end(step, logs)
         return logs
+
+    def _call_logs(self, training: bool, value: Any, totals: list[float], rows: int):
+        """The logs after a call that returned `value` over `rows` real rows."""
+        if self.model_steps.own(training):
+            return self._own.logs(value)
+        totals[0] += float(value)
+        totals[1] += rows
+        return self.logs(totals[0] / totals[1])
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -429,12 +452,23 @@ class Loop:
         chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
         handles = self._handles()
+        # A model's own `predict_step` sees only the real rows of the last step.
+        partial = self.model_steps.predict and plan.has_partial_step
         try:
-            for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
+            steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+            for start, stop in self.schedule(steps, order.call_bounds):
                 out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+            if partial:
+                step = plan.steps_per_epoch - 1
+                order.prepare(step, step + 1)
+                last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+                out = self._predict_partial_fn(handles, last, self._real_rows(plan))
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = self._own.padded(value, plan.per_replica_batch_size)
+                    chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
         return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
