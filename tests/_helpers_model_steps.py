@@ -78,6 +78,26 @@ class CustomTrainStep(Counting):
         return [self.loss_tracker, self.my_metric]
 
 
+class AssignUpdates(Counting):
+    """Plain SGD written out with `assign_sub`: no optimizer sees the gradients."""
+
+    def train_step(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.losses.mean_squared_error(y, self(x, training=True)))
+        for v, g in zip(self.trainable_variables, tape.gradient(loss, self.trainable_variables),
+                        strict=True):
+            v.assign_sub(0.05 * g)
+        return {"loss": loss}
+
+    @classmethod
+    def built(cls) -> AssignUpdates:
+        model = cls()
+        model.compile(optimizer="sgd")
+        model(np.zeros((1, 4), "float32"))
+        return model
+
+
 def custom_train_step_model() -> CustomTrainStep:
     keras.utils.set_random_seed(3)
     model = CustomTrainStep()

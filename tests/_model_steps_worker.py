@@ -3,7 +3,8 @@
 Trains the guide's custom-`train_step` model on 100 rows for 2 epochs in
 the global order (`placement="replicate"`, no shuffle) and writes its
 weights, its custom metric's History and the step count (summed over every
-replica) to `<out>.rank<r>.npz`.
+replica) to `<out>.rank<r>.npz`. With `--assign-updates` its step updates
+the weights without an optimizer (Horovod refuses it).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--assign-updates", action="store_true",
+                   help="a train_step that updates weights with assign_sub, no optimizer")
     args = p.parse_args()
 
-    from _helpers_model_steps import custom_train_step_model, regression_data
+    from _helpers_model_steps import AssignUpdates, custom_train_step_model, regression_data
 
     import shardfeed
     from shardfeed import ShardedResidentDataset
@@ -31,7 +34,7 @@ def main() -> int:
     world = shardfeed.init()
     x, y = regression_data()
     with world.scope():
-        model = custom_train_step_model()
+        model = AssignUpdates.built() if args.assign_updates else custom_train_step_model()
         ds = ShardedResidentDataset(
             x, y, per_replica_batch_size=args.batch, shuffle=False, placement="replicate"
         )

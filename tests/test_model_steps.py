@@ -10,6 +10,7 @@ equal 1 process, and a `compute_loss` override without `training` works.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from _helpers_model_steps import (
     regression_data,
 )
 from test_mirrored import _strategy
-from test_multiworker import BIN, ROOT, TIMEOUT_S, _run
+from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _env, _run
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -232,21 +233,43 @@ def _load(prefix, ranks):
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(ranks)]
 
 
+def _two_workers(engine, *args):
+    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
+        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                sys.executable, str(WORKER), *args]
+    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
+            "--timeout-s", str(TIMEOUT_S - 20), str(WORKER), *args]
+
+
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_equal_one_process(tmp_path):
+@pytest.mark.parametrize(
+    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
+)
+def test_two_workers_equal_one_process(engine, tmp_path):
     single = tmp_path / "single"
     _run([sys.executable, str(WORKER), "--batch", str(2 * BATCH), "--out", str(single)], ROOT)
     (want,) = _load(single, 1)
     out = tmp_path / "two"
-    _run(
-        [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", "multiworker",
-         "--timeout-s", str(TIMEOUT_S - 20), str(WORKER), "--batch", str(BATCH),
-         "--out", str(out)],
-        ROOT,
-    )
+    _run(_two_workers(engine, "--batch", str(BATCH), "--out", str(out)), ROOT)
+    # 2 epochs of 4 steps on each replica; the strategy's counter sums the
+    # replicas, Horovod's is each rank's own.
+    calls = 2 * 2 * 4 if engine == "multiworker" else 2 * 4
     for got in _load(out, 2):
         np.testing.assert_allclose(got["weights"], want["weights"], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(got["my_custom_metric"], want["my_custom_metric"], rtol=1e-5)
-        # 2 epochs of 4 steps, run by the 1 replica and by each of the 2.
-        assert (int(want["step_calls"]), int(got["step_calls"])) == (2 * 4, 2 * 2 * 4)
+        assert (int(want["step_calls"]), int(got["step_calls"])) == (2 * 4, calls)
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+@pytest.mark.horovod
+@NO_HOROVOD
+def test_horovod_refuses_a_train_step_that_bypasses_the_optimizer(tmp_path):
+    cmd = _two_workers("horovod", "--batch", str(BATCH), "--out", str(tmp_path / "x"),
+                       "--assign-updates")
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "Under Horovod, a `train_step` must update the weights through a Keras " \
+        "optimizer" in proc.stdout + proc.stderr

@@ -238,9 +238,9 @@ _NO_OPTIMIZER_UPDATE = (
 
 
 class _HorovodApply:
-    """Makes `apply` of every Keras optimizer allreduce its gradients first
-    while a `train_step` is traced under Horovod (Keras' step calls
-    `self.optimizer.apply`, which knows no Horovod). Only the outermost
+    """Makes `apply` of every Keras optimizer average its gradients over
+    ranks first while a `train_step` is traced under Horovod (Keras' step
+    calls `self.optimizer.apply`, which knows no Horovod). Only the outermost
     `apply` reduces: a `LossScaleOptimizer` calls its inner optimizer's."""
 
     def __init__(self, engine: Any) -> None:
@@ -253,13 +253,26 @@ class _HorovodApply:
             self.depth += 1
             try:
                 if self.depth == 1:
-                    grads = self.engine.reduce_gradients(list(grads))
+                    grads = self._averaged(list(grads))
                     self.reduced += 1
                 return apply(optimizer, grads, trainable_variables)
             finally:
                 self.depth -= 1
 
         return synchronised_apply
+
+    def _averaged(self, grads: list[Any]) -> list[Any]:
+        # The mean over ranks, as `hvd.DistributedOptimizer`: without a
+        # strategy Keras does not divide a step's loss by the replica count.
+        n = self.engine.num_replicas_in_sync
+        summed = self.engine.reduce_gradients(grads)
+        return [
+            None if g is None
+            else tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices)
+            else g / n
+            for g in summed
+        ]
 
 
 def _optimizer_classes() -> list[type]:
