@@ -155,6 +155,8 @@ class Loop:
             own.test_partial if steps.test else self._test_partial, jit_compile=jit
         )
         self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
+        if steps.train:
+            own.create_variables()
 
     @property
     def dataset(self) -> ShardedResidentDataset:

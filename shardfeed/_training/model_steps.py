@@ -5,7 +5,8 @@ TensorFlow trainer), calling the override per replica with the resident
 batch as `data` in Keras' form (`keras.utils.pack_x_y_sample_weight`), the
 per-replica reduction of what it returns (Keras' `reduce_per_replica`:
 the mean over replicas), the logs Keras shows (`_get_metrics_result_or_logs`),
-and, under Horovod, the gradient allreduce Keras' step cannot know about.
+and building the optimizers the step applies before tracing; under Horovod
+the step's `optimizer.apply` averages over ranks (`step_optimizers.py`).
 The loop (`loop.py`) chooses these calls instead of its own step
 arithmetic; the data comes from the loop's batches.
 
@@ -16,19 +17,16 @@ its last step, or the model's metrics when the returned keys are theirs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-from shardfeed._common import errors as _errors
 from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import step_optimizers as _step_optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +77,36 @@ class ModelStepCalls:
         self.engine = loop.engine
         self.steps = ModelSteps.of(loop.model)
 
+    def create_variables(self) -> None:
+        """Builds the optimizers the step applies before the loop is traced.
+
+        The guide's GAN builds its two optimizers on their first `apply`,
+        inside the step; a strategy cannot create variables inside the
+        multi-step loop ("You must feed a value for placeholder tensor"). So
+        one step on one row per replica is traced (never run) with each
+        optimizer's `apply` only recording what it would update; the unbuilt
+        ones are then built on those variables, as `model.fit` builds
+        `model.optimizer` before its first step.
+        """
+        loop, engine = self.loop, self.engine
+
+        def step(handles, indices):
+            def replica(handles, indices):
+                return self.model.train_step(keras_data(*loop._train_batch(handles, indices)))
+
+            return engine.run(replica, (handles, indices))
+
+        rows = engine.distribute([tf.constant([0])] * len(loop.dataset.stores))
+        with _step_optimizers.recorded() as unbuilt:
+            tf.function(step).get_concrete_function(loop._handles(), rows)
+        with engine.scope():
+            for optimizer, variables in unbuilt:
+                optimizer.build(variables)
+
     # -- in the compiled calls -------------------------------------------------
 
     def _train(self, data: Any) -> Any:
-        with _synchronised_optimizers(self.engine):
+        with _step_optimizers.synchronised(self.engine):
             return _averageable(self.model.train_step(data))
 
     def train_chunk(self, handles, indices, where, replicas):
@@ -225,92 +249,3 @@ def pythonify(logs: dict[str, Any]) -> dict[str, Any]:
         array = np.asarray(value)
         out[name] = float(array) if array.ndim == 0 else array
     return out
-
-
-# -- Horovod -------------------------------------------------------------------
-
-_NO_OPTIMIZER_UPDATE = (
-    "Under Horovod, a `train_step` must update the weights through a Keras "
-    "optimizer (`self.optimizer.apply(grads, variables)` or `apply_gradients`): "
-    "shardfeed allreduces the gradients there, and a step that updates weights "
-    "another way would train each rank on its own gradients."
-)
-
-
-class _HorovodApply:
-    """Makes `apply` of every Keras optimizer average its gradients over
-    ranks first while a `train_step` is traced under Horovod (Keras' step
-    calls `self.optimizer.apply`, which knows no Horovod). Only the outermost
-    `apply` reduces: a `LossScaleOptimizer` calls its inner optimizer's."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.depth = 0
-        self.reduced = 0
-
-    def wrap(self, apply: Any) -> Any:
-        def synchronised_apply(optimizer, grads, trainable_variables=None):
-            self.depth += 1
-            try:
-                if self.depth == 1:
-                    grads = self._averaged(list(grads))
-                    self.reduced += 1
-                return apply(optimizer, grads, trainable_variables)
-            finally:
-                self.depth -= 1
-
-        return synchronised_apply
-
-    def _averaged(self, grads: list[Any]) -> list[Any]:
-        # The mean over ranks, as `hvd.DistributedOptimizer`: without a
-        # strategy Keras does not divide a step's loss by the replica count.
-        n = self.engine.num_replicas_in_sync
-        summed = self.engine.reduce_gradients(grads)
-        return [
-            None if g is None
-            else tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-            if isinstance(g, tf.IndexedSlices)
-            else g / n
-            for g in summed
-        ]
-
-
-def _optimizer_classes() -> list[type]:
-    """`BaseOptimizer` and every subclass defining its own `apply`."""
-    found, todo = [], [BaseOptimizer]
-    while todo:
-        cls = todo.pop()
-        if "apply" in vars(cls):
-            found.append(cls)
-        todo.extend(cls.__subclasses__())
-    return found
-
-
-@contextlib.contextmanager
-def _synchronised_optimizers(engine: Any) -> Iterator[None]:
-    """Under Horovod: gradients applied by a Keras optimizer inside the block
-    are allreduced first; a block that applies none raises."""
-    if engine.name != "horovod":
-        yield
-        return
-    hook = _HorovodApply(engine)
-    classes = _optimizer_classes()
-    originals = {cls: vars(cls)["apply"] for cls in classes}
-    for cls, apply in originals.items():
-        setattr(cls, "apply", hook.wrap(apply))  # noqa: B010 (patched while tracing)
-    try:
-        yield
-    finally:
-        for cls, apply in originals.items():
-            setattr(cls, "apply", apply)  # noqa: B010
-    if hook.reduced == 0:
-        raise RuntimeError(
-            _errors.message(
-                _NO_OPTIMIZER_UPDATE,
-                "a `train_step` that called no Keras optimizer's `apply`",
-                "Apply the gradients with `self.optimizer.apply(grads, "
-                "self.trainable_variables)`, or train this model with "
-                "MultiWorkerMirroredStrategy (`shardfeed launch`), where every "
-                "update is synchronised by the strategy.",
-            )
-        )
