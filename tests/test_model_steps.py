@@ -167,6 +167,29 @@ def test_two_replicas_equal_one_with_the_global_batch():
 
 
 @pytest.mark.multi_device
+def test_test_step_on_an_empty_replica_batch():
+    x, y = regression_data(33)
+    keras_model = _eval_model()
+    shard_means = [
+        keras_model.evaluate(x[s], y[s], batch_size=BATCH, return_dict=True, verbose=0)
+        for s in (slice(0, 17), slice(17, 33))
+    ]
+    with _strategy(2).scope():
+        model = _eval_model()
+        ds = _dataset(x, y)
+    model.set_weights(keras_model.get_weights())
+    # Shards of 17 and 16 rows: replica 1 has no row in the last step.
+    assert ds.eval_plan.last_step_rows == (1, 0)
+    got = shardfeed.evaluate(model, ds, return_dict=True)
+    assert int(model.rows_seen.numpy()) == 33
+    # The returned value is each replica's own metric result (read inside the
+    # replica), averaged over replicas as Keras' `reduce_per_replica` does:
+    # the mean of the two shards' means, not the mean over all 33 rows.
+    want = np.mean([m["abs_error"] for m in shard_means])
+    np.testing.assert_allclose(got["abs_error"], want, rtol=1e-5)
+
+
+@pytest.mark.multi_device
 def test_replica_outputs_are_averaged_as_keras_does():
     class Returns(Counting):
         def train_step(self, data):
