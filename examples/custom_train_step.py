@@ -115,7 +115,10 @@ def main(argv=None):
              keras.layers.Dense(2)]
         )
         gan = GAN(discriminator, generator)
-        gan.compile(keras.optimizers.Adam(1e-3, beta_1=0.5), keras.optimizers.Adam(1e-3, beta_1=0.5))
+        gan.compile(
+            d_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5),
+            g_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5),
+        )
         # shardfeed: uploaded once; batches are gathered on the device. No `y`:
         # the model's own step needs only the points, as with `model.fit(x)`.
         points = shardfeed.ShardedResidentDataset(
