@@ -59,6 +59,11 @@ def test_train_step_is_called_and_trains_what_keras_trains(steps_per_execution):
     assert set(got.history) == {"loss", "my_custom_metric"}
     for key in ("loss", "my_custom_metric"):
         np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5)
+    # Keras' own predict_step on x alone: the train_step (which needs y) is
+    # not traced for prediction.
+    np.testing.assert_allclose(
+        shardfeed.predict(model, x), keras_model.predict(x, verbose=0), rtol=1e-5, atol=1e-7
+    )
 
 
 def test_custom_metric_in_batch_logs_and_history():

@@ -155,8 +155,6 @@ class Loop:
             own.test_partial if steps.test else self._test_partial, jit_compile=jit
         )
         self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
-        if steps.train:
-            own.create_variables()
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -378,6 +376,8 @@ class Loop:
             The epoch's logs: loss and compiled metrics over all replicas.
         """
         ds = self.dataset
+        if training and self.model_steps.train:
+            self._own.create_variables()  # once, before the first training trace
         plan = ds.plan if training else ds.eval_plan
         order = ds.epoch_order(epoch, training)
         first, last = steps or (0, plan.steps_per_epoch)

@@ -76,6 +76,7 @@ class ModelStepCalls:
         self.model = loop.model
         self.engine = loop.engine
         self.steps = ModelSteps.of(loop.model)
+        self._variables_created = False
 
     def create_variables(self) -> None:
         """Builds the optimizers the step applies before the loop is traced.
@@ -88,6 +89,9 @@ class ModelStepCalls:
         ones are then built on those variables, as `model.fit` builds
         `model.optimizer` before its first step.
         """
+        if self._variables_created:
+            return
+        self._variables_created = True
         loop, engine = self.loop, self.engine
 
         def step(handles, indices):
