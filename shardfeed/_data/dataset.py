@@ -66,6 +66,11 @@ def _check_augment(augment: Any, seed: int | None) -> None:
         )
 
 
+def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
+    """Rows of arrays a dataset would be built from (checked as it checks them)."""
+    return _sources.columns_from_arrays(x, y, sample_weight).num_rows
+
+
 class ShardedResidentDataset:
     """A dataset held in device memory, sharded across replicas.
 
