@@ -64,7 +64,8 @@ test_images = test_images[..., None]
 
 # Scale the images to the [0, 1] range.
 # shardfeed: the uint8 rows stay resident; the datasets' transform scales each batch.
-scale = lambda images: tf.cast(images, tf.float32) / np.float32(255)  # shardfeed  # noqa: E731
+def scale(images):  # shardfeed: runs on the device, batch by batch
+  return tf.cast(images, tf.float32) / np.float32(255)  # shardfeed
 
 # If the list of devices is not specified in
 # `tf.distribute.MirroredStrategy` constructor, they will be auto-detected.
@@ -171,7 +172,8 @@ def test_step(inputs):
 # with the distributed input.
 @tf.function
 def distributed_train_step(dataset_inputs, global_batch_size):  # shardfeed
-  per_replica_losses = strategy.run(train_step, args=(dataset_inputs, global_batch_size))  # shardfeed
+  per_replica_losses = strategy.run(train_step,  # shardfeed: and the step's real rows
+                                    args=(dataset_inputs, global_batch_size))  # shardfeed
   return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses,
                          axis=None)
 
@@ -212,8 +214,9 @@ eval_accuracy = tf.keras.metrics.SparseCategoricalAccuracy(
 new_model = create_model()
 new_optimizer = tf.keras.optimizers.Adam()
 
-# shardfeed: outside the strategy's scope the test set stays in host memory, as in the tutorial.
-test_dataset = tf.data.Dataset.from_tensor_slices((scale(test_images), test_labels)).batch(GLOBAL_BATCH_SIZE)  # shardfeed: scaled here
+# shardfeed: without a strategy the tutorial reads the test set from host memory, scaled.
+test_images = scale(test_images).numpy()  # shardfeed
+test_dataset = tf.data.Dataset.from_tensor_slices((test_images, test_labels)).batch(GLOBAL_BATCH_SIZE)
 
 @tf.function
 def eval_step(images, labels):
@@ -256,14 +259,16 @@ def distributed_train_epoch(dataset):
       tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
     num_batches += 1
   if dataset.has_partial_step:  # shardfeed: the partial last step, its shapes per replica
-    x = dataset.batch(dataset.steps - 1)  # shardfeed: asked with a Python int
-    per_replica_losses = strategy.run(train_step, args=(x, dataset.global_rows(dataset.steps - 1)))  # shardfeed
-    total_loss += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)  # shardfeed
+    last = dataset.steps - 1  # shardfeed: asked with a Python int
+    x = dataset.batch(last)  # shardfeed
+    per_replica_losses = strategy.run(train_step, args=(x, dataset.global_rows(last)))  # shardfeed
+    total_loss += strategy.reduce(  # shardfeed
+      tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)  # shardfeed
     num_batches += 1  # shardfeed
   return total_loss / tf.cast(num_batches, dtype=tf.float32)
 
 for epoch in range(EPOCHS):
-  train_loss = distributed_train_epoch(train_dataset.epoch(2 * EPOCHS + epoch))  # shardfeed: opened per epoch
+  train_loss = distributed_train_epoch(train_dataset.epoch(2 * EPOCHS + epoch))  # shardfeed: new
 
   template = ("Epoch {}, Loss: {}, Accuracy: {}")
   print(template.format(epoch + 1, train_loss, train_accuracy.result() * 100))

@@ -110,9 +110,11 @@ def main():
         #
         # Note: broadcast should be done after the first gradient step to ensure optimizer
         # initialization.
-        if first_batch and world.backend == "horovod":  # shardfeed: tf.distribute mirrors
-            hvd.broadcast_variables([v.value for v in mnist_model.variables], root_rank=0)  # shardfeed: Keras 3
-            hvd.broadcast_variables([v.value for v in opt.variables], root_rank=0)  # shardfeed: Keras 3
+        # shardfeed: Keras 3: broadcast the variables' values; tf.distribute mirrors them itself.
+        if first_batch and world.backend == "horovod":  # shardfeed
+            hvd.broadcast_variables(  # shardfeed
+                [v.value for v in mnist_model.variables], root_rank=0)  # shardfeed
+            hvd.broadcast_variables([v.value for v in opt.variables], root_rank=0)  # shardfeed
 
         return loss_value
 
