@@ -52,8 +52,7 @@ world = shardfeed.init()  # shardfeed: Mirrored on local devices, MWMS under `sh
 
 print(tf.__version__)
 
-(train_images, train_labels), (test_images, test_labels) = \
-    mnist_data.load_data(args.data_dir, args.rows)  # shardfeed: not fashion_mnist's download
+(train_images, train_labels), (test_images, test_labels) = mnist_data.load_data(args.data_dir, args.rows)  # shardfeed: not fashion_mnist's download
 
 # Add a dimension to the array -> new shape == (28, 28, 1)
 # This is done because the first layer in our model is a convolutional
@@ -123,8 +122,7 @@ with strategy.scope():
       reduction=tf.keras.losses.Reduction.NONE)
   def compute_loss(labels, predictions, model_losses, global_batch_size):  # shardfeed
     per_example_loss = loss_object(labels, predictions)
-    # shardfeed: divide by the step's real rows: exact on the partial last step too.
-    loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
+    loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)  # shardfeed: the step's real rows, exact on a partial step
     if model_losses:
       loss += tf.nn.scale_regularization_loss(tf.add_n(model_losses))
     return loss
@@ -248,6 +246,7 @@ for i in range(EPOCHS):  # shardfeed: numbered, so each pass opens a new epoch o
   print(template.format(epoch + 1, average_train_loss, train_accuracy.result() * 100))
   train_accuracy.reset_state()  # shardfeed: Keras 3
 
+# shardfeed: traced once per epoch: each epoch's order is a new capture (tf.data is an input).
 @tf.function
 def distributed_train_epoch(dataset):
   total_loss = 0.0

@@ -16,7 +16,8 @@
 
 The original's GradientTape loop with `hvd.DistributedGradientTape`, fed by
 `ShardedResidentDataset.epoch()` instead of tf.data. Every line not marked
-`# shardfeed:` is the original's (this docstring is new). One file, every way:
+`# shardfeed:` is the original's (this docstring is new; the model and optimizer
+are indented under `with strategy.scope():`). One file runs every way:
 
     horovodrun -np 2 python examples/horovod_tf2_mnist.py       # Horovod
     shardfeed launch -n 2 python examples/horovod_tf2_mnist.py  # 2 workers (MWMS)
@@ -100,8 +101,9 @@ def main():
         if world.backend == "horovod":  # shardfeed: tf.distribute sums in apply_gradients
             tape = hvd.DistributedGradientTape(tape)
 
-        # shardfeed: Keras 3 variables: the tape sees their values (horovod #4290).
-        grads = tape.gradient(loss_value, [v.value for v in mnist_model.trainable_variables])
+        # shardfeed: Keras 3 variables: the tape watches their values (horovod #4290).
+        grads = tape.gradient(loss_value,  # shardfeed
+                              [v.value for v in mnist_model.trainable_variables])  # shardfeed
         opt.apply_gradients(zip(grads, mnist_model.trainable_variables))
 
         # Horovod: broadcast initial variable states from rank 0 to all other processes.
