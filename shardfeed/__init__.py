@@ -18,7 +18,7 @@ _EXPORTS = {
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
     "ResidentEpoch": "shardfeed._data.epoch",
-    "ResidentIterator": "shardfeed._data.epoch",
+    "ResidentIterator": "shardfeed._data.iterator",
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._data.dataset",
     "World": "shardfeed._distribute.world",
@@ -38,7 +38,7 @@ if _typing.TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset as ShardedResidentDataset
     from shardfeed._data.epoch import Batch as Batch
     from shardfeed._data.epoch import ResidentEpoch as ResidentEpoch
-    from shardfeed._data.epoch import ResidentIterator as ResidentIterator
+    from shardfeed._data.iterator import ResidentIterator as ResidentIterator
     from shardfeed._data.memplan import MemoryPlan as MemoryPlan
     from shardfeed._data.memplan import memory_plan as memory_plan
     from shardfeed._data.options import LoadOptions as LoadOptions

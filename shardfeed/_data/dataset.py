@@ -24,8 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import augment as _augment
 from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
+from shardfeed._data import iterator as _iterator
 from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
 from shardfeed._data import order as _order
@@ -46,24 +48,9 @@ logger = logging.getLogger("shardfeed")
 MAX_SEED = 2**63
 
 
-def _check_augment(augment: Any, seed: int | None) -> None:
-    if augment is not None and not callable(augment):
-        raise TypeError(
-            _errors.message(
-                "`augment` must be a function `(x, seed) -> x`.",
-                f"type(augment)={type(augment).__name__}",
-                "Pass e.g. `augment=shardfeed.augment.flip_left_right()`.",
-            )
-        )
-    if augment is not None and seed is None:
-        raise ValueError(
-            _errors.message(
-                "Augmenting requires a seed, so that reruns and resumed runs draw "
-                "the same augmentations.",
-                "augment=<function>, seed=None",
-                "Pass `seed=<int>`.",
-            )
-        )
+def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
+    """Rows of arrays a dataset would be built from (checked as it checks them)."""
+    return _sources.columns_from_arrays(x, y, sample_weight).num_rows
 
 
 class ShardedResidentDataset:
@@ -151,7 +138,7 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
-        _check_augment(augment, seed)
+        _augment.check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
@@ -403,10 +390,10 @@ class ShardedResidentDataset:
         """
         return _epoch.open_epoch(self, epoch, training, first_step, augment)
 
-    def iterator(self, *, augment: bool = False) -> _epoch.ResidentIterator:
+    def iterator(self, *, augment: bool = False) -> _iterator.ResidentIterator:
         """A resumable position over training epochs (`get_state`/`set_state`,
         trackable by `tf.train.Checkpoint`); see `ResidentIterator`."""
-        return _epoch.ResidentIterator(self, augment=augment)
+        return _iterator.ResidentIterator(self, augment=augment)
 
     @property
     def element_spec(self) -> Batch:

@@ -1,9 +1,9 @@
-"""The public interface to resident batches: `ResidentEpoch` and `ResidentIterator`.
+"""The public interface to resident batches: `ResidentEpoch` and `Batch`.
 
 Owns what a training loop -- the user's own, or `shardfeed.fit`'s compiled
 one -- sees of a dataset: one epoch at a time, its steps and each step's
 `Batch` gathered on the replicas' devices, the real rows of a partial last
-step, and a resumable position of plain integers. The dataset's residency
+step (`iterator.py` keeps a resumable position over them). The dataset's residency
 (`order.Residency`: resident, streamed, or sharded with the exchange) makes
 each epoch's order; this module wraps whichever the dataset chose, so no
 caller branches on it. See docs/custom_loops.md.
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.augment import step_seed
@@ -49,7 +48,7 @@ def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, re
     return dataset.augment(x, step_seed(dataset.seed, epoch, step, replica))
 
 
-def _check_int(name: str, value: Any, low: int, high: int, fix: str) -> int:
+def check_int(name: str, value: Any, low: int, high: int, fix: str) -> int:
     if not (_errors.is_integer(value) and low <= value <= high):
         raise ValueError(
             _errors.message(f"`{name}` must be an integer in [{low}, {high}].",
@@ -63,7 +62,7 @@ def open_epoch(
 ) -> ResidentEpoch:
     """`ShardedResidentDataset.epoch`: validates, closes what the new epoch
     invalidates, then opens it (a training epoch of exchanged rows moves them)."""
-    epoch = _check_int("epoch", epoch, 0, 2**62, "Pass the epoch number, e.g. `epoch=0`.")
+    epoch = check_int("epoch", epoch, 0, 2**62, "Pass the epoch number, e.g. `epoch=0`.")
     if augment and not training:
         raise ValueError(
             _errors.message(
@@ -81,7 +80,7 @@ def open_epoch(
             )
         )
     plan = dataset.plan if training else dataset.eval_plan
-    first_step = _check_int(
+    first_step = check_int(
         "first_step", first_step, 0, plan.steps_per_epoch,
         f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
     )
@@ -336,117 +335,3 @@ class ResidentEpoch:
             )
 
         return Batch(place(0), place(1), place(2))
-
-
-class ResidentIterator(tf.Module):
-    """A resumable position over a dataset's training epochs, Grain-style.
-
-    `for epoch in it.epochs(n): for step, batch in epoch: ...`; each step
-    handed out advances the position, an epoch's end makes it
-    `(epoch + 1, 0)`. `get_state()`/`set_state()` are plain integers; as a
-    `tf.Module` it is trackable by `tf.train.Checkpoint(data=it)`, its
-    position in two int64 variables on the CPU (restored with the weights).
-
-    Args:
-        dataset: The training dataset.
-        augment: Apply the dataset's `augment` to training batches.
-    """
-
-    def __init__(self, dataset: ShardedResidentDataset, *, augment: bool = False) -> None:
-        super().__init__(name="resident_iterator")
-        self._dataset = dataset
-        self._augment = augment
-        # Constructed directly, as the resident rows are (`storage.py`): a
-        # `tf.Variable` in a strategy's scope would become mirrored (and under
-        # MultiWorkerMirroredStrategy its creation a collective).
-        with tf.device("/CPU:0"):
-            self.position = resource_variable_ops.ResourceVariable(
-                tf.zeros([2], tf.int64), trainable=False, name="position"
-            )
-            # What the position is a position in: checked when restored.
-            self.identity = resource_variable_ops.ResourceVariable(
-                tf.constant(self._identity(), tf.int64), trainable=False, name="identity"
-            )
-
-    def _identity(self) -> list[int]:
-        ds = self._dataset
-        return [-1 if ds.seed is None else ds.seed, ds.num_rows, ds.plan.global_batch_size]
-
-    def get_state(self) -> dict[str, Any]:
-        """`{"epoch", "step", "seed", "num_rows", "global_batch_size"}`, plain ints
-        (`seed` None without one)."""
-        epoch, step = (int(v) for v in self.position.numpy())
-        seed, num_rows, global_batch = (int(v) for v in self.identity.numpy())
-        return {
-            "epoch": epoch,
-            "step": step,
-            "seed": None if seed < 0 else seed,
-            "num_rows": num_rows,
-            "global_batch_size": global_batch,
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Moves the position to `state` (from `get_state`), checking that it
-        is a position in this dataset.
-
-        Raises:
-            ValueError: For a missing or extra key, a value of the wrong type
-                or range, or a state of another dataset (seed, rows, global batch).
-        """
-        keys = ("epoch", "step", "seed", "num_rows", "global_batch_size")
-        if not isinstance(state, dict) or set(state) != set(keys):
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(
-                _errors.message(
-                    f"The state must be a dict with exactly the keys {list(keys)}.",
-                    f"state keys={got}",
-                    "Pass what `ResidentIterator.get_state()` returned.",
-                )
-            )
-        steps = self._dataset.plan.steps_per_epoch
-        epoch = _check_int("state['epoch']", state["epoch"], 0, 2**62, "Pass a saved state.")
-        step = _check_int(
-            "state['step']", state["step"], 0, steps - 1,
-            f"Pass a saved state of this dataset (its epochs have {steps} steps).",
-        )
-        seed, num_rows, global_batch = self._identity()
-        mine = {"seed": None if seed < 0 else seed, "num_rows": num_rows,
-                "global_batch_size": global_batch}
-        for key, value in mine.items():
-            if state[key] != value or isinstance(state[key], bool):
-                raise ValueError(
-                    _errors.message(
-                        "The state is a position in another dataset: its seed, rows and "
-                        "global batch must be this dataset's.",
-                        f"state[{key!r}]={state[key]!r}, this dataset's {key}={value!r}",
-                        "Restore into an iterator of the dataset the state was saved from "
-                        "(same rows, seed and global batch).",
-                    )
-                )
-        self.position.assign([epoch, step])
-
-    def epochs(self, num_epochs: int) -> Iterator[ResidentEpoch]:
-        """The training epochs from the current position up to `num_epochs`;
-        the first starts at the position's step. Moving on to the next epoch
-        moves the position to its start."""
-        num_epochs = _check_int("num_epochs", num_epochs, 0, 2**62, "Pass e.g. `epochs(10)`.")
-        # A checkpoint restore may have replaced the identity: check it first.
-        self.set_state(self.get_state())
-        while True:
-            epoch, step = (int(v) for v in self.position.numpy())
-            if epoch >= num_epochs:
-                return
-            opened = self._dataset.epoch(epoch, first_step=step, augment=self._augment)
-            opened._on_step = self._advance
-            try:
-                yield opened
-            finally:
-                opened._on_step = None
-            if int(self.position.numpy()[0]) == epoch:
-                self.position.assign([epoch + 1, 0])
-
-    def _advance(self, epoch: ResidentEpoch, step: int) -> None:
-        if step + 1 < epoch.steps:
-            self.position.assign([epoch.epoch, step + 1])
-        else:
-            self.position.assign([epoch.epoch + 1, 0])

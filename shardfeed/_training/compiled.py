@@ -71,9 +71,12 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) 
     Uses Keras' own symbolic build (what `model.fit` does) on the shapes of
     one row: nothing runs and no metric state changes.
     """
-    store = dataset.stores[0]
     with engine.scope():
-        batch = dataset.gather(store.handles, tf.constant([0]))
+        # Only shapes and dtypes matter: one row of zeros per spec.
+        batch = keras.tree.map_structure(
+            lambda s: None if s is None else tf.zeros((1, *s.shape[1:]), s.dtype),
+            dataset.element_spec,
+        )
         if getattr(model, "compiled", False) and batch[1] is not None:
             model._symbolic_build(data_batch=batch)
         else:
