@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -226,3 +227,39 @@ def test_custom_training_tutorial_under_shardfeed_launch(tmp_path):
     by_rank = {rank: sorted(line[1:] for line in epochs if line[0] == f"[rank {rank}] ")
                for rank in (0, 1)}
     assert by_rank[0] == by_rank[1], by_rank
+
+
+def _write_idx(path, array):
+    header = bytes([0, 0, 8, array.ndim]) + np.array(array.shape, ">u4").tobytes()
+    data = header + array.astype(np.uint8).tobytes()
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "suffix"),
+    [
+        ("{split}-{kind}-idx{rank}-ubyte", ".gz"),  # Keras' and Fashion-MNIST's names, gzipped
+        ("{split}-{kind}.idx{rank}-ubyte", ""),  # MNIST's site, unpacked
+    ],
+)
+def test_ports_read_mnist_idx_files(tmp_path, monkeypatch, pattern, suffix):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import mnist_data
+
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, rows in (("train", 5), ("t10k", 3)):
+        arrays[split] = rng.integers(0, 256, (rows, 28, 28)), rng.integers(0, 10, rows)
+        for kind, rank, array in (("images", 3, arrays[split][0]), ("labels", 1, arrays[split][1])):
+            name = pattern.format(split=split, kind=kind, rank=rank) + suffix
+            _write_idx(tmp_path / name, array)
+    (x, y), (x_test, y_test) = mnist_data.load_data(str(tmp_path), rows=4)
+    assert x.dtype == np.uint8 and x.shape == (4, 28, 28)
+    np.testing.assert_array_equal(x, arrays["train"][0][:4])
+    np.testing.assert_array_equal(y, arrays["train"][1][:4])
+    np.testing.assert_array_equal(x_test, arrays["t10k"][0])
+    np.testing.assert_array_equal(y_test, arrays["t10k"][1])
+    with pytest.raises(FileNotFoundError, match="No train-images-idx3-ubyte"):
+        mnist_data.load_data(str(tmp_path / "empty"))
