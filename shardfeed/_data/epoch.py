@@ -271,9 +271,7 @@ class ResidentEpoch:
         """Global row of each slot of local replica `local`, step by step;
         -1 for padding."""
         out = np.asarray(self._order.rows(local)).copy()
-        replica = self._dataset.stores[local].replica
-        b = self.per_replica_batch_size
-        out[(self.steps - 1) * b + self.plan.last_step_rows[replica]:] = -1
+        out[self.plan.rows_per_epoch(self._dataset.stores[local].replica) :] = -1
         return out
 
     # -- internals -------------------------------------------------------------
