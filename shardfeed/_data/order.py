@@ -121,6 +121,9 @@ class EpochOrder:
 
     def prepare(self, start: int, stop: int) -> None:
         """Nothing to do: every row is resident."""
+        # A statement, not only the docstring: `ResidentEpoch.batch(int)` inside the user's
+        # tf.function calls this, and AutoGraph cannot convert a docstring-only body (it warns).
+        return None
 
     def slice(self, start: int, stop: int) -> list[tf.Tensor]:
         return [idx[start:stop] for idx in self._indices]
