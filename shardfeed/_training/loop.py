@@ -2,8 +2,9 @@
 
 Separation of concerns: the loop owns the step arithmetic -- forward,
 backward, loss scaling, optimizer update, metric updates -- and the compiled
-functions that run `k` steps per call. It gets batches from the dataset
-(`dataset.gather`) and distribution from the engine (`run`,
+functions that run `k` steps per call. It gets batches from the dataset's
+public epochs (`ResidentEpoch.indices`, `handles`, `gather`: what a user's
+own loop can use too) and distribution from the engine (`run`,
 `sum_across_replicas`, `reduce_gradients`); it never reads the plan's
 arithmetic or the environment.
 
@@ -48,8 +49,10 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -113,6 +116,9 @@ class Loop:
         # Weak: the loop is cached per dataset (`_training._loop_for`) and must
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
+        # The epoch a call runs on (its `gather` is traced); held only
+        # during `run_epoch`/`predict`, for the same reason.
+        self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
@@ -130,14 +136,30 @@ class Loop:
         if self.jit_compile and not self.whole_loop_jit:
             forward_backward = tf.function(forward_backward, jit_compile=True)
         self._fb = forward_backward
-        self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
-        self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
-        self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
+        # A model's own `train_step`/`test_step`/`predict_step` replaces ours
+        # (`model_steps.py`).
+        self.model_steps = steps = _model_steps.ModelSteps.of(model)
+        self._own = own = _model_steps.ModelStepCalls(self)
+        jit = self.whole_loop_jit
+        self._train_chunk_fn = tf.function(
+            own.train_chunk if steps.train else self._train_chunk, jit_compile=jit
+        )
+        self._test_chunk_fn = tf.function(
+            own.test_chunk if steps.test else self._test_chunk, jit_compile=jit
+        )
+        self._predict_chunk_fn = tf.function(
+            own.predict_chunk if steps.predict else self._predict_chunk, jit_compile=jit
+        )
         # The partial last step's row counts differ per replica, so it is its
         # own call: with one replica they are Python ints (static shapes, XLA
         # as the loop), with several they are per-replica tensors (no XLA).
-        self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
-        self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
+        self._train_partial_fn = tf.function(
+            own.train_partial if steps.train else self._train_partial, jit_compile=jit
+        )
+        self._test_partial_fn = tf.function(
+            own.test_partial if steps.test else self._test_partial, jit_compile=jit
+        )
+        self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -146,9 +168,14 @@ class Loop:
             raise RuntimeError("The dataset this loop was built for has been deleted.")
         return dataset
 
-    def _handles(self) -> Any:
+    def _handles(self, order: ResidentEpoch) -> Any:
         """The columns' handles per local replica, for the compiled calls."""
-        return self.engine.distribute([store.handles for store in self.dataset.stores])
+        return self.engine.distribute(order.handles())
+
+    def _gather(self, handles, indices, with_targets: bool = True):
+        if self._open is None:
+            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
+        return self._open.gather(handles, indices, with_targets)
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -175,7 +202,8 @@ class Loop:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            # Keras' wrapper: also a `compute_loss` override without `training`.
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             reg = self._regularization()
             data, total = self._unscaled(loss, reg)
             if real_rows is None:
@@ -200,7 +228,7 @@ class Loop:
         return total
 
     def _train_batch(self, handles, indices):
-        x, y, sw = self.dataset.gather(handles, indices)
+        x, y, sw = self._gather(handles, indices)
         if self.class_weights is not None:  # only training batches, as in Keras
             sw = self.class_weights.weights(y)
         return x, y, sw
@@ -208,7 +236,7 @@ class Loop:
     def _test_step(self, x, y, sw) -> tf.Tensor:
         model = self.model
         y_pred = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
         _, total = self._unscaled(loss, self._regularization())
         model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
@@ -237,7 +265,7 @@ class Loop:
         def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self.dataset.gather(handles, indices[i])
+                x, y, sw = self._gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
@@ -257,7 +285,7 @@ class Loop:
     def _test_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self.dataset.gather(handles, indices[:real_rows])
+                x, y, sw = self._gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -275,7 +303,7 @@ class Loop:
     def _predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.dataset.gather(handles, indices[i], with_targets=False)
+                x, _, _ = self._gather(handles, indices[i], with_targets=False)
                 return self.model(x, training=False)
 
             steps = indices.shape[0]
@@ -293,9 +321,8 @@ class Loop:
 
     # -- host side -----------------------------------------------------------
 
-    def _slices(self, order, start: int, stop: int) -> Any:
-        order.prepare(start, stop)
-        return self.engine.distribute(order.slice(start, stop))
+    def _slices(self, order: ResidentEpoch, start: int, stop: int) -> Any:
+        return self.engine.distribute(order.indices(start, stop))
 
     def steps_per_call(self, num_steps: int) -> int:
         """Steps per compiled call for an epoch of `num_steps` full steps
@@ -357,9 +384,10 @@ class Loop:
         Returns:
             The epoch's logs: loss and compiled metrics over all replicas.
         """
-        ds = self.dataset
-        plan = ds.plan if training else ds.eval_plan
-        order = ds.epoch_order(epoch, training)
+        order = self.dataset.epoch(epoch, training=training)
+        plan, self._open = order.plan, order
+        if training and self.model_steps.train:
+            self._own.create_variables(order)  # once, before the first training trace
         first, last = steps or (0, plan.steps_per_epoch)
         try:
             return self._run_epoch(
@@ -368,11 +396,12 @@ class Loop:
             )
         finally:
             order.close()
+            self._open = None
 
     def _run_epoch(
         self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals, epoch
     ):
-        handles, replicas = self._handles(), _augmenting.replica_ids(self.engine)
+        handles, replicas = self._handles(order), _augmenting.replica_ids(self.engine)
 
         def chunk_fn(handles, indices, start):
             if not training:
@@ -387,16 +416,14 @@ class Loop:
             if start >= stop:
                 continue
             on_chunk_begin(start)
-            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop), start))
-            totals[1] += (stop - start) * b_global
-            logs = self.logs(totals[0] / totals[1])
+            value = chunk_fn(handles, self._slices(order, start, stop), start)
+            logs = self._call_logs(training, value, totals, (stop - start) * b_global)
             if on_chunk_end(stop - 1, logs):
                 return logs
         if plan.has_partial_step and first < plan.steps_per_epoch <= last:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
-            order.prepare(step, step + 1)
-            last_step = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+            last_step = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
             real_rows = sum(plan.last_step_rows)
             if training:
                 all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
@@ -406,11 +433,17 @@ class Loop:
                 )
             else:
                 value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
-            totals[0] += float(value)
-            totals[1] += real_rows
-            logs = self.logs(totals[0] / totals[1])
+            logs = self._call_logs(training, value, totals, real_rows)
             on_chunk_end(step, logs)
         return logs
+
+    def _call_logs(self, training: bool, value: Any, totals: list[float], rows: int):
+        """The logs after a call that returned `value` over `rows` real rows."""
+        if self.model_steps.own(training):
+            return self._own.logs(value)
+        totals[0] += float(value)
+        totals[1] += rows
+        return self.logs(totals[0] / totals[1])
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -423,26 +456,36 @@ class Loop:
     def predict(self) -> Any:
         """Predictions for every row of every worker, in the original row order,
         on every worker."""
-        ds = self.dataset
-        plan = ds.eval_plan
-        order = ds.epoch_order(0, training=False)
-        chunks: list[list[Any]] = [[] for _ in ds.stores]
+        order = self.dataset.epoch(0, training=False)
+        plan, self._open = order.plan, order
+        chunks: list[list[Any]] = [[] for _ in order.handles()]
         structure = None
-        handles = self._handles()
+        handles = self._handles(order)
+        # A model's own `predict_step` sees only the real rows of the last step.
+        partial = self.model_steps.predict and plan.has_partial_step
         try:
-            for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
+            steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+            for start, stop in self.schedule(steps, order.call_bounds):
                 out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+            if partial:
+                step = plan.steps_per_epoch - 1
+                last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
+                out = self._predict_partial_fn(handles, last, self._real_rows(plan))
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = self._own.padded(value, plan.per_replica_batch_size)
+                    chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
-        return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
+            self._open = None
+        return _predictions.in_row_order(self.engine, order, chunks, structure)
 
     def _local_structures(self, out: Any) -> list[Any]:
         flat = keras.tree.flatten(out)
         per_leaf = [self.engine.local_results(t) for t in flat]
         return [
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
-            for i in range(len(self.dataset.stores))
+            for i in range(self.engine.world.replicas_in_process)
         ]
