@@ -17,8 +17,7 @@ import keras
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.sources import columns_from_arrays
+from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
@@ -28,6 +27,7 @@ from shardfeed._training.compiled import loop_for
 from shardfeed._training.epochs import FitRun, check_steps
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
+from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions, with_model_steps
 
 DEFAULT_EVAL_BATCH_SIZE = 256
@@ -114,7 +114,7 @@ def _as_dataset(
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
-    rows = columns_from_arrays(data, y, sample_weight).num_rows
+    rows = num_rows_of(data, y, sample_weight)
     world = current_world(model.distribute_strategy)
     if per_replica_batch_size is not None:
         batch = int(per_replica_batch_size)
@@ -256,7 +256,9 @@ def fit(
     """
     fit_args.refuse(unsupported, dataset)
     _check_model(model, needs_compile=True)
-    _check_dataset(dataset, needs_targets=True)
+    # A model's own step may train on `x` alone, as under Keras.
+    steps = ModelSteps.of(model)
+    _check_dataset(dataset, needs_targets=not steps.train)
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data
@@ -305,7 +307,7 @@ def fit(
     val_loop = None
     if validation_data is not None:
         val_ds = _as_dataset(validation_data, None, None, None, model, dataset)
-        _check_dataset(val_ds, needs_targets=True, name="validation_data")
+        _check_dataset(val_ds, needs_targets=not steps.test, name="validation_data")
         val_loop = loop_for(model, val_ds, options)
         check_sparse_labels(model, val_ds, "validation_data")
     params = {
@@ -363,14 +365,12 @@ def _evaluate_loop(
     model.reset_metrics()
     model.stop_evaluating = False
     cbs.on_test_begin()
-    totals, logs = (0.0, 0), {}
+    logs: dict[str, Any] = {}
     steps = (0, min(max_steps, loop.dataset.eval_plan.steps_per_epoch)) if max_steps else None
     with loop.epoch(0, False, steps=steps) as it:
         for call in it:
             cbs.on_test_batch_begin(call.begin_step)
-            loss_sum, rows = it.run(call)
-            totals = (totals[0] + loss_sum, totals[1] + rows)
-            logs = loop.logs(totals[0] / totals[1])
+            logs = it.run(call)
             cbs.on_test_batch_end(call.end_step, logs)
             if model.stop_evaluating:
                 break
@@ -432,7 +432,7 @@ def evaluate(
     dataset = _as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
     )
-    _check_dataset(dataset, needs_targets=True, name="data")
+    _check_dataset(dataset, needs_targets=not ModelSteps.of(model).test, name="data")
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
     check_sparse_labels(model, dataset, "data")
     cbs = keras.callbacks.CallbackList(

@@ -121,17 +121,22 @@ class FitRun:
                 epoch, self.steps_per_epoch, self.plan.steps_per_epoch
             )
             steps = (start + self.cursor.step, stop)
-            with loop.epoch(data_epoch, True, self.plan, steps, step_offset=start) as it:
+            logs: dict[str, Any] = {}
+            with loop.epoch(
+                data_epoch, True, self.plan, steps, step_offset=start, totals=self.totals
+            ) as it:
+                if self.totals[1]:
+                    logs = it.logs()  # resumed: the restored epoch's logs so far
                 for call in it:
                     cbs.on_train_batch_begin(call.begin_step)
-                    loss_sum, rows = it.run(call)
-                    self.totals = (self.totals[0] + loss_sum, self.totals[1] + rows)
+                    logs = it.run(call)
+                    self.totals = it.totals
                     self.steps_run += call.stop - start - self.cursor.step
                     self.cursor = _resume.Cursor(epoch, call.stop - start, data_epoch, call.stop)
                     calls += 1
                     if check_every is not True and check_every and calls % check_every == 0:
                         _sync.check_in_sync(model, loop.engine, epoch, self.cursor.step)
-                    cbs.on_train_batch_end(call.end_step, self.logs())
+                    cbs.on_train_batch_end(call.end_step, logs)
                     if model.stop_training:
                         break
             if (
@@ -140,7 +145,7 @@ class FitRun:
                 and not model.stop_training
             ):
                 warnings.warn(RAN_OUT_WARNING, stacklevel=2)
-            epoch_logs = self.logs()
+            epoch_logs = dict(logs)
             if check_every:
                 _sync.check_in_sync(model, loop.engine, epoch, self.cursor.step)
             epoch_logs.update(validate(epoch) or {})
@@ -150,13 +155,6 @@ class FitRun:
             if model.stop_training:
                 break
         return epoch_logs
-
-    def logs(self) -> dict[str, float]:
-        """The epoch's logs so far: our exact loss, then the compiled metrics
-        (empty before the epoch's first step)."""
-        assert self.loop is not None
-        loss_sum, rows = self.totals
-        return self.loop.logs(loss_sum / rows) if rows else {}
 
 
 def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> None:

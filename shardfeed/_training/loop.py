@@ -2,8 +2,9 @@
 
 Separation of concerns: the loop owns the step arithmetic -- forward,
 backward, loss scaling, optimizer update, metric updates -- and the compiled
-functions that run `k` steps per call. It gets batches from the dataset
-(`dataset.gather`) and distribution from the engine (`run`,
+functions that run `k` steps per call. It gets batches from the dataset's
+public epochs (`ResidentEpoch.indices`, `handles`, `gather`: what a user's
+own loop can use too) and distribution from the engine (`run`,
 `sum_across_replicas`, `reduce_gradients`); it never reads the plan's
 arithmetic or the environment.
 
@@ -50,9 +51,11 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.epoch import ResidentEpoch, open_epoch
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -116,6 +119,9 @@ class Loop:
         # Weak: the loop is cached per dataset (`_training._loop_for`) and must
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
+        # The epoch a call runs on (its `gather` is traced); held only
+        # during an epoch's calls (`Loop.epoch`) or `predict`, for the same reason.
+        self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
@@ -133,14 +139,30 @@ class Loop:
         if self.jit_compile and not self.whole_loop_jit:
             forward_backward = tf.function(forward_backward, jit_compile=True)
         self._fb = forward_backward
-        self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
-        self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
-        self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
+        # A model's own `train_step`/`test_step`/`predict_step` replaces ours
+        # (`model_steps.py`).
+        self.model_steps = steps = _model_steps.ModelSteps.of(model)
+        self._own = own = _model_steps.ModelStepCalls(self)
+        jit = self.whole_loop_jit
+        self._train_chunk_fn = tf.function(
+            own.train_chunk if steps.train else self._train_chunk, jit_compile=jit
+        )
+        self._test_chunk_fn = tf.function(
+            own.test_chunk if steps.test else self._test_chunk, jit_compile=jit
+        )
+        self._predict_chunk_fn = tf.function(
+            own.predict_chunk if steps.predict else self._predict_chunk, jit_compile=jit
+        )
         # The partial last step's row counts differ per replica, so it is its
         # own call: with one replica they are Python ints (static shapes, XLA
         # as the loop), with several they are per-replica tensors (no XLA).
-        self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
-        self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
+        self._train_partial_fn = tf.function(
+            own.train_partial if steps.train else self._train_partial, jit_compile=jit
+        )
+        self._test_partial_fn = tf.function(
+            own.test_partial if steps.test else self._test_partial, jit_compile=jit
+        )
+        self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -149,9 +171,14 @@ class Loop:
             raise RuntimeError("The dataset this loop was built for has been deleted.")
         return dataset
 
-    def _handles(self) -> Any:
+    def _handles(self, order: ResidentEpoch) -> Any:
         """The columns' handles per local replica, for the compiled calls."""
-        return self.engine.distribute([store.handles for store in self.dataset.stores])
+        return self.engine.distribute(order.handles())
+
+    def _gather(self, handles, indices, with_targets: bool = True):
+        if self._open is None:
+            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
+        return self._open.gather(handles, indices, with_targets)
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -178,7 +205,8 @@ class Loop:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            # Keras' wrapper: also a `compute_loss` override without `training`.
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             reg = self._regularization()
             data, total = self._unscaled(loss, reg)
             if real_rows is None:
@@ -203,7 +231,7 @@ class Loop:
         return total
 
     def _train_batch(self, handles, indices):
-        x, y, sw = self.dataset.gather(handles, indices)
+        x, y, sw = self._gather(handles, indices)
         if self.class_weights is not None:  # only training batches, as in Keras
             sw = self.class_weights.weights(y)
         return x, y, sw
@@ -211,7 +239,7 @@ class Loop:
     def _test_step(self, x, y, sw) -> tf.Tensor:
         model = self.model
         y_pred = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
         _, total = self._unscaled(loss, self._regularization())
         model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
@@ -240,7 +268,7 @@ class Loop:
         def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self.dataset.gather(handles, indices[i])
+                x, y, sw = self._gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
@@ -260,7 +288,7 @@ class Loop:
     def _test_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self.dataset.gather(handles, indices[:real_rows])
+                x, y, sw = self._gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -278,7 +306,7 @@ class Loop:
     def _predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.dataset.gather(handles, indices[i], with_targets=False)
+                x, _, _ = self._gather(handles, indices[i], with_targets=False)
                 return self.model(x, training=False)
 
             steps = indices.shape[0]
@@ -296,9 +324,8 @@ class Loop:
 
     # -- host side -----------------------------------------------------------
 
-    def _slices(self, order, start: int, stop: int) -> Any:
-        order.prepare(start, stop)
-        return self.engine.distribute(order.slice(start, stop))
+    def _slices(self, order: ResidentEpoch, start: int, stop: int) -> Any:
+        return self.engine.distribute(order.indices(start, stop))
 
     def steps_per_call(self, num_steps: int) -> int:
         """Steps per compiled call for an epoch of `num_steps` full steps
@@ -344,6 +371,7 @@ class Loop:
         plan: ShardPlan | None = None,
         steps: tuple[int, int] | None = None,
         step_offset: int = 0,
+        totals: tuple[float, int] = (0.0, 0),
     ) -> EpochCalls:
         """The compiled calls of one epoch, or of steps `[start, stop)` of it.
 
@@ -356,6 +384,7 @@ class Loop:
                 step's rows stay those of the whole epoch.
             step_offset: The data step that is step 0 of the calls' step
                 counter (a `fit` epoch that starts inside a pass).
+            totals: The epoch's running `(loss sum, rows)` to continue (a resume).
 
         Returns:
             An `EpochCalls`: iterate it for the `Call`s, run each with `run`.
@@ -363,14 +392,18 @@ class Loop:
         Example:
             >>> with loop.epoch(0, training=True) as calls:
             ...     for call in calls:
-            ...         loss_sum, rows = calls.run(call)
+            ...         logs = calls.run(call)
         """
         ds = self.dataset
         if plan is None:
             plan = ds.plan if training else ds.eval_plan
         first, last = steps or (0, plan.steps_per_epoch)
-        order = ds.epoch_order(epoch, training, plan)
-        return EpochCalls(self, order, plan, epoch, training, first, last, step_offset)
+        order = open_epoch(ds, epoch, training, 0, False, plan)
+        self._open = order
+        if training and self.model_steps.train:
+            self._own.create_variables(order)  # once, before the first training trace
+        return EpochCalls(self, order, plan, epoch, training, first, last, step_offset, totals)
+
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -383,28 +416,38 @@ class Loop:
     def predict(self) -> Any:
         """Predictions for every row of every worker, in the original row order,
         on every worker."""
-        ds = self.dataset
-        plan = ds.eval_plan
-        order = ds.epoch_order(0, training=False)
-        chunks: list[list[Any]] = [[] for _ in ds.stores]
+        order = self.dataset.epoch(0, training=False)
+        plan, self._open = order.plan, order
+        chunks: list[list[Any]] = [[] for _ in order.handles()]
         structure = None
-        handles = self._handles()
+        handles = self._handles(order)
+        # A model's own `predict_step` sees only the real rows of the last step.
+        partial = self.model_steps.predict and plan.has_partial_step
         try:
-            for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
+            steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+            for start, stop in self.schedule(steps, order.call_bounds):
                 out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+            if partial:
+                step = plan.steps_per_epoch - 1
+                last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
+                out = self._predict_partial_fn(handles, last, self._real_rows(plan))
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = self._own.padded(value, plan.per_replica_batch_size)
+                    chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
-        return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
+            self._open = None
+        return _predictions.in_row_order(self.engine, order, chunks, structure)
 
     def _local_structures(self, out: Any) -> list[Any]:
         flat = keras.tree.flatten(out)
         per_leaf = [self.engine.local_results(t) for t in flat]
         return [
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
-            for i in range(len(self.dataset.stores))
+            for i in range(self.engine.world.replicas_in_process)
         ]
 
 
@@ -430,23 +473,25 @@ class Call:
 
 class EpochCalls:
     """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
-    `run` that executes one, holding the epoch's order until `close`."""
+    `run` that executes one, holding the epoch open until `close`."""
 
     def __init__(
         self,
         loop: Loop,
-        order: Any,
+        order: ResidentEpoch,
         plan: ShardPlan,
         epoch: int,
         training: bool,
         first: int,
         last: int,
         step_offset: int,
+        totals: tuple[float, int],
     ) -> None:
         self._loop, self._order, self._plan = loop, order, plan
         self._epoch, self._training = epoch, training
-        self._handles = loop._handles()
+        self._handles = loop._handles(order)
         self._replicas = _augmenting.replica_ids(loop.engine)
+        self.totals = totals  # the epoch's running (loss sum, rows)
         self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
         self.calls = _calls(
             first, last, step_offset, self.steps_per_call,
@@ -465,22 +510,30 @@ class EpochCalls:
 
     def close(self) -> None:
         self._order.close()
+        self._loop._open = None
 
-    def run(self, call: Call) -> tuple[float, int]:
-        """Runs `call`; returns its loss sum (`(data_loss + reg) * rows`,
-        over all replicas) and its real rows."""
-        loss_sum, rows = 0.0, 0
+    def logs(self) -> dict[str, Any]:
+        """The epoch's logs so far (empty before its first step)."""
+        loss_sum, rows = self.totals
+        return self._loop.logs(loss_sum / rows) if rows else {}
+
+    def run(self, call: Call) -> dict[str, Any]:
+        """Runs `call`; returns the epoch's logs after it: our exact loss and
+        the compiled metrics, or what the model's own step returned."""
+        value: Any = None
         for start, stop in call.pieces:
-            value, n = self._run_piece(start, stop)
-            loss_sum, rows = loss_sum + value, rows + n
-        return loss_sum, rows
+            value, rows = self._run_piece(start, stop)
+            if not self._loop.model_steps.own(self._training):
+                self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        if self._loop.model_steps.own(self._training):
+            return self._loop._own.logs(value)
+        return self.logs()
 
-    def _run_piece(self, start: int, stop: int) -> tuple[float, int]:
+    def _run_piece(self, start: int, stop: int) -> tuple[Any, int]:
         loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
         handles, replicas = self._handles, self._replicas
         if plan.has_partial_step and start == plan.full_steps_per_epoch:
-            order.prepare(start, start + 1)
-            last_step = loop.engine.distribute([idx[0] for idx in order.slice(start, start + 1)])
+            last_step = loop.engine.distribute([idx[0] for idx in order.indices(start, start + 1)])
             real_rows = sum(plan.last_step_rows)
             if self._training:
                 all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
@@ -490,14 +543,14 @@ class EpochCalls:
                 )
             else:
                 value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
-            return float(value), real_rows
+            return value, real_rows
         indices = loop._slices(order, start, stop)
         if self._training:
             where = _augmenting.position(epoch, start)
             value = loop._train_chunk_fn(handles, indices, where, replicas)
         else:
             value = loop._test_chunk_fn(handles, indices)
-        return float(value), (stop - start) * plan.global_batch_size
+        return value, (stop - start) * plan.global_batch_size
 
 
 def _calls(

@@ -33,8 +33,6 @@ KERAS_TEST_WARNINGS = (
     "ignore:Limiting steps_per_epoch to:UserWarning",
 )
 
-_STEPS = "issue 15 (build 3, i15-steps)"
-
 # case -> (kind, reason)
 EXPECTED: dict[str, tuple[str, str]] = {}
 
@@ -44,16 +42,6 @@ def _xfail(reason: str, *cases: str) -> None:
         EXPECTED[case] = ("xfail", reason)
 
 
-_xfail(
-    f"{_STEPS}: an overridden train_step/test_step is never called",
-    "TestTrainer::test_fit_with_custom_train_step",
-    "TestTrainer::test_evaluate_with_custom_test_step_flat",
-    "TestTrainer::test_evaluate_with_custom_test_step_dict",
-)
-_xfail(
-    "issue 15 item 3: a compute_loss override without `training` fails",
-    "TestTrainer::test_compute_loss_no_training_backwards_compatibility",
-)
 _xfail(
     "issue 15 item 2: predict((x1, x2)) reads the tuple as (x, y)",
     "TestTrainer::test_nested_input_predict",
