@@ -99,3 +99,40 @@ def test_local_recipe_trains_two_workers(tmp_path):
     first, second = (np.load(p) for p in ranks)
     assert int(first["num_replicas"]) == 2  # one job of two workers, not two single ones
     np.testing.assert_array_equal(first["weights"], second["weights"])
+
+
+HOROVOD_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.multi_process
+@pytest.mark.horovod
+@pytest.mark.skipif(
+    not (HOROVOD_BIN / "horovodrun").exists() or not (HOROVOD_BIN / "mpirun").exists(),
+    reason="needs horovodrun and an mpirun next to this interpreter (the Horovod CI tier's venv)",
+)
+def test_horovodrun_recipe_starts_ranks_under_mpi(tmp_path):
+    """The recipe as written, on one host, with Horovod's default (MPI) controller.
+
+    Before the fix, horovodrun's own `-bind-to none` made Open MPI 5's prterun
+    take `none` for the program (exit 66, "Executable: none").
+    """
+    script = tmp_path / "rank.py"
+    # Under the MPI controller only mpirun's variables number the ranks.
+    script.write_text(
+        "import os\nprint('RANK', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)\n"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{HOROVOD_BIN}{os.pathsep}{os.environ['PATH']}",
+        "HOSTS": "localhost:2",
+        "NUM_WORKERS": "2",
+        "PYTHON": sys.executable,
+        "SCRIPT": str(script),
+    }
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "horovodrun-multihost.sh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "RANK 0" in output and "RANK 1" in output
