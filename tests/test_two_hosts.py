@@ -1,0 +1,96 @@
+"""Multi-host training over two simulated hosts (network namespaces joined by a veth pair).
+
+A hand-written TF_CONFIG names each worker by its host's private address, as
+on a real cluster (same port on both hosts); the two train one tiny model
+together and must end with the same weights. The chief, and only the chief,
+says what the job exposes. Every process has a timeout and is reaped; the
+namespaces are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import _helpers_two_hosts as hosts
+import numpy as np
+import pytest
+
+pytestmark = [
+    pytest.mark.multi_process,
+    pytest.mark.skipif(hosts.why_not() is not None, reason=str(hosts.why_not())),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+PORT = 23456  # free in a fresh namespace
+TIMEOUT_S = 150
+
+WORKER = r"""
+import sys
+import keras, numpy as np
+import shardfeed
+
+world = shardfeed.init()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+keras.utils.set_random_seed(0)
+with world.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
+shardfeed.fit(model, train, epochs=2, verbose=0)
+np.savez(sys.argv[1], weights=np.concatenate([w.ravel() for w in model.get_weights()]),
+         num_replicas=world.num_replicas_in_sync)
+"""
+
+
+def _run_workers(two: hosts.TwoHosts, tmp_path: Path, argv_for_rank) -> list[tuple[int, str]]:
+    addresses = [f"{address}:{PORT}" for address in two.addresses]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDFEED_", "OMPI_", "PMI"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), SHARDFEED_STARTUP_TIMEOUT_S="60")
+    workers = []
+    try:
+        for rank in range(2):
+            config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
+            workers.append(
+                subprocess.Popen(
+                    two.argv(rank, argv_for_rank(rank)),
+                    env={**env, "TF_CONFIG": json.dumps(config)},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+            )
+        outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
+        return [(w.returncode, output) for w, output in zip(workers, outputs, strict=True)]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.communicate()
+
+
+@pytest.fixture
+def two():
+    with hosts.two_hosts() as made:
+        yield made
+
+
+def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    results = _run_workers(
+        two, tmp_path, lambda rank: [sys.executable, str(script), str(tmp_path / f"r{rank}.npz")]
+    )
+    for rc, output in results:
+        assert rc == 0, output[-3000:]
+    first, second = (np.load(tmp_path / f"r{rank}.npz") for rank in range(2))
+    assert int(first["num_replicas"]) == 2  # one job of two workers
+    np.testing.assert_array_equal(first["weights"], second["weights"])
+    # The chief (and only it) says once what the job exposes, naming the ports.
+    exposure = "servers listen on every interface"
+    assert results[0][1].count(exposure) == 1, results[0][1][-3000:]
+    assert f"worker 1 at 10.231.0.2:{PORT}" in results[0][1]
+    assert exposure not in results[1][1]
