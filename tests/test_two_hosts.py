@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import _helpers_two_hosts as hosts
@@ -48,7 +49,34 @@ np.savez(sys.argv[1], weights=np.concatenate([w.ravel() for w in model.get_weigh
 """
 
 
-def _run_workers(two: hosts.TwoHosts, tmp_path: Path, argv_for_rank) -> list[tuple[int, str]]:
+# Trains until stopped, marking each finished epoch, so the test can cut the
+# link mid-training.
+ENDLESS = r"""
+import sys, pathlib
+import keras, numpy as np
+import shardfeed
+
+world = shardfeed.init()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+with world.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
+
+class Mark(keras.callbacks.Callback):
+    shardfeed_all_ranks = True
+    def on_epoch_end(self, epoch, logs=None):
+        pathlib.Path(sys.argv[1]).write_text(str(epoch))
+
+shardfeed.fit(model, train, epochs=100000, callbacks=[Mark()], verbose=0)
+"""
+
+
+def _run_workers(
+    two: hosts.TwoHosts, tmp_path: Path, argv_for_rank, during=None
+) -> list[tuple[int, str]]:
     addresses = [f"{address}:{PORT}" for address in two.addresses]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDFEED_", "OMPI_", "PMI"))}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), SHARDFEED_STARTUP_TIMEOUT_S="60")
@@ -63,6 +91,8 @@ def _run_workers(two: hosts.TwoHosts, tmp_path: Path, argv_for_rank) -> list[tup
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 )
             )
+        if during is not None:
+            during(workers)
         outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
         return [(w.returncode, output) for w, output in zip(workers, outputs, strict=True)]
     finally:
@@ -94,3 +124,32 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     assert results[0][1].count(exposure) == 1, results[0][1][-3000:]
     assert f"worker 1 at 10.231.0.2:{PORT}" in results[0][1]
     assert exposure not in results[1][1]
+
+
+def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
+    script = tmp_path / "endless.py"
+    script.write_text(ENDLESS)
+    marks = [tmp_path / f"epoch{rank}" for rank in range(2)]
+
+    def cut_after_an_epoch(workers):
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(m.exists() for m in marks):
+            assert all(w.poll() is None for w in workers), "a worker ended before training"
+            assert time.monotonic() < deadline, "no epoch finished"
+            time.sleep(0.2)
+        subprocess.run(
+            ["ip", "-n", two.namespaces[1], "link", "set", two.namespaces[1], "down"],
+            check=True, timeout=30,
+        )
+
+    started = time.monotonic()
+    results = _run_workers(
+        two, tmp_path, lambda rank: [sys.executable, str(script), str(marks[rank])],
+        during=cut_after_an_epoch,
+    )
+    assert time.monotonic() - started < TIMEOUT_S
+    (rc0, out0), (rc1, out1) = results
+    assert rc0 == 1 and rc1 == 1, (out0 + out1)[-3000:]
+    # Each side names the other: its TF_CONFIG task, address and rank.
+    assert f"Lost contact with worker 1 at 10.231.0.2:{PORT} (rank 1)" in out0, out0[-3000:]
+    assert f"Lost contact with worker 0 at 10.231.0.1:{PORT} (rank 0)" in out1, out1[-3000:]

@@ -19,6 +19,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import check_global_batch
 from shardfeed._data.sources import columns_from_arrays
+from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
@@ -182,6 +183,7 @@ def _resolve_verbose(verbose: int | str) -> int:
     return int(verbose)
 
 
+@naming_lost_peers
 def fit(
     model: keras.Model,
     dataset: ShardedResidentDataset,
@@ -342,6 +344,7 @@ def _evaluate_loop(loop: Loop, cbs: keras.callbacks.CallbackList) -> dict[str, f
     return logs
 
 
+@naming_lost_peers
 def evaluate(
     model: keras.Model,
     data: Any,
@@ -409,6 +412,7 @@ def evaluate(
     return values[0] if len(values) == 1 else values
 
 
+@naming_lost_peers
 def predict(
     model: keras.Model,
     data: Any,
