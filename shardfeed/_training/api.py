@@ -16,9 +16,8 @@ import keras
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
 from shardfeed._data.plan import check_global_batch
-from shardfeed._data.sources import columns_from_arrays
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
@@ -116,7 +115,7 @@ def _as_dataset(
         return data
     if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
         data, y, sample_weight = (*data, None)[:3]
-    rows = columns_from_arrays(data, y, sample_weight).num_rows
+    rows = num_rows_of(data, y, sample_weight)
     world = current_world(model.distribute_strategy)
     if per_replica_batch_size is not None:
         batch = int(per_replica_batch_size)
