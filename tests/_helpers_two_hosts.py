@@ -17,16 +17,34 @@ import subprocess
 from collections.abc import Iterator, Sequence
 
 ADDRESSES = ("10.231.0.1", "10.231.0.2")
+INTERFACE = "sfnet"  # each host's end of the veth pair, renamed to one name as on a cluster
 
 
 @dataclasses.dataclass(frozen=True)
 class TwoHosts:
     namespaces: tuple[str, str]
     addresses: tuple[str, str] = ADDRESSES
+    interface: str = INTERFACE
 
     def argv(self, host: int, program: Sequence[str]) -> list[str]:
         """`program` run inside host `host`'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[host], *program]
+
+    def ssh_stand_in(self, path: str) -> str:
+        """Writes an `ssh` stand-in at `path`: `AGENT [options] HOST COMMAND` runs
+        COMMAND (one shell string, as ssh takes it) inside HOST's namespace."""
+        cases = "".join(
+            f"        {address}) ns={namespace}; shift; break;;\n"
+            for address, namespace in zip(self.addresses, self.namespaces, strict=True)
+        )
+        with open(path, "w") as f:
+            f.write(
+                "#!/bin/bash\nwhile [ $# -gt 0 ]; do\n    case \"$1\" in\n"
+                f"{cases}        *) shift;;\n    esac\ndone\n"
+                'exec ip netns exec "$ns" sh -c "$*"\n'
+            )
+        os.chmod(path, 0o755)
+        return path
 
 
 def _ip(*args: str) -> None:
@@ -55,8 +73,9 @@ def two_hosts() -> Iterator[TwoHosts]:
         _ip("link", "add", names[0], "type", "veth", "peer", "name", names[1])
         for name, address in zip(names, ADDRESSES, strict=True):
             _ip("link", "set", name, "netns", name)
-            _ip("-n", name, "addr", "add", f"{address}/30", "dev", name)
-            _ip("-n", name, "link", "set", name, "up")
+            _ip("-n", name, "link", "set", name, "name", INTERFACE)
+            _ip("-n", name, "addr", "add", f"{address}/30", "dev", INTERFACE)
+            _ip("-n", name, "link", "set", INTERFACE, "up")
             _ip("-n", name, "link", "set", "lo", "up")
         yield TwoHosts(names)
     finally:

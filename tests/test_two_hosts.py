@@ -2,7 +2,9 @@
 
 A hand-written TF_CONFIG names each worker by its host's private address, as
 on a real cluster (same port on both hosts); the two train one tiny model
-together and must end with the same weights. The chief, and only the chief,
+together and must end with the same weights. The same through
+launch/mpirun-hostfile.sh (with a stand-in for ssh), and a link cut
+mid-training, named on both sides. The chief, and only the chief,
 says what the job exposes. Every process has a timeout and is reaped; the
 namespaces are deleted afterwards.
 """
@@ -44,7 +46,8 @@ with world.scope():
     model.compile(optimizer="sgd", loss="mse")
     train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
 shardfeed.fit(model, train, epochs=2, verbose=0)
-np.savez(sys.argv[1], weights=np.concatenate([w.ravel() for w in model.get_weights()]),
+weights = np.concatenate([w.ravel() for w in model.get_weights()])
+np.savez(f"{sys.argv[1]}.rank{world.rank}.npz", weights=weights,
          num_replicas=world.num_replicas_in_sync)
 """
 
@@ -102,6 +105,12 @@ def _run_workers(
                 w.communicate()
 
 
+def _assert_same_weights(prefix: Path) -> None:
+    first, second = (np.load(f"{prefix}.rank{rank}.npz") for rank in range(2))
+    assert int(first["num_replicas"]) == 2  # one job of two workers
+    np.testing.assert_array_equal(first["weights"], second["weights"])
+
+
 @pytest.fixture
 def two():
     with hosts.two_hosts() as made:
@@ -112,13 +121,11 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     results = _run_workers(
-        two, tmp_path, lambda rank: [sys.executable, str(script), str(tmp_path / f"r{rank}.npz")]
+        two, tmp_path, lambda rank: [sys.executable, str(script), str(tmp_path / "r")]
     )
     for rc, output in results:
         assert rc == 0, output[-3000:]
-    first, second = (np.load(tmp_path / f"r{rank}.npz") for rank in range(2))
-    assert int(first["num_replicas"]) == 2  # one job of two workers
-    np.testing.assert_array_equal(first["weights"], second["weights"])
+    _assert_same_weights(tmp_path / "r")
     # The chief (and only it) says once what the job exposes, naming the ports.
     exposure = "servers listen on every interface"
     assert results[0][1].count(exposure) == 1, results[0][1][-3000:]
@@ -153,3 +160,46 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
     # Each side names the other: its TF_CONFIG task, address and rank.
     assert f"Lost contact with worker 1 at 10.231.0.2:{PORT} (rank 1)" in out0, out0[-3000:]
     assert f"Lost contact with worker 0 at 10.231.0.1:{PORT} (rank 0)" in out1, out1[-3000:]
+
+
+MPI_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.skipif(
+    not (MPI_BIN / "mpirun").exists(), reason="needs an mpirun (Open MPI 5) next to the interpreter"
+)
+def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path):
+    """launch/mpirun-hostfile.sh as written, run on host 0 with a stand-in for ssh.
+
+    Both namespaces share this machine's host name, so what each rank announces
+    by default would not reach the other; NETWORK_INTERFACE makes them announce
+    their veth addresses (what the recipe says to set).
+    """
+    pytest.importorskip("mpi4py", reason="the MPI ranks exchange addresses with mpi4py")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{address} slots=1\n" for address in two.addresses))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG"))
+    }
+    env.update(
+        PATH=f"{MPI_BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(REPO), LD_LIBRARY_PATH="",
+        TF_CPP_MIN_LOG_LEVEL="2", SHARDFEED_STARTUP_TIMEOUT_S="60",
+        HOSTFILE=str(hostfile), NUM_WORKERS="2", PYTHON=sys.executable, SCRIPT=str(script),
+        NETWORK_INTERFACE=two.interface,
+        PRTE_MCA_plm_ssh_agent=two.ssh_stand_in(str(tmp_path / "ssh")),
+        # One machine underneath: keep Open MPI off shared memory and on the veth.
+        OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,tcp", OMPI_MCA_coll="basic,libnbc,self",
+        OMPI_MCA_btl_tcp_if_include=two.interface,
+    )
+    result = subprocess.run(
+        two.argv(0, ["bash", str(REPO / "launch" / "mpirun-hostfile.sh"), str(tmp_path / "m")]),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    _assert_same_weights(tmp_path / "m")
+    assert f"worker 1 at {two.addresses[1]}:" in output  # the chief's exposure line
