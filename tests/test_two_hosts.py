@@ -133,6 +133,7 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     assert exposure not in results[1][1]
 
 
+@pytest.mark.slow
 def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
     script = tmp_path / "endless.py"
     script.write_text(ENDLESS)
@@ -165,6 +166,7 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
 MPI_BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (MPI_BIN / "mpirun").exists(), reason="needs an mpirun (Open MPI 5) next to the interpreter"
 )
