@@ -9,7 +9,12 @@
 #   - NUM_WORKERS: total ranks, the sum of the slots;
 #   - PYTHON: the interpreter with shardfeed and mpi4py installed
 #     (`pip install shardfeed[mpi]`), at the same path on every host;
-#   - SCRIPT: the training script, at the same path on every host.
+#   - SCRIPT: the training script, at the same path on every host;
+#   - NETWORK_INTERFACE: each rank tells the others its host name
+#     (`hostname`), which every host must resolve to a reachable address; if
+#     they do not (shardfeed.init() then fails on every rank naming the host),
+#     set this to the cluster network's interface (e.g. eth0) and each rank
+#     announces that interface's IPv4 address instead.
 # Needs passwordless ssh from this host to the others.
 # Run from the repository root:  launch/mpirun-hostfile.sh [script args...]
 
@@ -19,6 +24,10 @@ HOSTFILE=${HOSTFILE:-launch/hostfile}
 NUM_WORKERS=${NUM_WORKERS:-8}
 PYTHON=${PYTHON:-$(command -v python3)}
 SCRIPT=${SCRIPT:-examples/train.py}
+NETWORK_INTERFACE=${NETWORK_INTERFACE:-}
+if [ -n "$NETWORK_INTERFACE" ]; then
+    export SHARDFEED_NETWORK_INTERFACE=$NETWORK_INTERFACE
+fi
 
 if mpirun --version 2>&1 | grep -q -e "Open MPI" -e "OpenRTE"; then
     # Open MPI: prefix lines with the rank, send this environment to the
@@ -27,6 +36,9 @@ if mpirun --version 2>&1 | grep -q -e "Open MPI" -e "OpenRTE"; then
         -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH)
     if [ "$(id -u)" = 0 ]; then
         flags+=(--allow-run-as-root)
+    fi
+    if [ -n "$NETWORK_INTERFACE" ]; then
+        flags+=(-x SHARDFEED_NETWORK_INTERFACE)
     fi
 else
     # MPICH or Intel MPI (Hydra): hostfile lines read `host:slots`.

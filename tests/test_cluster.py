@@ -265,28 +265,33 @@ def test_tf_config_from_slurm_rejects(environ, pinned):
 
 
 class FakeComm:
-    """An mpi4py communicator stand-in: `allgather` adds the other ranks' values."""
+    """An mpi4py communicator stand-in: `allgather` adds the other ranks' values.
 
-    def __init__(self, rank, others):
-        self.rank, self.others = rank, others
+    The first call gathers addresses (`others`); the second, what each rank
+    found unresolvable (`others_problems`, default: nothing).
+    """
+
+    def __init__(self, rank, others, others_problems=None):
+        self.rank, self.rounds = rank, [others, others_problems or [[] for _ in others]]
         self.sent = None
 
     def Get_rank(self):
         return self.rank
 
     def allgather(self, value):
-        self.sent = value
-        gathered = list(self.others)
+        if self.sent is None:
+            self.sent = value
+        gathered = list(self.rounds.pop(0))
         gathered.insert(self.rank, value)
         return gathered
 
 
 def test_tf_config_from_mpi_with_fake_comm():
-    comm = FakeComm(1, ["h0:5000"])
-    config = tf_config_from_mpi(comm, port=5001, host="h1")
-    assert comm.sent == "h1:5001"
+    comm = FakeComm(1, ["127.0.0.1:5000"])
+    config = tf_config_from_mpi(comm, port=5001, host="127.0.0.2")
+    assert comm.sent == "127.0.0.2:5001"
     assert config == {
-        "cluster": {"worker": ["h0:5000", "h1:5001"]},
+        "cluster": {"worker": ["127.0.0.1:5000", "127.0.0.2:5001"]},
         "task": {"type": "worker", "index": 1},
     }
 
@@ -306,6 +311,31 @@ def test_tf_config_from_mpi_rejects_shared_address():
     assert "Every MPI rank needs its own host:port. Received: addresses=['h:5000', 'h:5000']" in (
         str(info.value)
     )
+
+
+def test_tf_config_from_mpi_names_a_host_that_does_not_resolve_on_every_rank():
+    # Rank 0 cannot resolve rank 1's name; rank 1 reports nothing: both raise.
+    for rank, others, others_problems in (
+        (0, ["no-such-host.invalid:5001"], None),
+        (1, ["127.0.0.1:5000"], [["'no-such-host.invalid' does not resolve (x)"]]),
+    ):
+        own = "127.0.0.1" if rank == 0 else "no-such-host.invalid"
+        with pytest.raises(ValueError) as info:
+            tf_config_from_mpi(FakeComm(rank, others, others_problems), port=5000 + rank, host=own)
+        text = str(info.value)
+        assert text.startswith("Every MPI rank must resolve the host names the other ranks")
+        assert "rank 0: 'no-such-host.invalid' does not resolve (" in text
+        assert "SHARDFEED_NETWORK_INTERFACE" in text and "NETWORK_INTERFACE=eth0" in text
+
+
+def test_tf_config_from_mpi_announces_the_interface_address(monkeypatch):
+    monkeypatch.setenv("SHARDFEED_NETWORK_INTERFACE", "lo")
+    comm = FakeComm(0, [])
+    tf_config_from_mpi(comm, port=5000)
+    assert comm.sent == "127.0.0.1:5000"
+    monkeypatch.setenv("SHARDFEED_NETWORK_INTERFACE", "nosuch0")
+    with pytest.raises(ValueError, match=r"Received: SHARDFEED_NETWORK_INTERFACE='nosuch0' on "):
+        tf_config_from_mpi(FakeComm(0, []), port=5000)
 
 
 def test_tf_config_from_mpi_rejects_bad_port():

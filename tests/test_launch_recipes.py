@@ -6,6 +6,7 @@ machine has no cluster. The local recipe runs for real.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -99,3 +100,86 @@ def test_local_recipe_trains_two_workers(tmp_path):
     first, second = (np.load(p) for p in ranks)
     assert int(first["num_replicas"]) == 2  # one job of two workers, not two single ones
     np.testing.assert_array_equal(first["weights"], second["weights"])
+
+
+HOROVOD_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.multi_process
+@pytest.mark.horovod
+@pytest.mark.skipif(
+    not (HOROVOD_BIN / "horovodrun").exists() or not (HOROVOD_BIN / "mpirun").exists(),
+    reason="needs horovodrun and an mpirun next to this interpreter (the Horovod CI tier's venv)",
+)
+def test_horovodrun_recipe_starts_ranks_under_mpi(tmp_path):
+    """The recipe as written, on one host, with Horovod's default (MPI) controller.
+
+    Before the fix, horovodrun's own `-bind-to none` made Open MPI 5's prterun
+    take `none` for the program (exit 66, "Executable: none").
+    """
+    script = tmp_path / "rank.py"
+    # Under the MPI controller only mpirun's variables number the ranks.
+    script.write_text(
+        "import os\nprint('RANK', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)\n"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{HOROVOD_BIN}{os.pathsep}{os.environ['PATH']}",
+        "HOSTS": "localhost:2",
+        "NUM_WORKERS": "2",
+        "PYTHON": sys.executable,
+        "SCRIPT": str(script),
+    }
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "horovodrun-multihost.sh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "RANK 0" in output and "RANK 1" in output
+
+
+def test_mpirun_recipe_passes_the_network_interface_to_every_rank():
+    text = (LAUNCH / "mpirun-hostfile.sh").read_text()
+    assert "NETWORK_INTERFACE=${NETWORK_INTERFACE:-}" in text
+    assert "export SHARDFEED_NETWORK_INTERFACE=$NETWORK_INTERFACE" in text
+    assert "flags+=(-x SHARDFEED_NETWORK_INTERFACE)" in text  # Open MPI; Hydra: -genvall
+
+
+MPI_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.multi_process
+@pytest.mark.skipif(
+    not (MPI_BIN / "mpirun").exists(), reason="needs an mpirun next to this interpreter"
+)
+def test_mpirun_recipe_ranks_announce_the_interface_address(tmp_path):
+    """The recipe as written on one host (the hostfile says localhost): with
+    NETWORK_INTERFACE set, every rank's TF_CONFIG names that interface's address."""
+    pytest.importorskip("mpi4py", reason="the MPI ranks exchange addresses with mpi4py")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import json\nfrom shardfeed._distribute.tf_config import tf_config_from_mpi\n"
+        "print('CLUSTER', json.dumps(tf_config_from_mpi(port=None)['cluster']), flush=True)\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        "PATH": f"{MPI_BIN}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "HOSTFILE": str(hostfile),
+        "NUM_WORKERS": "2",
+        "PYTHON": sys.executable,
+        "SCRIPT": str(script),
+        "NETWORK_INTERFACE": "lo",
+    }
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "mpirun-hostfile.sh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    clusters = re.findall(r"CLUSTER (.*)", output)
+    assert len(clusters) == 2 and clusters[0] == clusters[1], output[-3000:]
+    assert all(a.startswith("127.0.0.1:") for a in json.loads(clusters[0])["worker"])

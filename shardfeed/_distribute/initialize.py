@@ -18,6 +18,7 @@ One script runs unchanged everywhere:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -28,7 +29,10 @@ from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import resolver as _resolver
+from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
+
+logger = logging.getLogger("shardfeed")
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
@@ -84,12 +88,17 @@ def gpu_for_worker(
     return gpus[local_rank]
 
 
-def init(engine: EngineName = "auto"):
+def init(engine: EngineName = "auto", *, startup_timeout_s: float | None = None):
     """Starts the distribution context for how this script was launched.
 
     Args:
         engine: `"auto"` (default: decided by `resolve_engine`), or force one
             of `"single"`, `"mirrored"`, `"multiworker"`, `"horovod"`.
+        startup_timeout_s: `multiworker` only: seconds to wait for every other
+            task of the TF_CONFIG cluster to start before TensorFlow's own
+            set-up (default: `SHARDFEED_STARTUP_TIMEOUT_S`, else 300;
+            `math.inf` waits without a bound). SIGTERM ends the process while
+            it waits.
 
     Returns:
         The `World`: rank, world size, local devices, and `world.scope()` to
@@ -103,14 +112,23 @@ def init(engine: EngineName = "auto"):
     stops workers with SIGTERM does not wait for its SIGKILL. Only when `init`
     runs in the main thread, where Python may set handlers. While the
     strategy's set-up waits for the other workers, TensorFlow's handler is in
-    place (and the set-up holds the GIL): SIGTERM is ignored there, so
-    `shardfeed launch` stops such workers with SIGKILL.
+    place (and the set-up holds the GIL): SIGTERM is ignored there. So `init`
+    first waits for every peer's port to answer itself, bounded by
+    `startup_timeout_s`, with SIGTERM as it found it; only a peer that answers
+    and then dies before its own set-up leaves TensorFlow's wait (and
+    `shardfeed launch` stops such workers with SIGKILL).
+
+    Exposure: when the cluster names any non-loopback host, the chief logs
+    once (logger "shardfeed", WARNING) that the workers' servers listen on
+    every interface, unauthenticated, naming the ports.
 
     Raises:
         ValueError: For an unknown engine or inconsistent launcher variables.
         ImportError: For `"horovod"` without Horovod installed, with the fix.
         OSError: If this worker's TF_CONFIG port is already in use (named in
             the message), instead of TensorFlow's failure a minute later.
+        TimeoutError: If peers never answered within `startup_timeout_s`
+            (named with their TF_CONFIG addresses, and why).
 
     Example:
         >>> world = shardfeed.init()
@@ -122,12 +140,13 @@ def init(engine: EngineName = "auto"):
     # between the two announcements, which TensorFlow's set-up makes deaf to
     # SIGTERM.
     _launch_env.announce(_launch_env.ARRIVED)
-    world = _init(engine)
+    timeout_s = _startup.startup_timeout_s(startup_timeout_s, os.environ)
+    world = _init(engine, timeout_s)
     _launch_env.announce(_launch_env.INITIALIZED)
     return world
 
 
-def _init(engine: str):
+def _init(engine: str, startup_timeout_s: float):
     import tensorflow as tf
 
     from shardfeed._distribute import world as _world
@@ -152,6 +171,11 @@ def _init(engine: str):
         own = _tf_config.own_server_address()
         if own is not None:
             _tf_config.check_port_free(*own)
+            tasks = _startup.cluster_tasks(os.environ)
+            line = _startup.exposure_line(tasks)
+            if line is not None and own[0] == 0:
+                logger.warning(line)
+            _startup.wait_for_peers(tasks, own[0], startup_timeout_s)
         with _keeping_sigterm_disposition():
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return _world.current_world(strategy)

@@ -63,16 +63,18 @@ def tf_config_from_mpi(
         comm: An mpi4py communicator (default: `MPI.COMM_WORLD`).
         port: The port this rank's TensorFlow server will use (default: a free
             one). Ranks sharing a host need different ports.
-        host: The address other ranks reach this one at (default:
-            `socket.gethostname()`).
+        host: The address other ranks reach this one at (default: the IPv4
+            address of the interface `SHARDFEED_NETWORK_INTERFACE` names,
+            else `socket.gethostname()`).
 
     Returns:
         The TF_CONFIG dict for this rank (see `worker_tf_config`).
 
     Raises:
         ImportError: If `comm` is None and mpi4py is not installed.
-        ValueError: If `port` is out of range or two ranks announce the same
-            address (raised on every rank, so none is left waiting).
+        ValueError: If `port` is out of range, two ranks announce the same
+            address, or a rank cannot resolve a host name another announced
+            (raised on every rank, so none is left waiting).
 
     Example:
         >>> # mpirun -np 2 python -c "..."
@@ -92,7 +94,7 @@ def tf_config_from_mpi(
                 )
             ) from err
         comm = MPI.COMM_WORLD
-    host = host or socket.gethostname()
+    host = host or _announced_host(os.environ)
     if port is None:
         from shardfeed._common.ports import free_port
 
@@ -118,7 +120,67 @@ def tf_config_from_mpi(
                 "different ports.",
             )
         )
+    # A name that does not resolve on another host would leave TensorFlow's
+    # set-up there waiting without a word: check every name on every rank.
+    problems = comm.allgather(_unresolvable(addresses, host))
+    named = [f"rank {rank}: {p}" for rank, found in enumerate(problems) for p in found]
+    if named:
+        raise ValueError(
+            _errors.message(
+                "Every MPI rank must resolve the host names the other ranks announce (each "
+                "announces `socket.gethostname()` unless told otherwise).",
+                f"addresses={addresses!r}; {'; '.join(named)}",
+                "Make each host's name resolve on the others (DNS or /etc/hosts), or announce "
+                f"addresses: set {NETWORK_INTERFACE_VARIABLE} to the interface on the cluster "
+                f"network (`mpirun -x {NETWORK_INTERFACE_VARIABLE}=eth0 ...`; "
+                "launch/mpirun-hostfile.sh: NETWORK_INTERFACE=eth0).",
+            )
+        )
     return worker_tf_config(comm.Get_rank(), addresses)
+
+
+NETWORK_INTERFACE_VARIABLE = "SHARDFEED_NETWORK_INTERFACE"
+
+
+def _announced_host(environ: Mapping[str, str]) -> str:
+    """This rank's address for the others: its interface's IPv4 address, or its host name."""
+    name = environ.get(NETWORK_INTERFACE_VARIABLE, "").strip()
+    if not name:
+        return socket.gethostname()
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            request = struct.pack("256s", name.encode()[:15])
+            reply = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
+    except OSError as err:
+        raise ValueError(
+            _errors.message(
+                f"{NETWORK_INTERFACE_VARIABLE} must name an interface of this host with an "
+                "IPv4 address.",
+                f"{NETWORK_INTERFACE_VARIABLE}={name!r} on {socket.gethostname()} "
+                f"({err.strerror})",
+                "`ip -brief address` lists this host's interfaces and their addresses.",
+            )
+        ) from None
+    return socket.inet_ntoa(reply[20:24])
+
+
+def _unresolvable(addresses: Sequence[str], own_host: str) -> list[str]:
+    """What is wrong, seen from here, with the hosts other ranks announced."""
+    found = []
+    for host in sorted({a.rsplit(":", 1)[0] for a in addresses} - {own_host}):
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except socket.gaierror as err:
+            found.append(f"{host!r} does not resolve ({err.strerror})")
+            continue
+        ips = sorted({str(info[4][0]) for info in infos})
+        if all(ip.startswith("127.") or ip == "::1" for ip in ips) and not _is_loopback(own_host):
+            # Another host's name resolving to loopback here reaches this host instead.
+            found.append(f"{host!r} resolves to loopback ({', '.join(ips)}) here")
+    return found
 
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
+from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
@@ -181,6 +182,7 @@ def _resolve_verbose(verbose: int | str) -> int:
     return int(verbose)
 
 
+@naming_lost_peers
 def fit(
     model: keras.Model,
     dataset: ShardedResidentDataset,
@@ -378,6 +380,7 @@ def _evaluate_loop(
     return logs
 
 
+@naming_lost_peers
 def evaluate(
     model: keras.Model,
     data: Any,
@@ -445,6 +448,7 @@ def evaluate(
     return values[0] if len(values) == 1 else values
 
 
+@naming_lost_peers
 def predict(
     model: keras.Model,
     data: Any,

@@ -1,0 +1,185 @@
+"""Before MultiWorkerMirroredStrategy's set-up: a bounded wait for peers; what is exposed.
+
+TensorFlow's set-up waits for every worker of the TF_CONFIG cluster without
+a bound we can set, holding the GIL, with its own SIGTERM handler installed:
+a worker whose peer never starts cannot be stopped by SIGTERM and fails after
+a long, unnamed wait. So `shardfeed.init()` first waits here, in Python,
+where SIGTERM still ends the process: each worker holds its own server port
+open (a plain listening socket, released just before TensorFlow binds it) and
+connects to every peer's until all answer or `startup_timeout_s` runs out;
+then it names the peers that never answered. A peer that answers and dies
+before its own set-up still leaves TensorFlow's wait; this bounds the common
+case (a peer that never started, a wrong address, a firewall).
+
+`exposure_line` is the one line a multi-host job's chief logs: its workers'
+servers listen on every interface, unauthenticated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from shardfeed._common import errors as _errors
+
+STARTUP_TIMEOUT_VARIABLE = "SHARDFEED_STARTUP_TIMEOUT_S"
+DEFAULT_STARTUP_TIMEOUT_S = 300.0  # as `shardfeed launch --startup-timeout-s`
+_POLL_S = 0.2
+
+
+def startup_timeout_s(value: float | None, environ: Mapping[str, str]) -> float:
+    """The start-up timeout: `value`, else SHARDFEED_STARTUP_TIMEOUT_S, else 300 s.
+
+    `math.inf` (or the variable set to "none") waits without a bound.
+
+    Raises:
+        ValueError: If either is not a positive number of seconds.
+    """
+    if value is None:
+        text = environ.get(STARTUP_TIMEOUT_VARIABLE, "").strip()
+        if not text:
+            return DEFAULT_STARTUP_TIMEOUT_S
+        try:
+            value = math.inf if text.lower() == "none" else float(text)
+        except ValueError:
+            value = math.nan
+        received = f"{STARTUP_TIMEOUT_VARIABLE}={text!r}"
+    else:
+        received = f"startup_timeout_s={value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            _errors.message(
+                "The start-up timeout must be a positive number of seconds (math.inf, or "
+                '"none" in the variable, waits without a bound).',
+                received,
+                f"Pass e.g. `shardfeed.init(startup_timeout_s=600)` or set "
+                f"{STARTUP_TIMEOUT_VARIABLE}=600.",
+            )
+        )
+    return float(value)
+
+
+def cluster_tasks(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`(task name, "host:port")` of every chief and worker in TF_CONFIG, chief first.
+
+    The index in the list is the rank `detect_launch_env` gives. Empty without
+    a cluster. Assumes a TF_CONFIG `detect_launch_env` has accepted.
+    """
+    text = environ.get("TF_CONFIG", "").strip()
+    cluster = json.loads(text).get("cluster", {}) if text else {}
+    return [
+        (f"{job} {index}", str(address))
+        for job in ("chief", "worker")
+        for index, address in enumerate(cluster.get(job, ()))
+    ]
+
+
+def _split(address: str) -> tuple[str, int] | None:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def exposure_line(tasks: Sequence[tuple[str, str]]) -> str | None:
+    """The line a chief logs when the cluster names any non-loopback host, else None."""
+    if all(_is_loopback((_split(a) or (a, 0))[0]) for _, a in tasks):
+        return None
+    addresses = ", ".join(f"{name} at {address}" for name, address in tasks)
+    return (
+        "shardfeed: this multi-host job's TensorFlow servers listen on every interface of their "
+        f"hosts (port of each: {addresses}) and are unauthenticated: whoever reaches a port can "
+        "run operations on that worker. Keep the hosts on a trusted network, or firewall these "
+        "ports from everyone but the other workers (docs/engines.md, Security)."
+    )
+
+
+def _answers(address: tuple[str, int], timeout_s: float) -> str | None:
+    """None when `address` accepts a TCP connection, else why not."""
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return None
+    except socket.gaierror as err:
+        return f"name does not resolve: {err.strerror}"
+    except TimeoutError:
+        return "no answer (timed out)"
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def _hold_port(port: int) -> socket.socket | None:
+    """A listening socket on `port` (every interface, as TensorFlow binds), or None."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("", port))
+        holder.listen(128)  # the kernel completes peers' connects; nothing accepts
+    except OSError:
+        holder.close()
+        return None  # TensorFlow reports a port it cannot bind itself
+    return holder
+
+
+def wait_for_peers(
+    tasks: Sequence[tuple[str, str]],
+    rank: int,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Returns once every other task's port has accepted a connection.
+
+    Meanwhile this task's own port accepts connections, so the peers doing
+    the same see it. Each peer needs to answer once: after that it is in (or
+    about to start) TensorFlow's set-up, whose server takes over its port.
+
+    Raises:
+        TimeoutError: Naming the tasks that never answered, and why.
+    """
+    own = _split(tasks[rank][1])
+    holder = _hold_port(own[1]) if own is not None else None
+    try:
+        waiting = {
+            name: parsed
+            for index, (name, address) in enumerate(tasks)
+            if index != rank and (parsed := _split(address)) is not None
+        }
+        reasons: dict[str, str] = {}
+        deadline = clock() + timeout_s
+        while waiting:
+            for name, address in list(waiting.items()):
+                reason = _answers(address, min(1.0, max(0.05, deadline - clock())))
+                if reason is None:
+                    del waiting[name]
+                else:
+                    reasons[name] = reason
+            if not waiting:
+                break
+            if clock() >= deadline:
+                missing = "; ".join(
+                    f"{name} at {dict(tasks)[name]} ({reasons[name]})" for name in waiting
+                )
+                raise TimeoutError(
+                    _errors.message(
+                        f"Every task in TF_CONFIG must start within the start-up timeout: "
+                        f"{tasks[rank][0]} waited {timeout_s:g} s and these never answered, so "
+                        "TensorFlow's set-up would wait for them (deaf to SIGTERM).",
+                        f"startup_timeout_s={timeout_s:g}; never answered: {missing}",
+                        "Start those tasks (same TF_CONFIG cluster, their own task index), check "
+                        "that this host reaches their addresses (name, route, firewall), or "
+                        f"raise the timeout: `shardfeed.init(startup_timeout_s=...)` or "
+                        f"{STARTUP_TIMEOUT_VARIABLE}.",
+                    )
+                )
+            sleep(_POLL_S)
+    finally:
+        if holder is not None:
+            holder.close()
