@@ -430,7 +430,10 @@ class ShardedResidentDataset:
         def take(structure: Any) -> Any:
             if structure is None:
                 return None
-            return keras.tree.map_structure(gather_column, structure)
+            # A None leaf is an absent optional input: None in the batch too.
+            return keras.tree.map_structure(
+                lambda i: None if i is None else gather_column(i), structure
+            )
 
         x = take(cols.x)
         if self.transform is not None:

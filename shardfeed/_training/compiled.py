@@ -16,6 +16,7 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.loop import Loop
 from shardfeed._training.options import FitOptions
@@ -50,16 +51,56 @@ def loop_for(
 
 
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
+    """Refuses a model and a dataset on different strategies, naming the one
+    built outside the strategy's scope (the one on the default strategy)."""
     model_strategy = model.distribute_strategy
-    if model_strategy is not dataset.world.strategy:
+    data_strategy = dataset.world.strategy
+    if model_strategy is data_strategy:
+        return
+    received = (
+        f"model.distribute_strategy={type(model_strategy).__name__}, "
+        f"dataset strategy={type(data_strategy).__name__}"
+    )
+    constraint = "The model and the dataset must use the same `tf.distribute` strategy."
+    if is_default_strategy(data_strategy):
         raise ValueError(
             _errors.message(
-                "The model and the dataset must use the same `tf.distribute` strategy.",
-                f"model.distribute_strategy={type(model_strategy).__name__}, "
-                f"dataset strategy={type(dataset.world.strategy).__name__}",
-                "Build, compile or load the model inside the dataset's strategy scope, "
-                "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
-                "`with world.scope(): model = keras.models.load_model(path)`.",
+                constraint + " The dataset was built outside the strategy's scope.",
+                received,
+                "Build the dataset inside the scope the model was built in: `with "
+                "world.scope(): dataset = shardfeed.ShardedResidentDataset(...)` (or pass "
+                "`ShardedResidentDataset(..., strategy=model.distribute_strategy)`).",
+            )
+        )
+    if is_default_strategy(model_strategy):
+        constraint += " The model was built, compiled or loaded outside the strategy's scope."
+    raise ValueError(
+        _errors.message(
+            constraint,
+            received,
+            "Build, compile or load the model inside the dataset's strategy scope, "
+            "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+            "`with world.scope(): model = keras.models.load_model(path)`.",
+        )
+    )
+
+
+def check_model_scope(model: keras.Model) -> None:
+    """Refuses a model outside the strategy `shardfeed.init` started, for
+    arrays given to `evaluate`/`predict` (they would run on the model's
+    default strategy: one device, and alone on each worker)."""
+    world = initialized_world()
+    if world is None or is_default_strategy(world.strategy):
+        return
+    if is_default_strategy(model.distribute_strategy):
+        raise ValueError(
+            _errors.message(
+                "The model must be built, compiled or loaded inside the scope of the "
+                "strategy `shardfeed.init()` started.",
+                f"model.distribute_strategy={type(model.distribute_strategy).__name__}, "
+                f"shardfeed.init() strategy={type(world.strategy).__name__}",
+                "Build or load it inside that scope: `with world.scope(): model = "
+                "keras.models.load_model(path)`.",
             )
         )
 
