@@ -147,9 +147,9 @@ class StrategyEngine:
         tensors = []
         for array, device in zip(per_local_replica, self.world.local_devices, strict=True):
             with tf.device(device):
-                tensors.append(tf.constant(array))
-        value = self.distribute(tensors)
-        return self.strategy.gather(value, axis=0).numpy()
+                tensors.append(tf.constant(_alltoall.array_to_words(array)))
+        words = _alltoall.gather_words(self.strategy, self.distribute(tensors))
+        return _alltoall.array_from_words(words.numpy(), per_local_replica[0])
 
     @property
     def staged_rows_per_row(self) -> int:

@@ -18,7 +18,7 @@ from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop import Loop
+from shardfeed._training.loop import Loop, Traces
 from shardfeed._training.options import FitOptions
 
 # Compiled loops per dataset, keyed per model and options so repeated
@@ -26,6 +26,14 @@ from shardfeed._training.options import FitOptions
 # dataset weakly: dropping the last reference to a dataset frees its device
 # variables at once, and its loops with it.
 _LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+    weakref.WeakKeyDictionary()
+)
+
+# The compiled calls of each model, shared by its loops over datasets whose
+# batches trace alike (`_batch_kind`): a new dataset per `evaluate(model, x, y)`
+# reuses the traces. Only for the model's current compile (a recompiled model
+# has a new optimizer, loss and metrics); weak keys: freed with the model.
+_TRACES: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Traces]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -45,9 +53,44 @@ def loop_for(
         engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
-        loop = Loop(model, dataset, engine, options, class_weights)
+        shared = _shared_traces(model)
+        traces_key = (_batch_kind(dataset), options, class_weights)
+        loop = Loop(model, dataset, engine, options, class_weights, shared.get(traces_key))
+        shared[traces_key] = loop.traces
         loops[key] = loop
     return loop
+
+
+def _shared_traces(model: keras.Model) -> dict[Any, Traces]:
+    """The compiled calls kept for `model`'s current compile."""
+    parts = (
+        getattr(model, "optimizer", None),
+        getattr(model, "_compile_loss", None),
+        getattr(model, "_compile_metrics", None),
+    )
+    # Weak references: traces made for a replaced optimizer must not be
+    # reused by a new one that happens to get its `id`.
+    compiled = tuple(None if p is None else weakref.ref(p) for p in parts)
+    cached = _TRACES.get(model)
+    if cached is None or cached[0] != compiled:
+        cached = (compiled, {})
+        _TRACES[model] = cached
+    return cached[1]
+
+
+def _batch_kind(dataset: ShardedResidentDataset) -> tuple[Any, ...]:
+    """What a compiled call's trace reads from the dataset at trace time."""
+    cols = dataset.columns
+    return (
+        dataset.world.strategy,
+        dataset.plan.placement,
+        len(dataset.stores),
+        tuple((c.dtype.str, c.shape[1:]) for c in cols.columns),
+        repr((cols.x, cols.y, cols.sample_weight)),
+        dataset.transform,
+        dataset.augment,
+        dataset.seed if dataset.augment is not None else None,
+    )
 
 
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:

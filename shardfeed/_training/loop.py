@@ -38,9 +38,11 @@ dropping a dataset frees its rows at once.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -89,6 +91,72 @@ def auto_steps_per_execution(steps: int) -> int:
     return max(1, min(512, math.ceil(steps / 10)))
 
 
+class Traces:
+    """The compiled calls shared by every `Loop` whose traces are interchangeable.
+
+    A trace depends on the model, its compile, the options, the class weights,
+    the strategy and the kind of batch the dataset gathers (column dtypes and
+    row shapes, structure, transform, augment), not on which dataset holds the
+    rows: they arrive as handle arguments. `evaluate(model, x, y)` builds a new
+    dataset, and so a new `Loop`, on every call; sharing one `Traces` among
+    such loops (`compiled.loop_for` keys them) keeps TensorFlow from tracing
+    every call again, and from warning about it.
+
+    Each compiled function runs the method of the loop it is `bound` to; a
+    trace made with one loop is right for all loops sharing the `Traces`. It
+    holds no loop between calls, so no model or dataset is kept alive by it.
+    """
+
+    def __init__(self, engine: Engine, whole_loop_jit: bool) -> None:
+        self._loop: Loop | None = None
+        with engine.scope():
+            self.loss_sum = tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+        jit = whole_loop_jit
+        self.train_chunk = tf.function(self._train_chunk, jit_compile=jit)
+        self.test_chunk = tf.function(self._test_chunk, jit_compile=jit)
+        self.predict_chunk = tf.function(self._predict_chunk, jit_compile=jit)
+        # The partial last step's row counts differ per replica, so it is its
+        # own call: with one replica they are Python ints (static shapes, XLA
+        # as the loop), with several they are per-replica tensors (no XLA).
+        self.train_partial = tf.function(self._train_partial, jit_compile=jit)
+        self.test_partial = tf.function(self._test_partial, jit_compile=jit)
+
+    @contextlib.contextmanager
+    def bound(self, loop: Loop) -> Iterator[None]:
+        """Runs the compiled functions with `loop`'s methods inside the block
+        (nested blocks, e.g. an `evaluate` in a callback, restore the outer)."""
+        outer, self._loop = self._loop, loop
+        try:
+            yield
+        finally:
+            self._loop = outer
+
+    def _bound_loop(self) -> Loop:
+        if self._loop is None:
+            raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+        return self._loop
+
+    def _train_chunk(self, *args: Any) -> Any:
+        return self._bound_loop()._train_chunk(*args)
+
+    def _test_chunk(self, *args: Any) -> Any:
+        return self._bound_loop()._test_chunk(*args)
+
+    def _predict_chunk(self, *args: Any) -> Any:
+        return self._bound_loop()._predict_chunk(*args)
+
+    def _train_partial(self, *args: Any) -> Any:
+        return self._bound_loop()._train_partial(*args)
+
+    def _test_partial(self, *args: Any) -> Any:
+        return self._bound_loop()._test_partial(*args)
+
+
 class Loop:
     """Compiled train/test/predict functions for one model and one dataset.
 
@@ -98,6 +166,8 @@ class Loop:
         engine: The engine the replicas run under.
         options: Steps per call and XLA.
         class_weights: `fit`'s `class_weight`: training batches get weights by class.
+        traces: The compiled calls, shared with other loops whose traces are
+            interchangeable (see `Traces`); None: its own.
     """
 
     def __init__(
@@ -107,6 +177,7 @@ class Loop:
         engine: Engine,
         options: FitOptions,
         class_weights: ClassWeights | None = None,
+        traces: Traces | None = None,
     ) -> None:
         self.model = model
         self.class_weights = class_weights
@@ -118,26 +189,19 @@ class Loop:
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
         self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
         self._num_replicas = engine.num_replicas_in_sync
-        with engine.scope():
-            self._loss_sum = tf.Variable(
-                0.0,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
+        self.traces = traces or Traces(engine, self.whole_loop_jit)
+        self._loss_sum = self.traces.loss_sum
         self._prescale = engine.loss_prescale
         forward_backward = self._forward_backward
         if self.jit_compile and not self.whole_loop_jit:
             forward_backward = tf.function(forward_backward, jit_compile=True)
         self._fb = forward_backward
-        self._train_chunk_fn = tf.function(self._train_chunk, jit_compile=self.whole_loop_jit)
-        self._test_chunk_fn = tf.function(self._test_chunk, jit_compile=self.whole_loop_jit)
-        self._predict_chunk_fn = tf.function(self._predict_chunk, jit_compile=self.whole_loop_jit)
-        # The partial last step's row counts differ per replica, so it is its
-        # own call: with one replica they are Python ints (static shapes, XLA
-        # as the loop), with several they are per-replica tensors (no XLA).
-        self._train_partial_fn = tf.function(self._train_partial, jit_compile=self.whole_loop_jit)
-        self._test_partial_fn = tf.function(self._test_partial, jit_compile=self.whole_loop_jit)
+        traced = self.traces
+        self._train_chunk_fn = traced.train_chunk
+        self._test_chunk_fn = traced.test_chunk
+        self._predict_chunk_fn = traced.predict_chunk
+        self._train_partial_fn = traced.train_partial
+        self._test_partial_fn = traced.test_partial
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -362,10 +426,11 @@ class Loop:
         order = ds.epoch_order(epoch, training)
         first, last = steps or (0, plan.steps_per_epoch)
         try:
-            return self._run_epoch(
-                order, plan, training, on_chunk_begin, on_chunk_end, first, last,
-                totals if totals is not None else [0.0, 0], epoch,
-            )
+            with self.traces.bound(self):
+                return self._run_epoch(
+                    order, plan, training, on_chunk_begin, on_chunk_end, first, last,
+                    totals if totals is not None else [0.0, 0], epoch,
+                )
         finally:
             order.close()
 
@@ -430,11 +495,12 @@ class Loop:
         structure = None
         handles = self._handles()
         try:
-            for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
-                out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
-                for local, value in enumerate(self._local_structures(out)):
-                    structure = value
-                    chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+            with self.traces.bound(self):
+                for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
+                    out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
+                    for local, value in enumerate(self._local_structures(out)):
+                        structure = value
+                        chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
         finally:
             order.close()
         return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
