@@ -49,7 +49,7 @@ def resolve(
             _errors.message(
                 f"`shardfeed.{fn}` takes {own} by position and the rest by keyword "
                 "(Keras' `batch_size`, `verbose`, `steps`, ... come after `x` in "
-                "`model.{fn}`; here they are keywords or refused).",
+                f"`model.{fn}`; here they are keywords or refused).",
                 f"{len(positional)} more positional argument(s): "
                 + ", ".join(_short(p) for p in positional),
                 "Pass them by name, e.g. `verbose=0`, `per_replica_batch_size=...`; "

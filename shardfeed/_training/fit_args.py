@@ -113,7 +113,8 @@ def check_positional(dataset: Any, positional: tuple[Any, ...]) -> None:
             "`shardfeed.fit` takes the model and the dataset by position, the rest by keyword.",
             "Pass the rest by name, e.g. `epochs=5`.",
         )
-        received = ", ".join(_short(v) for v in (dataset, *positional))
+        shown = (dataset, *positional) if arrays else positional
+        received = ", ".join(_short(v) for v in shown)
         raise TypeError(_errors.message(constraint, f"positional arguments {received}", fix))
     if dataset is None:
         raise TypeError(

@@ -42,7 +42,7 @@ import contextlib
 import itertools
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -117,14 +117,27 @@ class Traces:
                 aggregation=tf.VariableAggregation.SUM,
             )
         jit = whole_loop_jit
-        self.train_chunk = tf.function(self._train_chunk, jit_compile=jit)
-        self.test_chunk = tf.function(self._test_chunk, jit_compile=jit)
-        self.predict_chunk = tf.function(self._predict_chunk, jit_compile=jit)
+        self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
+        self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
+        self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
         # The partial last step's row counts differ per replica, so it is its
         # own call: with one replica they are Python ints (static shapes, XLA
         # as the loop), with several they are per-replica tensors (no XLA).
-        self.train_partial = tf.function(self._train_partial, jit_compile=jit)
-        self.test_partial = tf.function(self._test_partial, jit_compile=jit)
+        self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
+        self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
+
+    def _calling(self, method: str) -> Callable[..., Any]:
+        """A new function per `Traces` calling the bound loop's `method`: TensorFlow
+        counts traces (and warns of retracing) per function, and all instances of
+        a method share one count, so one per model would add up across models."""
+
+        def call(*args: Any) -> Any:
+            if self._loop is None:
+                raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+            return getattr(self._loop, method)(*args)
+
+        call.__name__ = call.__qualname__ = f"Loop.{method}"
+        return call
 
     @contextlib.contextmanager
     def bound(self, loop: Loop) -> Iterator[None]:
@@ -135,26 +148,6 @@ class Traces:
             yield
         finally:
             self._loop = outer
-
-    def _bound_loop(self) -> Loop:
-        if self._loop is None:
-            raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-        return self._loop
-
-    def _train_chunk(self, *args: Any) -> Any:
-        return self._bound_loop()._train_chunk(*args)
-
-    def _test_chunk(self, *args: Any) -> Any:
-        return self._bound_loop()._test_chunk(*args)
-
-    def _predict_chunk(self, *args: Any) -> Any:
-        return self._bound_loop()._predict_chunk(*args)
-
-    def _train_partial(self, *args: Any) -> Any:
-        return self._bound_loop()._train_partial(*args)
-
-    def _test_partial(self, *args: Any) -> Any:
-        return self._bound_loop()._test_partial(*args)
 
 
 class Loop:
