@@ -66,7 +66,9 @@ def _check_model(model: Any, needs_compile: bool) -> None:
         )
 
 
-def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> None:
+def _check_dataset(
+    dataset: Any, needs_targets: bool, name: str = "dataset"
+) -> ShardedResidentDataset:
     if not isinstance(dataset, ShardedResidentDataset):
         raise TypeError(
             _errors.message(
@@ -83,6 +85,7 @@ def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> 
                 "Pass `y` when building the dataset.",
             )
         )
+    return dataset
 
 
 def _check_targets(data: Any, y: Any, sample_weight: Any) -> None:
@@ -279,7 +282,9 @@ def fit(
         `history.params` holding the plan: steps, global batch, dropped rows.
 
     Raises:
-        TypeError: If `model` or `dataset` has the wrong type.
+        TypeError: If `model` or `dataset` has the wrong type, for arrays
+            (`fit(model, x, y)`, `x=`/`y=`) and for refused `model.fit`
+            arguments, each with the fix.
         ValueError: If the model is not compiled, the dataset has no targets,
             or the epochs are inconsistent.
 
@@ -291,7 +296,7 @@ def fit(
     fit_args.refuse(unsupported, dataset)
     fit_args.check_positional(dataset, positional)
     _check_model(model, needs_compile=True)
-    _check_dataset(dataset, needs_targets=True)
+    dataset = _check_dataset(dataset, needs_targets=True)
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data

@@ -83,7 +83,7 @@ def _batch_kind(dataset: ShardedResidentDataset) -> tuple[Any, ...]:
     cols = dataset.columns
     return (
         dataset.world.strategy,
-        dataset.plan.placement,
+        dataset.eval_plan.placement,  # (no training plan for too few rows)
         len(dataset.stores),
         tuple((c.dtype.str, c.shape[1:]) for c in cols.columns),
         repr((cols.x, cols.y, cols.sample_weight)),
