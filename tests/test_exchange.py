@@ -108,3 +108,23 @@ def test_a_buffer_too_small_for_one_row_is_refused():
         "Use exchange_buffer_bytes >= 128."
     )
     assert ex.round_rows(1000, 64, 2) == 7
+
+
+@pytest.mark.parametrize(
+    ("replicas", "workers", "backend", "staged"),
+    [
+        (4, 1, "tf.distribute", 2),  # one process: device copies, a send and a receive buffer
+        (4, 1, None, 2),  # memory_plan on one worker: the same
+        (8, 2, "horovod", 2),  # hvd.alltoall: a send and a receive buffer
+        (8, 2, "tf.distribute", 9),  # an all-gather: every replica's send buffer and its own
+        (8, 2, None, 9),  # memory_plan, backend unknown: the larger
+    ],
+)
+def test_one_staging_factor_for_the_fit_check_the_rounds_and_the_memory_plan(
+    replicas, workers, backend, staged
+):
+    assert ex.staged_rows_per_row(replicas, workers, backend) == staged
+    plan = plan_shards(1001, replicas, 10)
+    largest = max(plan.shard_rows(r) for r in range(replicas)) * 8
+    assert ex.staging_bytes(plan, 8, 10**9, staged) == staged * largest  # whole shards
+    assert ex.staging_bytes(plan, 8, 1000, staged) == 1000  # the buffer caps it

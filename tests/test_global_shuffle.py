@@ -236,6 +236,37 @@ def test_refusals_name_the_way_out():
                            load_options=tight, strategy=_strategy(2))  # fits without staging
 
 
+@pytest.mark.parametrize(
+    ("replicas", "placement", "shuffle"),
+    [
+        (2, "shard", True),  # shards plus the exchange's staging
+        (3, "shard", True),
+        (3, "shard", "local"),  # no exchange: shards only
+        (2, "replicate", True),  # every row on every device, no staging
+    ],
+)
+@pytest.mark.parametrize("buffer_bytes", [1_000, 256 * 2**20])  # capped / whole shards
+def test_memory_plan_counts_what_the_dataset_checks(replicas, placement, shuffle, buffer_bytes):
+    """`memory_plan` on one worker predicts the dataset's own fit check: the
+    same bytes per device (shards and staging) against the same usable bytes."""
+    x, y, _ = _data()
+    device_memory = 200_000
+    options = LoadOptions(device_memory_bytes=device_memory, exchange_buffer_bytes=buffer_bytes)
+    ds = ShardedResidentDataset(
+        x["a"], y, per_replica_batch_size=10, seed=0, shuffle=shuffle, placement=placement,
+        load_options=options, strategy=_strategy(replicas),
+    )
+    plan = shardfeed.memory_plan(
+        {"x": x["a"], "y": y}, num_workers=1, replicas_per_worker=replicas,
+        per_replica_batch_size=10, placement=placement, shuffle=shuffle,
+        device_memory_bytes=device_memory, exchange_buffer_bytes=buffer_bytes,
+    )
+    (rank,) = plan.ranks
+    assert rank.needed_bytes == max(r.needed_bytes for r in ds.memory_reports)
+    assert rank.usable_bytes == ds.memory_reports[0].usable_bytes
+    assert rank.fits == all(r.fits for r in ds.memory_reports)
+
+
 def test_one_sharded_replica_takes_the_global_order_without_an_exchange():
     """On one replica the shard is every row: `shuffle=True` is the same
     permutation `placement="replicate"` draws, with no exchange and no staging."""

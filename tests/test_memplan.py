@@ -730,3 +730,17 @@ def test_cli_shuffle_flag_and_exchange_buffer(capsys):
     code, out, _ = _plan_cli(capsys, *argv, "--shuffle=global")
     assert code == 1 and "stages up to" in out  # + 192 KB of staging does not
     assert _plan_cli(capsys, *argv, "--shuffle=global", "--exchange-buffer=100KB")[0] == 0
+
+
+def test_the_memory_plan_imports_one_way_even_for_type_checking():
+    """`lint-imports` leaves `TYPE_CHECKING` imports out (pyproject.toml); a loop
+    hidden behind one would still be a loop. Here they count: the plan uses
+    the words, the words read the numbers, and nothing imports back."""
+    import grimp  # import-linter's graph builder (requirements-ci.txt)
+
+    graph = grimp.build_graph("shardfeed", exclude_type_checking_imports=False, cache_dir=None)
+    down = ["shardfeed._data.memplan", "shardfeed._data.memadvice", "shardfeed._data.memnumbers"]
+    for i, upper in enumerate(down):
+        for lower in down[i + 1 :]:
+            assert graph.chain_exists(importer=upper, imported=lower)
+            assert not graph.chain_exists(importer=lower, imported=upper), (lower, upper)

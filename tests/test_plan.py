@@ -1,5 +1,6 @@
 """The shard plan: a pure function, tested on its own with an edge-case table."""
 
+import numpy as np
 import pytest
 
 from shardfeed import plan_shards
@@ -108,6 +109,57 @@ def test_invariants_around_every_divisibility_edge(rows, replicas, batch, placem
     assert eval_numbers == _reference(rows, replicas, batch, placement, False, training=False)
     assert evaluation.dropped_rows_per_epoch == 0
     assert evaluation.used_rows_per_epoch == rows
+
+
+def _reference_layout(plan):
+    """Per replica, `(rows_per_epoch, dropped_rows, global_order_positions)`
+    from their definition, step by step: a sharded replica takes the first
+    rows of its shard; with each global batch sliced across replicas, every
+    global step is the next `global_batch_size` positions of the epoch's
+    order, cut into balanced contiguous parts (`np.array_split`)."""
+    n, b, steps = plan.num_replicas, plan.per_replica_batch_size, plan.steps_per_epoch
+    g = n * b
+    taken = [[] for _ in range(n)]
+    for step in range(steps):
+        batch = np.arange(step * g, min((step + 1) * g, plan.num_rows))
+        for r, part in enumerate(np.array_split(batch, n)):
+            taken[r].extend(part.tolist())
+    out = []
+    for r in range(n):
+        if plan.placement == "shard":
+            used = min(plan.shard_rows(r), steps * b)
+            dropped = plan.shard_rows(r) - used
+        else:
+            used = len(taken[r])
+            # Every replica holds every row: the dropped ones are dealt out round-robin.
+            dropped = len(np.array_split(np.arange(plan.dropped_rows_per_epoch), n)[r])
+        out.append((used, dropped, taken[r]))
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 100, 1001, 1024])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+@pytest.mark.parametrize(("drop", "training"), [(False, True), (True, True), (False, False)])
+def test_layout_numbers_agree_with_a_step_by_step_reference(
+    rows, replicas, batch, placement, drop, training
+):
+    """`ShardPlan` owns every replica's real rows, drops and slice of the
+    global order; the epoch orders (TF), the exchange (NumPy), streaming,
+    predictions and the memory plan all read them from it."""
+    if _reference(rows, replicas, batch, placement, drop, training) is None:
+        return  # no training epoch (tested above)
+    plan = plan_shards(rows, replicas, batch, placement, drop, training)
+    for r, (used, dropped, positions) in enumerate(_reference_layout(plan)):
+        assert plan.rows_per_epoch(r) == used
+        assert plan.dropped_rows(r) == dropped
+        got = plan.global_order_positions(r)
+        assert got.dtype == np.int64 and got.tolist() == positions
+        assert len(got) == plan.rows_per_epoch(r)  # the global shuffle's sharded slots too
+    assert sum(plan.dropped_rows(r) for r in range(replicas)) == plan.dropped_rows_per_epoch
+    taken = np.concatenate([plan.global_order_positions(r) for r in range(replicas)])
+    assert len(np.unique(taken)) == len(taken) == plan.used_rows_per_epoch  # each once
 
 
 def test_split_rows_is_balanced_and_contiguous():

@@ -180,13 +180,18 @@ class ShardedResidentDataset:
             )
         except ValueError as err:
             self._train_plan_error = err
-        needed = _storage.needed_bytes(self.columns, self.eval_plan, self.world)
         opts = self.load_options
         exchanged = _global_order.uses_exchange(self.shuffle, self.eval_plan)
-        if exchanged:
-            needed = _global_order.with_staging(
-                needed, self.eval_plan, self.columns.row_bytes, opts, self.world
-            )
+        row_bytes = self.columns.row_bytes
+        staged = (
+            _global_order.staging_bytes(self.eval_plan, row_bytes, opts, self.world)
+            if exchanged
+            else 0
+        )
+        needed = _memory.device_bytes(
+            self.eval_plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
+            staged,
+        )
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes
         )

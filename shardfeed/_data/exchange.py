@@ -62,24 +62,18 @@ def initial_layout(plan: ShardPlan) -> list[np.ndarray]:
 def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
     """Per replica, the global rows it uses in a globally shuffled epoch, in
     step order: its slice `[r*b, (r+1)*b)` of each full global step, then its
-    share of the partial last step (the slicing of `placement="replicate"`).
+    share of the partial last step (`ShardPlan.global_order_positions`, the
+    slicing of `placement="replicate"`).
 
     Example:
         >>> plan = plan_shards(10, 2, 2)
         >>> [r.tolist() for r in epoch_rows(plan, np.arange(10))]
         [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
     """
-    b, n_rep, full = plan.per_replica_batch_size, plan.num_replicas, plan.full_steps_per_epoch
-    g = plan.global_batch_size
-    body = permutation[: full * g].reshape(full, n_rep, b)
-    out = []
-    for r in range(n_rep):
-        rows = [body[:, r, :].reshape(-1)]
-        if plan.has_partial_step:
-            offset = full * g + sum(plan.last_step_rows[:r])
-            rows.append(permutation[offset : offset + plan.last_step_rows[r]])
-        out.append(np.concatenate(rows).astype(np.int64))
-    return out
+    return [
+        permutation[plan.global_order_positions(r)].astype(np.int64)
+        for r in range(plan.num_replicas)
+    ]
 
 
 def global_destinations(
@@ -180,11 +174,28 @@ def apply_round(held: list[np.ndarray], rnd: Round) -> None:
         held[r][slots] = rnd.arriving_rows[r]
 
 
+def staged_rows_per_row(num_replicas: int, num_workers: int, backend: str | None) -> int:
+    """Rows the engine's all-to-all stages on a device per row a replica sends.
+
+    One process (device-to-device copies) and Horovod (`hvd.alltoall`): a
+    send and a receive buffer, 2. Several `tf.distribute` workers: one
+    all-gather per round, every replica's send buffer plus its own,
+    `num_replicas + 1`. `backend=None` (not known: `memory_plan`) counts the
+    all-gather for several workers, the larger.
+
+    Example:
+        >>> staged_rows_per_row(8, 2, "horovod"), staged_rows_per_row(8, 2, None)
+        (2, 9)
+    """
+    if num_workers == 1 or backend == "horovod":
+        return 2
+    return num_replicas + 1
+
+
 def round_rows(buffer_bytes: int, row_bytes: int, staged_rows_per_row: int) -> int:
     """Rows per replica per round that keep one round's staging within
-    `buffer_bytes` (`staged_rows_per_row` staged rows per row sent: 2 for an
-    all-to-all, a send and a receive buffer; `1 + replicas` for an
-    all-gather).
+    `buffer_bytes` (`staged_rows_per_row` staged rows per row sent, see
+    `staged_rows_per_row`).
 
     Raises:
         ValueError: If the buffer cannot stage one row.
@@ -204,17 +215,15 @@ def round_rows(buffer_bytes: int, row_bytes: int, staged_rows_per_row: int) -> i
 
 
 def staging_bytes(
-    plan: ShardPlan, row_bytes: int, buffer_bytes: int, staged_rows_per_row: int | None = None
+    plan: ShardPlan, row_bytes: int, buffer_bytes: int, staged_rows_per_row: int
 ) -> int:
     """Device bytes per replica a global-order exchange may stage: the
-    buffer, or less when `staged_rows_per_row` whole shards are smaller (2
-    for an all-to-all; by default `replicas + 1`, an all-gather's worst
-    case); 0 on one replica."""
+    buffer, or less when `staged_rows_per_row` (see `staged_rows_per_row`)
+    whole shards are smaller; 0 on one replica."""
     if plan.num_replicas == 1 or plan.placement != "shard":
         return 0
-    factor = staged_rows_per_row or plan.num_replicas + 1
     largest = max(plan.shard_rows(r) for r in range(plan.num_replicas)) * row_bytes
-    return min(buffer_bytes, factor * largest)
+    return min(buffer_bytes, staged_rows_per_row * largest)
 
 
 def _replica_of(held: list[np.ndarray], num_rows: int) -> np.ndarray:

@@ -110,18 +110,17 @@ def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
     return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
 
 
-def with_staging(
-    needed: dict[str, int], plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World
-) -> dict[str, int]:
-    """`needed` bytes per device plus each local replica's staging buffer."""
-    out = dict(needed)
-    for device in world.local_devices:
-        # One process, or Horovod's all-to-all: a send and a receive buffer;
-        # across strategy workers, every replica's send buffer (all-gather).
-        factor = 2 if world.world_size == 1 or world.backend == "horovod" else None
-        staged = _exchange.staging_bytes(plan, row_bytes, options.exchange_buffer_bytes, factor)
-        out[device] = out.get(device, 0) + staged
-    return out
+def staging_bytes(plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World) -> int:
+    """Device bytes per replica the exchange may stage in this world."""
+    return _exchange.staging_bytes(
+        plan, row_bytes, options.exchange_buffer_bytes, _staged_rows_per_row(world)
+    )
+
+
+def _staged_rows_per_row(world: World) -> int:
+    return _exchange.staged_rows_per_row(
+        world.num_replicas_in_sync, world.world_size, world.backend
+    )
 
 
 def misfit_error(numbers: str, options: LoadOptions, streaming_asked: bool) -> str:
@@ -212,7 +211,7 @@ class GlobalShuffle:
             self._engine = engine_for(self._world)
         engine = self._engine
         k = _exchange.round_rows(
-            self._options.exchange_buffer_bytes, self._row_bytes, engine.staged_rows_per_row
+            self._options.exchange_buffer_bytes, self._row_bytes, _staged_rows_per_row(self._world)
         )
         rounds = _exchange.plan_rounds(self.held, dest, k)
         began = time.perf_counter()

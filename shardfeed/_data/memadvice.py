@@ -1,7 +1,8 @@
 """`MemoryPlan`'s words: its table, its verdict and the advice when it does not fit.
 
 Separation of concerns: `_memplan` computes the numbers (rows, bytes and
-usable memory per rank); this module only turns a `MemoryPlan` into text:
+usable memory per rank, held in `_memnumbers`); this module only turns them
+into text:
 the aligned per-rank table, one verdict line, and the ways out when a rank
 does not fit (more replicas, workers or hosts; compact dtypes; streaming),
 each with numbers. It computes no plan and reads no memory.
@@ -10,15 +11,12 @@ each with numbers. It computes no plan and reads no memory.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardfeed._common.units import format_bytes
+from shardfeed._data.memnumbers import MemoryNumbers, RankMemory
 from shardfeed._data.memory import HOST_RAM_SOURCE, stream_chunk_steps
-
-if TYPE_CHECKING:
-    from shardfeed._data.memplan import MemoryPlan, RankMemory
 
 # The compact dtype advised for each float dtype (cast back in `transform`).
 _COMPACT: dict[np.dtype, np.dtype] = {
@@ -32,7 +30,7 @@ _SOURCE_WORDS = {
 }
 
 
-def table(mem: MemoryPlan) -> str:
+def table(mem: MemoryNumbers) -> str:
     """`MemoryPlan.table()`: a summary, one aligned row per rank, the verdict."""
     plan, n_rep = mem.shard_plan, mem.shard_plan.num_replicas
     described = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in mem.columns)
@@ -100,13 +98,13 @@ def table(mem: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
-def _hosts_words(mem: MemoryPlan) -> str:
+def _hosts_words(mem: MemoryNumbers) -> str:
     if mem.workers_per_host == 1:
         return ""
     return f" on {mem.num_hosts} host(s) of {mem.workers_per_host} worker(s)"
 
 
-def _verdict(mem: MemoryPlan) -> str:
+def _verdict(mem: MemoryNumbers) -> str:
     worst = max(mem.ranks, key=lambda r: r.needed_bytes)
     if worst.usable_bytes is None:
         return (
@@ -143,7 +141,7 @@ def _verdict(mem: MemoryPlan) -> str:
     )
 
 
-def advice(mem: MemoryPlan) -> list[str]:
+def advice(mem: MemoryNumbers) -> list[str]:
     """`MemoryPlan.advice()`: what would make the data fit, one sentence per way out."""
     if mem.fits:
         return []
@@ -152,7 +150,7 @@ def advice(mem: MemoryPlan) -> list[str]:
     return [_more_replicas(mem, usable), *_compact(mem, worst), _streaming(mem, usable)]
 
 
-def _more_replicas(mem: MemoryPlan, usable: int) -> str:
+def _more_replicas(mem: MemoryNumbers, usable: int) -> str:
     plan, r_per_w = mem.shard_plan, mem.replicas_per_worker
     max_rows = usable // mem.row_bytes
     limit = format_bytes(usable)
@@ -218,7 +216,7 @@ def _more_replicas(mem: MemoryPlan, usable: int) -> str:
     return text
 
 
-def _compact(mem: MemoryPlan, worst: RankMemory) -> list[str]:
+def _compact(mem: MemoryNumbers, worst: RankMemory) -> list[str]:
     casts = [c for c in mem.columns if c.dtype in _COMPACT]
     if not casts:
         return []
@@ -239,7 +237,7 @@ def _compact(mem: MemoryPlan, worst: RankMemory) -> list[str]:
     ]
 
 
-def _streaming(mem: MemoryPlan, usable: int) -> str:
+def _streaming(mem: MemoryNumbers, usable: int) -> str:
     plan = mem.shard_plan
     if plan.placement != "shard":
         return (

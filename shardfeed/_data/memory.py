@@ -1,7 +1,8 @@
 """Device memory: how much a device has free, and whether a shard fits.
 
 Separation of concerns: this module only answers "how many bytes are free on
-this device" and "do these bytes fit with headroom"; it never allocates. The
+this device" and "do these bytes fit with headroom" (`usable_bytes`, `fits`:
+the one check of both the dataset and `memory_plan`); it never allocates. The
 dataset reads `memory_reports` before it creates a single variable, so a
 shard that cannot fit streams (or fails, with `fit_error`'s numbers) instead
 of crashing out of memory halfway through the upload.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import host as _host
@@ -75,6 +77,63 @@ def shares_host_ram(source: str) -> bool:
     return source == HOST_RAM_SOURCE
 
 
+def device_bytes(
+    plan: ShardPlan,
+    replica_ids: Sequence[int],
+    devices: Sequence[str],
+    row_bytes: int,
+    staging_bytes: int = 0,
+) -> dict[str, int]:
+    """Bytes each device will hold: its replicas' rows (replicas that hold the
+    same rows on the same device share one copy) and each replica's staging
+    buffer for the exchange of the global shuffle.
+
+    Args:
+        plan: Which rows each replica holds.
+        replica_ids: Global ids of the replicas, in order.
+        devices: The device of each replica.
+        row_bytes: Bytes of one row, all columns.
+        staging_bytes: Per replica, the most the exchange stages (0 without it).
+
+    Example:
+        >>> from shardfeed._data.plan import plan_shards
+        >>> device_bytes(plan_shards(1001, 2, 10), [0, 1], ["GPU:0", "GPU:1"], 8, 100)
+        {'GPU:0': 4108, 'GPU:1': 4100}
+    """
+    needed: dict[str, int] = {}
+    seen = set()
+    for replica, device in zip(replica_ids, devices, strict=True):
+        start, stop = plan.shards[replica]
+        if (device, start, stop) not in seen:
+            seen.add((device, start, stop))
+            needed[device] = needed.get(device, 0) + (stop - start) * row_bytes
+        needed[device] += staging_bytes
+    return needed
+
+
+def usable_bytes(free_bytes: int | None, memory_fraction: float, sharing: int = 1) -> int | None:
+    """The bytes data may take of `free_bytes`: `memory_fraction` of them, then
+    split between the `sharing` workers that read the same free bytes.
+
+    Example:
+        >>> usable_bytes(1000, 0.8), usable_bytes(1000, 0.8, sharing=3), usable_bytes(None, 0.8)
+        (800, 266, None)
+    """
+    return None if free_bytes is None else int(free_bytes * memory_fraction) // sharing
+
+
+def fits(needed_bytes: int, usable_bytes: int | None) -> bool:
+    """The fit check of the dataset (`MemoryReport`) and of `memory_plan`
+    (`RankMemory`): the bytes are within the usable ones, or those are unknown
+    (not checked, and said so).
+
+    Example:
+        >>> fits(900, 800), fits(900, None)
+        (False, True)
+    """
+    return usable_bytes is None or needed_bytes <= usable_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryReport:
     """Bytes wanted against bytes available on one device.
@@ -99,7 +158,7 @@ class MemoryReport:
 
     @property
     def fits(self) -> bool:
-        return self.usable_bytes is None or self.needed_bytes <= self.usable_bytes
+        return fits(self.needed_bytes, self.usable_bytes)
 
     def numbers(self) -> str:
         """`needed_bytes=..., free_bytes=..., usable_bytes=...` for messages."""
@@ -205,7 +264,7 @@ def memory_reports(
             free, source = free_bytes(device if device != "host" else "CPU:0")
             # Every local worker reads the same available RAM: each gets its share.
             sharing = (workers_on_host or 1) if shares_host_ram(source) else 1
-        usable = None if free is None else int(free * memory_fraction) // sharing
+        usable = usable_bytes(free, memory_fraction, sharing)
         reports.append(MemoryReport(device, needed, free, usable, source, sharing))
     return reports
 

@@ -3,9 +3,10 @@
 Separation of concerns: this module only does arithmetic. The shard plan
 (`_plan.plan_shards`) says which rows each replica holds and how an epoch is
 cut into steps; this module multiplies that by the bytes per row and compares
-it with the free memory of one device. What the data is comes from
-`_described` (arrays, file headers or `(shape, dtype)` pairs); the table, the
-verdict and what to change when it does not fit are worded by `_memadvice`;
+it with the free memory of one device (the numbers: `_memnumbers`). What the
+data is comes from `_described` (arrays, file headers or `(shape, dtype)`
+pairs); the table, the verdict and what to change when it does not fit are
+worded by `_memadvice`;
 the `shardfeed plan` command is `shardfeed._commands.plan`. It reads no rows,
 allocates nothing and never imports TensorFlow, so it runs on a login node or
 a laptop where only NumPy is installed: GPUs are read through NVML
@@ -21,7 +22,6 @@ one host's memory.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
@@ -29,112 +29,21 @@ from shardfeed._common.units import MIB
 from shardfeed._data import exchange as _exchange
 from shardfeed._data import memadvice as _memadvice
 from shardfeed._data import memory as _memory
-from shardfeed._data.described import ColumnSpec, column_specs
+from shardfeed._data.described import column_specs
+from shardfeed._data.memnumbers import MemoryNumbers, RankMemory
 from shardfeed._data.plan import (
     Placement,
-    ShardPlan,
     _check_positive,
     check_global_batch,
     plan_shards,
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class RankMemory:
-    """What one worker (rank) holds and whether it fits.
-
-    Attributes:
-        rank: The worker's index.
-        replica_ids: Global ids of its replicas (`rank * replicas_per_worker + i`).
-        rows_per_replica: Rows each of its devices holds.
-        bytes_per_replica: Bytes each of its devices holds.
-        steps_per_epoch: Training steps per epoch (the same on every rank).
-        dropped_rows_per_epoch: Rows of its replicas left out of each epoch.
-        needed_bytes: Bytes that must fit in `usable_bytes`: the largest
-            device's, or, when devices share host RAM, all the devices of
-            all the workers on its host together.
-        free_bytes: Free bytes per device (None when unknown).
-        usable_bytes: `int(free_bytes * memory_fraction)` (None when unknown).
-        host: Index of the host it runs on (`rank // workers_per_host`).
-        staging_bytes: Per device, the most the per-epoch exchange of the
-            global shuffle stages (counted in `needed_bytes`; 0 without it).
+class MemoryPlan(MemoryNumbers):
+    """Per-rank rows, bytes, steps and memory fit of a sharded resident dataset,
+    with their words: `table()` and `advice()` (`MemoryNumbers` has the
+    attributes).
     """
-
-    rank: int
-    replica_ids: tuple[int, ...]
-    rows_per_replica: tuple[int, ...]
-    bytes_per_replica: tuple[int, ...]
-    steps_per_epoch: int
-    dropped_rows_per_epoch: int
-    needed_bytes: int
-    free_bytes: int | None
-    usable_bytes: int | None
-    host: int = 0
-    staging_bytes: int = 0
-
-    @property
-    def rows(self) -> int:
-        """Rows on all its devices together (copies counted once per device)."""
-        return sum(self.rows_per_replica)
-
-    @property
-    def bytes_per_device(self) -> int:
-        return max(self.bytes_per_replica)
-
-    @property
-    def fits(self) -> bool:
-        # Same rule as `_memory.MemoryReport.fits`: unknown memory is not checked.
-        return self.usable_bytes is None or self.needed_bytes <= self.usable_bytes
-
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryPlan:
-    """Per-rank rows, bytes, steps and memory fit of a sharded resident dataset.
-
-    Attributes:
-        shard_plan: The `ShardPlan` (training epoch) over all replicas.
-        num_workers: Workers (ranks).
-        replicas_per_worker: Devices per worker.
-        columns: The arrays, in the order given.
-        memory_fraction: Share of free memory the data may take.
-        memory_source: Where the free bytes came from: "given", "nvml",
-            "meminfo" or "unknown".
-        ranks: One `RankMemory` per worker.
-        workers_per_host: Workers on each host (the last host may have fewer).
-    """
-
-    shard_plan: ShardPlan
-    num_workers: int
-    replicas_per_worker: int
-    columns: tuple[ColumnSpec, ...]
-    memory_fraction: float
-    memory_source: str
-    ranks: tuple[RankMemory, ...]
-    workers_per_host: int = 1
-
-    @property
-    def num_hosts(self) -> int:
-        return -(-self.num_workers // self.workers_per_host)
-
-    @property
-    def devices_per_host(self) -> int:
-        """Devices of the largest host (all its workers' replicas)."""
-        return min(self.workers_per_host, self.num_workers) * self.replicas_per_worker
-
-    @property
-    def row_bytes(self) -> int:
-        return sum(c.row_bytes for c in self.columns)
-
-    @property
-    def shared_host(self) -> bool:
-        """Whether a worker's devices share one host's RAM (logical CPU devices)."""
-        return _memory.shares_host_ram(self.memory_source)
-
-    @property
-    def fits(self) -> bool:
-        return all(r.fits for r in self.ranks)
-
 
     def table(self) -> str:
         """The plan as plain text: a summary, one aligned row per rank, the verdict.
@@ -177,18 +86,6 @@ def _free_device_bytes(device_memory_bytes: int | None) -> tuple[int | None, str
     if free is None:
         free, source = _memory.free_bytes("CPU:0")
     return free, source
-
-
-def _dropped_per_replica(plan: ShardPlan) -> list[int]:
-    if plan.placement == "replicate":
-        # Every replica holds every row; a dropped last global batch would
-        # have been dealt out round-robin, as `plan_shards` counts it.
-        dropped = plan.dropped_rows_per_epoch
-        return [len(range(r, dropped, plan.num_replicas)) for r in range(plan.num_replicas)]
-    used_full = (plan.steps_per_epoch - 1) * plan.per_replica_batch_size
-    return [
-        plan.shard_rows(r) - used_full - plan.last_step_rows[r] for r in range(plan.num_replicas)
-    ]
 
 
 def memory_plan(
@@ -295,16 +192,22 @@ def memory_plan(
     )
     row_bytes = sum(c.row_bytes for c in columns)
     free, source = _free_device_bytes(device_memory_bytes)
-    usable = None if free is None else int(free * memory_fraction)
-    dropped = _dropped_per_replica(plan)
+    usable = _memory.usable_bytes(free, memory_fraction)
     shared_host = _memory.shares_host_ram(source)
+    # The backend is not known here: several workers count the larger staging.
+    factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
     staged = (
-        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes) if shuffle is True else 0
+        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
+        if shuffle is True
+        else 0
     )
+    # Bytes per device as the dataset counts them, one device per replica.
+    replicas = range(num_replicas)
+    on_device = _memory.device_bytes(plan, replicas, [str(r) for r in replicas], row_bytes, staged)
     host_bytes: dict[int, int] = {}
-    for replica in range(num_replicas):
+    for replica in replicas:
         host = replica // replicas_per_worker // workers_per_host
-        host_bytes[host] = host_bytes.get(host, 0) + plan.shard_rows(replica) * row_bytes + staged
+        host_bytes[host] = host_bytes.get(host, 0) + on_device[str(replica)]
     ranks = []
     for rank in range(num_workers):
         ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
@@ -318,10 +221,12 @@ def memory_plan(
                 rows_per_replica=held,
                 bytes_per_replica=held_bytes,
                 steps_per_epoch=plan.steps_per_epoch,
-                dropped_rows_per_epoch=sum(dropped[r] for r in ids),
+                dropped_rows_per_epoch=sum(plan.dropped_rows(r) for r in ids),
                 # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
                 # them), and so do all the workers on one host.
-                needed_bytes=host_bytes[host] if shared_host else max(held_bytes) + staged,
+                needed_bytes=host_bytes[host]
+                if shared_host
+                else max(on_device[str(r)] for r in ids),
                 free_bytes=free,
                 usable_bytes=usable,
                 host=host,

@@ -95,27 +95,19 @@ def epoch_indices(
         TensorShape([117, 256])
     """
     b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
-    full = plan.full_steps_per_epoch
     out = []
     for store in stores:
         r = store.replica
         if plan.placement == "shard":
             fold = r if shuffle == "local" else None  # one replica: its rows are all rows
             order = permutation(store.num_rows, seed, epoch, fold, bool(shuffle))
-            rows = [order[: full * b]]
-            if plan.has_partial_step:
-                rows.append(order[full * b : full * b + plan.last_step_rows[r]])
+            rows = order[: plan.rows_per_epoch(r)]
         else:
             order = permutation(plan.num_rows, seed, epoch, None, bool(shuffle))
-            g = plan.global_batch_size
-            body = tf.reshape(order[: full * g], [full, plan.num_replicas, b])[:, r, :]
-            rows = [tf.reshape(body, [-1])]
-            if plan.has_partial_step:
-                offset = full * g + sum(plan.last_step_rows[:r])
-                rows.append(order[offset : offset + plan.last_step_rows[r]])
+            with tf.device("/CPU:0"):
+                rows = tf.gather(order, plan.global_order_positions(r).astype(order.dtype.name))
         with tf.device(store.device):
-            flat = tf.concat(rows, axis=0)
-            flat = tf.pad(flat, [[0, steps * b - int(flat.shape[0])]])
+            flat = tf.pad(rows, [[0, steps * b - int(rows.shape[0])]])
             out.append(tf.reshape(flat, [steps, b]))
     return out
 

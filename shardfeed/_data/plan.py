@@ -14,12 +14,20 @@ Invariants (tested in `tests/test_plan.py`):
   replica r, the rest padding that never counts;
 - each row is used at most once per epoch, and
   `used_rows_per_epoch + dropped_rows_per_epoch == num_rows`.
+
+The plan is also the one owner of the layout numbers every other module
+uses: a replica's real rows per epoch (`rows_per_epoch`), the rows it drops
+(`dropped_rows`), and which positions of an epoch's order of all rows it takes
+when each global batch is sliced across replicas (`global_order_positions`:
+`placement="replicate"` and the global shuffle of sharded rows).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
+
+import numpy as np
 
 from shardfeed._common import errors as _errors
 
@@ -72,14 +80,59 @@ class ShardPlan:
 
     @property
     def used_rows_per_epoch(self) -> int:
-        b = self.per_replica_batch_size
-        return self.full_steps_per_epoch * b * self.num_replicas + (
-            sum(self.last_step_rows) if self.has_partial_step else 0
-        )
+        return sum(self.rows_per_epoch(r) for r in range(self.num_replicas))
 
     def shard_rows(self, replica: int) -> int:
         start, stop = self.shards[replica]
         return stop - start
+
+    def rows_per_epoch(self, replica: int) -> int:
+        """Real rows `replica` takes per epoch; the rest of its
+        `steps_per_epoch * per_replica_batch_size` slots are padding.
+
+        Example:
+            >>> plan_shards(1001, 3, 100, training=False).rows_per_epoch(2)
+            333
+        """
+        full = self.full_steps_per_epoch * self.per_replica_batch_size
+        return full + (self.last_step_rows[replica] if self.has_partial_step else 0)
+
+    def dropped_rows(self, replica: int) -> int:
+        """Rows of `replica` left out of each epoch. Sharded: rows it holds
+        and does not take. Replicated: its share of the dropped last global
+        batch, dealt out round-robin as `plan_shards` counts it.
+
+        Example:
+            >>> plan_shards(1001, 3, 100, drop_remainder=True).dropped_rows(0)
+            34
+        """
+        if self.placement == "replicate":
+            return len(range(replica, self.dropped_rows_per_epoch, self.num_replicas))
+        return self.shard_rows(replica) - self.rows_per_epoch(replica)
+
+    def global_order_positions(self, replica: int) -> np.ndarray:
+        """Positions in an epoch's order of all rows that `replica` takes, in
+        step order, when each global batch is sliced across the replicas
+        (`DistributedSampler` semantics): its slice `[r*b, (r+1)*b)` of every
+        full global step, then its share of the partial last step (the
+        replicas before it take theirs first).
+
+        Returns:
+            int64 positions, `rows_per_epoch(replica)` of them.
+
+        Example:
+            >>> plan_shards(10, 2, 2).global_order_positions(1).tolist()
+            [2, 3, 6, 7, 9]
+        """
+        b, g = self.per_replica_batch_size, self.global_batch_size
+        steps = np.arange(self.full_steps_per_epoch, dtype=np.int64)
+        body = (steps[:, None] * g + replica * b + np.arange(b, dtype=np.int64)).reshape(-1)
+        if not self.has_partial_step:
+            return body
+        start = self.full_steps_per_epoch * g + sum(self.last_step_rows[:replica])
+        return np.concatenate(
+            [body, np.arange(start, start + self.last_step_rows[replica], dtype=np.int64)]
+        )
 
 
 def split_rows(num_rows: int, num_parts: int) -> tuple[tuple[int, int], ...]:
@@ -227,8 +280,7 @@ def plan_shards(
                 fix,
             )
         )
-    used = (steps - 1) * b * n_rep + sum(last) if steps else 0
-    return ShardPlan(
+    plan = ShardPlan(
         num_rows=num_rows,
         num_replicas=n_rep,
         per_replica_batch_size=b,
@@ -238,5 +290,7 @@ def plan_shards(
         shards=shards,
         steps_per_epoch=steps,
         last_step_rows=last,
-        dropped_rows_per_epoch=num_rows - used,
+        dropped_rows_per_epoch=0,
     )
+    # What is dropped follows from what each replica takes (`rows_per_epoch`).
+    return dataclasses.replace(plan, dropped_rows_per_epoch=num_rows - plan.used_rows_per_epoch)

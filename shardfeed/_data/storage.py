@@ -2,7 +2,7 @@
 
 Separation of concerns: storage owns *where rows live*. Given the columns
 (sources layer) and the plan (which rows each replica holds), it checks the
-fit, allocates one variable per column on each local replica's device and
+fit (`memory.device_bytes`), allocates one variable per column on each local replica's device and
 fills it in bounded chunks. It does not shuffle or batch (the dataset owns
 that) and knows nothing of models or strategies' training loops.
 
@@ -71,19 +71,6 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype, device: str) -> tf.Variabl
             dtype=dtype,
             shape=shape,
         )
-
-
-def needed_bytes(columns: Columns, plan: ShardPlan, world: World) -> dict[str, int]:
-    """Bytes each local device will hold for its replicas' rows (replicas that
-    hold the same rows on the same device share one copy)."""
-    needed: dict[str, int] = {}
-    seen = set()
-    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
-        start, stop = plan.shards[replica]
-        if (device, start, stop) not in seen:
-            seen.add((device, start, stop))
-            needed[device] = needed.get(device, 0) + (stop - start) * columns.row_bytes
-    return needed
 
 
 def upload(

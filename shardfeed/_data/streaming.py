@@ -131,9 +131,7 @@ class StreamingOrder:
         self._rows: list[np.ndarray] = []
         for store in stores:
             ids, positions, rows = self._replica_order(store, seed, epoch)
-            used = (plan.full_steps_per_epoch * b) + (
-                plan.last_step_rows[store.replica] if plan.has_partial_step else 0
-            )
+            used = plan.rows_per_epoch(store.replica)
             pad = steps * b - used
             self._chunk_ids.append(ids)
             self._positions.append(np.pad(positions[:used], (0, pad)).reshape(steps, b))

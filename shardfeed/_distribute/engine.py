@@ -48,8 +48,6 @@ class Engine(Protocol):
     def reduce_gradients(self, grads: list[Any]) -> list[Any]: ...
     def metric_results(self, model: keras.Model) -> dict[str, Any]: ...
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
-    @property
-    def staged_rows_per_row(self) -> int: ...
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]: ...
     def prepare_model(self, model: keras.Model) -> None: ...
 
@@ -151,16 +149,12 @@ class StrategyEngine:
         words = _alltoall.gather_words(self.strategy, self.distribute(tensors))
         return _alltoall.array_from_words(words.numpy(), per_local_replica[0])
 
-    @property
-    def staged_rows_per_row(self) -> int:
-        """Rows staged per row sent in `all_to_all`: a send and a receive
-        buffer in one process, every replica's send buffer across workers."""
-        return 2 if self.world.world_size == 1 else 1 + self.num_replicas_in_sync
-
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
         """Sends each local replica's rows (grouped by destination, `counts[s, d]`
         rows from replica s to d) and returns each local replica's arrivals
-        (grouped by source); see `alltoall.py`."""
+        (grouped by source); see `alltoall.py`. What it stages per row sent is
+        counted by `_data.exchange.staged_rows_per_row` (the data layer sizes
+        rounds and checks the fit before any engine exists)."""
         if self.world.world_size == 1:
             return _alltoall.local_all_to_all(send, counts, self.world.local_devices)
         return _alltoall.gathered_all_to_all(

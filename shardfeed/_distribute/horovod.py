@@ -108,10 +108,6 @@ class HorovodEngine:
         (array,) = per_local_replica
         return hvd.allgather(tf.constant(array)).numpy()
 
-    @property
-    def staged_rows_per_row(self) -> int:
-        return 2  # a send and a receive buffer
-
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
         """`hvd.alltoall` with splits: this rank's row of `counts` says how
         many rows go to each rank; rows travel as int32 words (any dtype)."""

@@ -41,13 +41,12 @@ def in_row_order(
     Example:
         >>> in_row_order(engine, order, ds.eval_plan, ds.stores, chunks, structure)
     """
-    b = plan.per_replica_batch_size
-    # Every replica has steps_per_epoch * b slots; padding slots get row -1.
+    # Every replica has steps_per_epoch * per_replica_batch_size slots; the
+    # padding slots after its real rows get row -1.
     rows_per_replica, leaves_per_replica = [], []
     for local, store in enumerate(stores):
         slot_rows = order.rows(local).copy()
-        real = (plan.steps_per_epoch - 1) * b + plan.last_step_rows[store.replica]
-        slot_rows[real:] = -1
+        slot_rows[plan.rows_per_epoch(store.replica) :] = -1
         rows_per_replica.append(slot_rows)
         leaves_per_replica.append(
             [

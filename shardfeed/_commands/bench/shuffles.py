@@ -48,7 +48,7 @@ def _worker(args: argparse.Namespace) -> int:
     import shardfeed
     from shardfeed._commands.bench.timing import epoch_timer
     from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
-    from shardfeed._data.exchange import staging_bytes
+    from shardfeed._data.exchange import staged_rows_per_row, staging_bytes
 
     world = shardfeed.init("multiworker" if workers > 1 else "auto")
     w2 = WORKLOADS["W2"]
@@ -66,7 +66,7 @@ def _worker(args: argparse.Namespace) -> int:
         shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
         epoch_s = statistics.median(timer.seconds[1:])
         reports = ds.exchange.reports[1:] if ds.exchange is not None else []
-        factor = 2 if workers == 1 else None  # see `global_order.with_staging`
+        factor = staged_rows_per_row(world.num_replicas_in_sync, world.world_size, world.backend)
         staged = staging_bytes(ds.eval_plan, ds.columns.row_bytes,
                                ds.load_options.exchange_buffer_bytes, factor) if reports else 0
         result = {
