@@ -203,6 +203,8 @@ def test_evaluate_progress_bar_is_keras_own(capsys):
     shardfeed.evaluate(_dense(), x, y, verbose=1)
     out = capsys.readouterr().out
     assert "step - loss:" in out and "mae:" in out
+    shardfeed.evaluate(_dense(), x, y, verbose=2)  # one line at the end
+    assert [line for line in capsys.readouterr().out.splitlines() if "loss:" in line] != []
     shardfeed.evaluate(_dense(), x, y, verbose=0)
     assert capsys.readouterr().out == ""
 

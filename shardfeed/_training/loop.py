@@ -127,9 +127,11 @@ class Traces:
         self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
 
     def _calling(self, method: str) -> Callable[..., Any]:
-        """A new function per `Traces` calling the bound loop's `method`: TensorFlow
-        counts traces (and warns of retracing) per function, and all instances of
-        a method share one count, so one per model would add up across models."""
+        """A new function per `Traces` calling the bound loop's `method`.
+
+        TensorFlow counts traces (and warns of retracing) per Python function,
+        and every instance of a method shares its function: with methods, the
+        first trace of each new model would count as a retrace of the last."""
 
         def call(*args: Any) -> Any:
             if self._loop is None:
