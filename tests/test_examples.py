@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,16 @@ def test_cifar_like_trains_with_augmentation():
     out = _run("examples/cifar_like.py", "--rows", "600", "--epochs", "1", "--batch", "64")
     assert "x: uint8[32, 32, 3]" in out
     assert "evaluate: {'loss':" in out and "'accuracy':" in out
+
+
+def test_custom_train_step_gan_on_two_local_devices():
+    out = _run(
+        "examples/custom_train_step.py", "--rows", "512", "--epochs", "1", "--cpu-devices", "2"
+    )
+    final = json.loads(out.strip().splitlines()[-1])["final"]
+    # The step's own logs and its custom metric, from History.
+    assert set(final) == {"d_loss", "g_loss", "radius_error"}
+    assert all(np.isfinite(v) for v in final.values())
 
 
 def test_cifar_like_reads_a_tfrecord_source(tmp_path):

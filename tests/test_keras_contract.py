@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import mirrored_strategy
+from _helpers import mirrored_strategy
 
 import shardfeed
 from shardfeed import ShardedResidentDataset
@@ -370,7 +370,7 @@ def test_dataset_built_outside_the_scope_names_the_dataset():
 
 def _new_collective_keys():
     # `shardfeed.init` builds a MirroredStrategy in this process too: move its
-    # collective keys as `conftest.mirrored_strategy` does.
+    # collective keys as `_helpers.mirrored_strategy` does.
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
 
 

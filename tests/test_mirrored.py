@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from conftest import mirrored_strategy
+from _helpers import mirrored_strategy
 from keras import layers
 
 import shardfeed

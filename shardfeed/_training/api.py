@@ -28,6 +28,7 @@ from shardfeed._training.compiled import check_model_scope, loop_for
 from shardfeed._training.epochs import FitRun, check_steps
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
+from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
 
 DEFAULT_EVAL_BATCH_SIZE = 256
@@ -88,9 +89,10 @@ def _check_dataset(
     return dataset
 
 
-def _check_targets(data: Any, y: Any, sample_weight: Any) -> None:
-    """`evaluate` on arrays needs `y`; a tuple is the model's inputs (as in
-    Keras' `model.evaluate`), not `(x, y)`."""
+def _check_targets(data: Any, y: Any, sample_weight: Any, needs_targets: bool) -> None:
+    """`evaluate` on arrays needs `y` (unless the model's own `test_step` takes
+    `x` alone); a tuple is the model's inputs (as in Keras' `model.evaluate`),
+    not `(x, y)`."""
     if isinstance(data, ShardedResidentDataset):
         return
     if _errors.is_integer(sample_weight):
@@ -102,7 +104,7 @@ def _check_targets(data: Any, y: Any, sample_weight: Any) -> None:
                 "Pass the batch by name: `per_replica_batch_size=...`.",
             )
         )
-    if y is None:
+    if y is None and needs_targets:
         tuple_note = (
             " A tuple is the model's inputs, as in Keras' `model.evaluate`, not `(x, y)`."
             if isinstance(data, tuple)
@@ -296,7 +298,9 @@ def fit(
     fit_args.refuse(unsupported, dataset)
     fit_args.check_positional(dataset, positional)
     _check_model(model, needs_compile=True)
-    dataset = _check_dataset(dataset, needs_targets=True)
+    # A model's own step may train on `x` alone, as under Keras.
+    steps = ModelSteps.of(model)
+    dataset = _check_dataset(dataset, needs_targets=not steps.train)
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data
@@ -337,7 +341,7 @@ def fit(
     val_loop = None
     if validation_data is not None:
         val_ds = _as_dataset(*_validation_arrays(validation_data), None, model, dataset)
-        _check_dataset(val_ds, needs_targets=True, name="validation_data")
+        _check_dataset(val_ds, needs_targets=not steps.test, name="validation_data")
         val_loop = loop_for(model, val_ds, options)
         check_sparse_labels(model, val_ds, "validation_data")
     params = {
@@ -441,12 +445,12 @@ def evaluate(
     data = eval_args.resolve("evaluate", data, positional, keras_args)
     _check_model(model, needs_compile=True)
     verbose = _resolve_verbose(verbose)
-    _check_targets(data, y, sample_weight)
+    _check_targets(data, y, sample_weight, needs_targets=not ModelSteps.of(model).test)
     transform = _resolve_transform(model, data, transform)
     dataset = _as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
     )
-    _check_dataset(dataset, needs_targets=True, name="data")
+    _check_dataset(dataset, needs_targets=not ModelSteps.of(model).test, name="data")
     loop = loop_for(model, dataset, options or FitOptions())
     check_sparse_labels(model, dataset, "data")
     # Keras' own progress bar, in its evaluation mode, on rank 0 only.

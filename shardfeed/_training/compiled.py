@@ -19,6 +19,7 @@ from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.loop import Loop, Traces
+from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
 
 # Compiled loops per dataset, keyed per model and options so repeated
@@ -158,8 +159,17 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) 
     store = dataset.stores[0]
     with engine.scope():
         batch = dataset.gather(store.handles, tf.constant([0]))
-        if getattr(model, "compiled", False) and batch[1] is not None:
+        compiled = getattr(model, "compiled", False)
+        # A model with its own steps may have no `call` (the guide's GAN):
+        # no forward pass to build from; its layers are built already or in
+        # its step, as under Keras' `fit` without a strategy.
+        has_call = type(model).call is not keras.Model.call
+        if compiled and batch[1] is not None and has_call:
             model._symbolic_build(data_batch=batch)
         else:
-            model(batch[0], training=False)
+            if has_call:
+                model(batch[0], training=False)
+            optimizer = getattr(model, "optimizer", None)
+            if ModelSteps.of(model).train and optimizer is not None and not optimizer.built:
+                optimizer.build(model.trainable_variables)
     engine.prepare_model(model)

@@ -52,6 +52,7 @@ import tensorflow as tf
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -125,6 +126,7 @@ class Traces:
         # as the loop), with several they are per-replica tensors (no XLA).
         self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
         self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
+        self.predict_partial = tf.function(self._calling("_predict_partial"), jit_compile=jit)
 
     def _calling(self, method: str) -> Callable[..., Any]:
         """A new function per `Traces` calling the bound loop's `method`.
@@ -136,7 +138,7 @@ class Traces:
         def call(*args: Any) -> Any:
             if self._loop is None:
                 raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-            return getattr(self._loop, method)(*args)
+            return self._loop._calls[method](*args)  # ours, or the model's own step
 
         call.__name__ = call.__qualname__ = f"Loop.{method}"
         return call
@@ -191,12 +193,26 @@ class Loop:
         if self.jit_compile and not self.whole_loop_jit:
             forward_backward = tf.function(forward_backward, jit_compile=True)
         self._fb = forward_backward
+        # A model's own `train_step`/`test_step`/`predict_step` replaces ours
+        # (`model_steps.py`).
+        self.model_steps = steps = _model_steps.ModelSteps.of(model)
+        self._own = own = _model_steps.ModelStepCalls(self)
+        # What each compiled call of `traces` runs for this loop.
+        self._calls: dict[str, Callable[..., Any]] = {
+            "_train_chunk": own.train_chunk if steps.train else self._train_chunk,
+            "_test_chunk": own.test_chunk if steps.test else self._test_chunk,
+            "_predict_chunk": own.predict_chunk if steps.predict else self._predict_chunk,
+            "_train_partial": own.train_partial if steps.train else self._train_partial,
+            "_test_partial": own.test_partial if steps.test else self._test_partial,
+            "_predict_partial": own.predict_partial,
+        }
         traced = self.traces
         self._train_chunk_fn = traced.train_chunk
         self._test_chunk_fn = traced.test_chunk
         self._predict_chunk_fn = traced.predict_chunk
         self._train_partial_fn = traced.train_partial
         self._test_partial_fn = traced.test_partial
+        self._predict_partial_fn = traced.predict_partial
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -234,7 +250,8 @@ class Loop:
         model = self.model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            # Keras' wrapper: also a `compute_loss` override without `training`.
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             reg = self._regularization()
             data, total = self._unscaled(loss, reg)
             if real_rows is None:
@@ -267,7 +284,7 @@ class Loop:
     def _test_step(self, x, y, sw) -> tf.Tensor:
         model = self.model
         y_pred = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
         _, total = self._unscaled(loss, self._regularization())
         model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
@@ -417,6 +434,8 @@ class Loop:
             The epoch's logs: loss and compiled metrics over all replicas.
         """
         ds = self.dataset
+        if training and self.model_steps.train:
+            self._own.create_variables()  # once, before the first training trace
         plan = ds.plan if training else ds.eval_plan
         order = ds.epoch_order(epoch, training)
         first, last = steps or (0, plan.steps_per_epoch)
@@ -447,9 +466,8 @@ class Loop:
             if start >= stop:
                 continue
             on_chunk_begin(start)
-            totals[0] += float(chunk_fn(handles, self._slices(order, start, stop), start))
-            totals[1] += (stop - start) * b_global
-            logs = self.logs(totals[0] / totals[1])
+            value = chunk_fn(handles, self._slices(order, start, stop), start)
+            logs = self._call_logs(training, value, totals, (stop - start) * b_global)
             if on_chunk_end(stop - 1, logs):
                 return logs
         if plan.has_partial_step and first < plan.steps_per_epoch <= last:
@@ -466,11 +484,17 @@ class Loop:
                 )
             else:
                 value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
-            totals[0] += float(value)
-            totals[1] += real_rows
-            logs = self.logs(totals[0] / totals[1])
+            logs = self._call_logs(training, value, totals, real_rows)
             on_chunk_end(step, logs)
         return logs
+
+    def _call_logs(self, training: bool, value: Any, totals: list[float], rows: int):
+        """The logs after a call that returned `value` over `rows` real rows."""
+        if self.model_steps.own(training):
+            return self._own.logs(value)
+        totals[0] += float(value)
+        totals[1] += rows
+        return self.logs(totals[0] / totals[1])
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -489,13 +513,24 @@ class Loop:
         chunks: list[list[Any]] = [[] for _ in ds.stores]
         structure = None
         handles = self._handles()
+        # A model's own `predict_step` sees only the real rows of the last step.
+        partial = self.model_steps.predict and plan.has_partial_step
         try:
             with self.traces.bound(self):
-                for start, stop in self.schedule(plan.steps_per_epoch, order.call_bounds):
+                steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+                for start, stop in self.schedule(steps, order.call_bounds):
                     out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
                     for local, value in enumerate(self._local_structures(out)):
                         structure = value
                         chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+                if partial:
+                    step = plan.steps_per_epoch - 1
+                    order.prepare(step, step + 1)
+                    last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+                    out = self._predict_partial_fn(handles, last, self._real_rows(plan))
+                    for local, value in enumerate(self._local_structures(out)):
+                        structure = self._own.padded(value, plan.per_replica_batch_size)
+                        chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
         return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)

@@ -1,0 +1,255 @@
+"""The model's own `train_step` / `test_step` / `predict_step`, inside the compiled loop.
+
+Owns deciding whether a model overrides Keras' steps (compared with Keras'
+TensorFlow trainer), calling the override per replica with the resident
+batch as `data` in Keras' form (`keras.utils.pack_x_y_sample_weight`), the
+per-replica reduction of what it returns (Keras' `reduce_per_replica`:
+the mean over replicas), the logs Keras shows (`_get_metrics_result_or_logs`),
+and building the optimizers the step applies before tracing; under Horovod
+the step's `optimizer.apply` averages over ranks (`step_optimizers.py`).
+The loop (`loop.py`) chooses these calls instead of its own step
+arithmetic; the data comes from the loop's batches.
+
+Semantics are Keras': the step sees the real rows of a partial last step
+(no exact global weighting of our own), and the logs of a call are those of
+its last step, or the model's metrics when the returned keys are theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+from shardfeed._training import augmenting as _augmenting
+from shardfeed._training import step_optimizers as _step_optimizers
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSteps:
+    """Which of Keras' steps a model overrides."""
+
+    train: bool
+    test: bool
+    predict: bool
+
+    @classmethod
+    def of(cls, model: keras.Model) -> ModelSteps:
+        kind = type(model)
+        return cls(
+            train=kind.train_step is not TensorFlowTrainer.train_step,
+            test=kind.test_step is not TensorFlowTrainer.test_step,
+            predict=kind.predict_step is not TensorFlowTrainer.predict_step,
+        )
+
+    @property
+    def any(self) -> bool:
+        return self.train or self.test or self.predict
+
+    def own(self, training: bool) -> bool:
+        """Whether a training (or evaluation) epoch runs the model's step."""
+        return self.train if training else self.test
+
+
+def keras_data(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
+    """A batch as Keras hands it to a step: `x`, `(x, y)` or `(x, y, sample_weight)`."""
+    return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+
+
+class ModelStepCalls:
+    """The compiled calls of a loop whose model has its own steps.
+
+    Each has the signature of the loop's own call it replaces, and returns
+    the last step's outputs reduced over replicas (predict: the outputs).
+
+    Args:
+        loop: The `Loop` whose batches and engine the calls use (typed `Any`:
+            the loop imports this module).
+    """
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.model = loop.model
+        self.engine = loop.engine
+        self.steps = ModelSteps.of(loop.model)
+        self._variables_created = False
+
+    def create_variables(self) -> None:
+        """Builds the optimizers the step applies before the loop is traced.
+
+        The guide's GAN builds its two optimizers on their first `apply`,
+        inside the step; a strategy cannot create variables inside the
+        multi-step loop ("You must feed a value for placeholder tensor"). So
+        one step on one row per replica is traced (never run) with each
+        optimizer's `apply` only recording what it would update; the unbuilt
+        ones are then built on those variables, as `model.fit` builds
+        `model.optimizer` before its first step.
+        """
+        if self._variables_created:
+            return
+        self._variables_created = True
+        loop, engine = self.loop, self.engine
+
+        def step(handles, indices):
+            def replica(handles, indices):
+                return self.model.train_step(keras_data(*loop._train_batch(handles, indices)))
+
+            return engine.run(replica, (handles, indices))
+
+        rows = engine.distribute([tf.constant([0])] * len(loop.dataset.stores))
+        with _step_optimizers.recorded() as unbuilt:
+            tf.function(step).get_concrete_function(loop._handles(), rows)
+        with engine.scope():
+            for optimizer, variables in unbuilt:
+                optimizer.build(variables)
+
+    # -- in the compiled calls -------------------------------------------------
+
+    def _train(self, data: Any) -> Any:
+        with _step_optimizers.synchronised(self.engine):
+            return _averageable(self.model.train_step(data))
+
+    def train_chunk(self, handles, indices, where, replicas):
+        loop, engine = self.loop, self.engine
+        steps = engine.local_results(indices)[0].shape[0]
+
+        def replica(handles, indices, i, r):
+            x, y, sw = loop._train_batch(handles, indices[i])
+            x = _augmenting.augmented(loop.dataset, x, where, i, r)
+            return self._train(keras_data(x, y, sw))
+
+        # The logs are the last step's (as Keras' `multi_step_on_iterator`):
+        # it runs after the loop, so only its outputs are reduced.
+        for i in tf.range(steps - 1):
+            engine.run(replica, (handles, indices, i, replicas))
+        return self._reduced(engine.run(replica, (handles, indices, steps - 1, replicas)))
+
+    def train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
+        del all_rows  # Keras' step weighs a partial batch itself.
+        loop = self.loop
+
+        def replica(handles, indices, real_rows, r):
+            x, y, sw = loop._train_batch(handles, indices[:real_rows])
+            x = _augmenting.augmented(loop.dataset, x, where, 0, r)
+            return self._train(keras_data(x, y, sw))
+
+        return self._reduced(self.engine.run(replica, (handles, indices, real_rows, replicas)))
+
+    def test_chunk(self, handles, indices):
+        loop, engine = self.loop, self.engine
+        steps = engine.local_results(indices)[0].shape[0]
+
+        def replica(handles, indices, i):
+            batch = loop.dataset.gather(handles, indices[i])
+            return _averageable(self.model.test_step(keras_data(*batch)))
+
+        for i in tf.range(steps - 1):
+            engine.run(replica, (handles, indices, i))
+        return self._reduced(engine.run(replica, (handles, indices, steps - 1)))
+
+    def test_partial(self, handles, indices, real_rows):
+        # A replica without a real row runs the step on an empty batch, as a
+        # replica handed an empty batch by `tf.distribute` does under Keras.
+        def replica(handles, indices, real_rows):
+            batch = self.loop.dataset.gather(handles, indices[:real_rows])
+            return _averageable(self.model.test_step(keras_data(*batch)))
+
+        return self._reduced(self.engine.run(replica, (handles, indices, real_rows)))
+
+    def predict_chunk(self, handles, indices):
+        def replica(handles, indices):
+            def forward(i):
+                x, _, _ = self.loop.dataset.gather(handles, indices[i], with_targets=False)
+                return self.model.predict_step(keras_data(x))
+
+            steps = indices.shape[0]
+            outputs = keras.tree.map_structure(
+                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t),
+                forward(0),
+            )
+            for i in tf.range(1, steps):
+                outputs = keras.tree.map_structure(
+                    lambda ta, t, i=i: ta.write(i, t), outputs, forward(i)
+                )
+            return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
+
+        return self.engine.run(replica, (handles, indices))
+
+    def predict_partial(self, handles, indices, real_rows):
+        def replica(handles, indices, real_rows):
+            x, _, _ = self.loop.dataset.gather(handles, indices[:real_rows], with_targets=False)
+            return self.model.predict_step(keras_data(x))
+
+        return self.engine.run(replica, (handles, indices, real_rows))
+
+    def _reduced(self, outputs: Any) -> Any:
+        """The mean over every replica of each numeric output (Keras'
+        `reduce_per_replica(..., "auto")` off TPUs); a value that is not
+        per-replica is returned as it is."""
+        engine = self.engine
+        n = engine.num_replicas_in_sync
+
+        def mean(value: Any) -> Any:
+            if n == 1:
+                return value
+            if engine.name != "horovod" and not isinstance(
+                value, tf.distribute.DistributedValues
+            ):
+                return value
+            if not engine.local_results(value)[0].dtype.is_floating:
+                return engine.local_results(value)[0]
+            return engine.sum_across_replicas(value) / n
+
+        return keras.tree.map_structure(mean, outputs)
+
+    # -- on the host -----------------------------------------------------------
+
+    def logs(self, outputs: Any) -> dict[str, Any]:
+        """Keras' logs after a call: the model's metrics when the step returned
+        exactly their names, else what it returned."""
+        metrics = self.engine.metric_results(self.model)
+        if isinstance(outputs, dict) and set(outputs) == set(metrics):
+            return metrics
+        if not isinstance(outputs, dict):
+            return {}  # Keras shows no logs for a step that returns none.
+        return pythonify(outputs)
+
+    def padded(self, outputs: Any, rows: int) -> Any:
+        """One replica's partial-step outputs padded to a full step of
+        `rows` rows (`[1, rows, ...]`): prediction drops the padding."""
+
+        def pad(value: Any) -> np.ndarray:
+            array = np.asarray(value)
+            out = np.zeros((rows, *array.shape[1:]), array.dtype)
+            out[: array.shape[0]] = array
+            return out[None]
+
+        return keras.tree.map_structure(pad, outputs)
+
+
+def _averageable(outputs: Any) -> Any:
+    """A step's integer outputs as float32, inside the replica, so that
+    their mean over replicas is not an integer division."""
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, tf.Tensor | tf.Variable) and value.dtype.is_integer:
+            return tf.cast(value, tf.float32)
+        return value
+
+    return keras.tree.map_structure(cast, outputs)
+
+
+def pythonify(logs: dict[str, Any]) -> dict[str, Any]:
+    """Flattens nested dicts and turns scalars into floats (Keras' `pythonify_logs`)."""
+    out: dict[str, Any] = {}
+    for name, value in logs.items():
+        if isinstance(value, dict):
+            out.update(pythonify(value))
+            continue
+        array = np.asarray(value)
+        out[name] = float(array) if array.ndim == 0 else array
+    return out

@@ -1,0 +1,135 @@
+"""The optimizers a model's own `train_step` applies, while the step is traced.
+
+Owns the two things shardfeed must change about a Keras optimizer's `apply`
+while it traces a user's step, and nothing else: recording which unbuilt
+optimizers the step would update (so they are built before the multi-step
+loop), and, under Horovod, averaging the gradients over ranks first (Keras'
+step calls `self.optimizer.apply`, which knows no Horovod). `apply` is
+patched on Keras' optimizer classes only for the duration of a trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+from shardfeed._common import errors as _errors
+
+_NO_OPTIMIZER_UPDATE = (
+    "Under Horovod, a `train_step` must update the weights through a Keras "
+    "optimizer (`self.optimizer.apply(grads, variables)` or `apply_gradients`): "
+    "shardfeed allreduces the gradients there, and a step that updates weights "
+    "another way would train each rank on its own gradients."
+)
+
+
+class _HorovodApply:
+    """Makes `apply` of every Keras optimizer average its gradients over
+    ranks first while a `train_step` is traced under Horovod (Keras' step
+    calls `self.optimizer.apply`, which knows no Horovod). Only the outermost
+    `apply` reduces: a `LossScaleOptimizer` calls its inner optimizer's."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.depth = 0
+        self.reduced = 0
+
+    def wrap(self, apply: Any) -> Any:
+        def synchronised_apply(optimizer, grads, trainable_variables=None):
+            self.depth += 1
+            try:
+                if self.depth == 1:
+                    grads = self._averaged(list(grads))
+                    self.reduced += 1
+                return apply(optimizer, grads, trainable_variables)
+            finally:
+                self.depth -= 1
+
+        return synchronised_apply
+
+    def _averaged(self, grads: list[Any]) -> list[Any]:
+        # The mean over ranks, as `hvd.DistributedOptimizer`: without a
+        # strategy Keras does not divide a step's loss by the replica count.
+        n = self.engine.num_replicas_in_sync
+        summed = self.engine.reduce_gradients(grads)
+        return [
+            None if g is None
+            else tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices)
+            else g / n
+            for g in summed
+        ]
+
+
+def _optimizer_classes() -> list[type]:
+    """`BaseOptimizer` and every subclass defining its own `apply`."""
+    found, todo = [], [BaseOptimizer]
+    while todo:
+        cls = todo.pop()
+        if "apply" in vars(cls):
+            found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+@contextlib.contextmanager
+def _patched_apply(wrap: Any) -> Iterator[None]:
+    """`apply` of every Keras optimizer class replaced by `wrap(original)`
+    inside the block."""
+    originals = {cls: vars(cls)["apply"] for cls in _optimizer_classes()}
+    for cls, apply in originals.items():
+        setattr(cls, "apply", wrap(apply))  # noqa: B010 (patched while tracing)
+    try:
+        yield
+    finally:
+        for cls, apply in originals.items():
+            setattr(cls, "apply", apply)  # noqa: B010
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[list[tuple[Any, list[Any]]]]:
+    """Inside the block every optimizer's `apply` does nothing but record
+    `(optimizer, variables)` for each unbuilt optimizer, once (the block
+    only traces a step that is never run)."""
+    unbuilt: list[tuple[Any, list[Any]]] = []
+
+    def wrap(apply: Any) -> Any:
+        del apply
+
+        def recording_apply(optimizer, grads, trainable_variables=None):
+            del grads
+            seen = any(o is optimizer for o, _ in unbuilt)
+            if not optimizer.built and trainable_variables is not None and not seen:
+                unbuilt.append((optimizer, list(trainable_variables)))
+
+        return recording_apply
+
+    with _patched_apply(wrap):
+        yield unbuilt
+
+
+@contextlib.contextmanager
+def synchronised(engine: Any) -> Iterator[None]:
+    """Under Horovod: gradients applied by a Keras optimizer inside the block
+    are averaged over ranks first; a block that applies none raises."""
+    if engine.name != "horovod":
+        yield
+        return
+    hook = _HorovodApply(engine)
+    with _patched_apply(hook.wrap):
+        yield
+    if hook.reduced == 0:
+        raise RuntimeError(
+            _errors.message(
+                _NO_OPTIMIZER_UPDATE,
+                "a `train_step` that called no Keras optimizer's `apply`",
+                "Apply the gradients with `self.optimizer.apply(grads, "
+                "self.trainable_variables)`, or train this model with "
+                "MultiWorkerMirroredStrategy (`shardfeed launch`), where every "
+                "update is synchronised by the strategy.",
+            )
+        )
