@@ -13,9 +13,12 @@ __version__ = "0.1.0"
 
 # public name -> private module that defines it
 _EXPORTS = {
+    "Batch": "shardfeed._data.epoch",
     "FitOptions": "shardfeed._training.options",
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
+    "ResidentEpoch": "shardfeed._data.epoch",
+    "ResidentIterator": "shardfeed._data.iterator",
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._data.dataset",
     "World": "shardfeed._distribute.world",
@@ -33,6 +36,9 @@ __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset as ShardedResidentDataset
+    from shardfeed._data.epoch import Batch as Batch
+    from shardfeed._data.epoch import ResidentEpoch as ResidentEpoch
+    from shardfeed._data.iterator import ResidentIterator as ResidentIterator
     from shardfeed._data.memplan import MemoryPlan as MemoryPlan
     from shardfeed._data.memplan import memory_plan as memory_plan
     from shardfeed._data.options import LoadOptions as LoadOptions

@@ -7,9 +7,12 @@ import sys
 import shardfeed
 
 EXPECTED = [
+    "Batch",
     "FitOptions",
     "LoadOptions",
     "MemoryPlan",
+    "ResidentEpoch",
+    "ResidentIterator",
     "ShardPlan",
     "ShardedResidentDataset",
     "World",

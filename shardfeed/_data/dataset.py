@@ -15,6 +15,7 @@ shuffle) lives in `order.py`; a label column's range in `labels.py`.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -23,7 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import augment as _augment
+from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
+from shardfeed._data import iterator as _iterator
 from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
 from shardfeed._data import order as _order
@@ -32,36 +36,21 @@ from shardfeed._data import sources as _sources
 from shardfeed._data import storage as _storage
 from shardfeed._data import streaming as _streaming
 from shardfeed._data import tfdata as _tfdata
+from shardfeed._data.epoch import Batch
 from shardfeed._data.options import LoadOptions
 from shardfeed._distribute.world import World, current_world
 
 logger = logging.getLogger("shardfeed")
 
-Batch = tuple[Any, Any, Any]
 
 # Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
 # `default_rng` (streamed epochs): [0, 2**63) works in both.
 MAX_SEED = 2**63
 
 
-def _check_augment(augment: Any, seed: int | None) -> None:
-    if augment is not None and not callable(augment):
-        raise TypeError(
-            _errors.message(
-                "`augment` must be a function `(x, seed) -> x`.",
-                f"type(augment)={type(augment).__name__}",
-                "Pass e.g. `augment=shardfeed.augment.flip_left_right()`.",
-            )
-        )
-    if augment is not None and seed is None:
-        raise ValueError(
-            _errors.message(
-                "Augmenting requires a seed, so that reruns and resumed runs draw "
-                "the same augmentations.",
-                "augment=<function>, seed=None",
-                "Pass `seed=<int>`.",
-            )
-        )
+def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
+    """Rows of arrays a dataset would be built from (checked as it checks them)."""
+    return _sources.columns_from_arrays(x, y, sample_weight).num_rows
 
 
 class ShardedResidentDataset:
@@ -149,9 +138,11 @@ class ShardedResidentDataset:
                     "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
                 )
             )
-        _check_augment(augment, seed)
+        _augment.check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        if transform is None:  # the blocks will see the stored rows: check them now
+            _augment.check_columns(augment, self.columns)
         self.world: World = current_world(strategy)
         self.shuffle = shuffle
         self.seed = None if seed is None else int(seed)
@@ -199,6 +190,10 @@ class ShardedResidentDataset:
         self.stream: _streaming.StreamLayout | None = None
         # The global order of sharded rows: the per-epoch exchange (None otherwise).
         self.exchange: _global_order.GlobalShuffle | None = None
+        # How rows are held, chosen once below: resident, streamed, or sharded
+        # with the exchange; every epoch's order comes from it.
+        self.residency: _order.Residency
+        self._open_epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         if exchanged and (opts.streaming is True or misfit is not None):
             numbers = misfit.numbers() if misfit is not None else ""
             error = MemoryError if misfit is not None else ValueError
@@ -214,6 +209,9 @@ class ShardedResidentDataset:
                 self.world.global_replica_ids,
                 self.world.local_devices,
             )
+            self.residency = _streaming.StreamedRows(
+                self.columns, self.stores, self.stream, self.seed, shuffle, opts
+            )
             if misfit is not None and self.world.is_chief:
                 logger.warning(
                     "shardfeed: the shard does not fit (%s); streaming it in chunks of "
@@ -225,11 +223,13 @@ class ShardedResidentDataset:
             raise MemoryError(_memory.fit_error(misfit, opts.memory_fraction))
         else:
             self.stores = _storage.upload(self.columns, self.eval_plan, self.world, opts)
+            self.residency = _order.ResidentRows(self.stores, self.seed, shuffle)
             if exchanged:
                 self.exchange = _global_order.GlobalShuffle(
                     self.eval_plan, self.stores, self.world, self.columns.row_bytes, opts,
                     self.seed,  # type: ignore[arg-type]
                 )
+                self.residency = self.exchange
         train_plan = self._train_plan
         if train_plan is not None and train_plan.dropped_rows_per_epoch and self.world.is_chief:
             logger.warning(
@@ -372,37 +372,58 @@ class ShardedResidentDataset:
             ]
         return self._label_stats[key]
 
-    # -- per-epoch order (used by the engine) ---------------------------------
+    # -- epochs ---------------------------------------------------------------
 
-    def epoch_order(
-        self, epoch: int, training: bool
-    ) -> _order.EpochOrder | _streaming.StreamingOrder:
+    def epoch(
+        self, epoch: int, *, training: bool = True, first_step: int = 0, augment: bool = False
+    ) -> _epoch.ResidentEpoch:
+        """Opens one epoch: its batches, gathered on the replicas' devices.
+
+        Args:
+            epoch: The epoch number; with `seed` it fixes the order.
+            training: The training plan and order (shuffle, drops, the
+                exchange of globally shuffled sharded rows); False: the
+                evaluation plan, rows in order, nothing dropped.
+            first_step: Resume inside the epoch: iteration starts here.
+            augment: Apply the dataset's `augment` (training epochs only).
+
+        Returns:
+            A `ResidentEpoch` (see docs/custom_loops.md).
+
+        Example:
+            >>> epoch = ds.epoch(0)
+            >>> for step, (x, y, sample_weight) in epoch:
+            ...     train_step(x, y, epoch.global_rows(step))
+        """
+        return _epoch.open_epoch(self, epoch, training, first_step, augment)
+
+    def iterator(self, *, augment: bool = False) -> _iterator.ResidentIterator:
+        """A resumable position over training epochs (`get_state`/`set_state`,
+        trackable by `tf.train.Checkpoint`); see `ResidentIterator`."""
+        return _iterator.ResidentIterator(self, augment=augment)
+
+    @property
+    def element_spec(self) -> Batch:
+        """`Batch` of `tf.TensorSpec`s of one batch (`transform` applied to
+        `x`; leading dimension None), as `tf.data.Dataset.element_spec`."""
+        batch = self.gather(self.stores[0].handles, tf.constant([0]))
+
+        def spec(t: Any) -> Any:
+            # None: an absent optional input has no column, and no spec.
+            return None if t is None else tf.TensorSpec((None, *t.shape[1:]), t.dtype)
+
+        return Batch(*(None if b is None else keras.tree.map_structure(spec, b) for b in batch))
+
+    def epoch_order(self, epoch: int, training: bool) -> _order.Order:
         """The epoch's per-replica `[steps_per_epoch, per_replica_batch_size]`
-        index matrices, and what must happen before each call.
+        index matrices, and what must happen before each call (the residency's
+        `Order`; `ResidentEpoch` is the public form).
 
         Padding slots of a partial last step come after the real ones; the
         plan's `last_step_rows` says how many are real.
         """
         plan = self.plan if training else self.eval_plan
-        if self.exchange is not None:
-            return self.exchange.epoch_order(plan, epoch, training)
-        if self.stream is not None:
-            return _streaming.StreamingOrder(
-                self.columns,
-                self.stores,
-                plan,
-                self.stream,
-                self.seed if self.shuffle and training else None,
-                epoch,
-                self.load_options,
-            )
-        return _order.EpochOrder(self.epoch_indices(epoch, training), self.stores)
-
-    def epoch_indices(self, epoch: int, training: bool) -> list[tf.Tensor]:
-        """Per local replica, the index matrix of a resident epoch (see
-        `order.epoch_indices`)."""
-        plan = self.plan if training else self.eval_plan
-        return _order.epoch_indices(plan, self.stores, self.seed, epoch, self.shuffle and training)
+        return self.residency.epoch_order(plan, epoch, training)
 
     # -- batches (called inside the compiled step) ----------------------------
 
@@ -444,5 +465,5 @@ class ShardedResidentDataset:
         if self.transform is not None:
             x = self.transform(x)
         if not with_targets:
-            return x, None, None
-        return x, take(cols.y), take(cols.sample_weight)
+            return Batch(x, None, None)
+        return Batch(x, take(cols.y), take(cols.sample_weight))

@@ -143,7 +143,8 @@ def misfit_error(numbers: str, options: LoadOptions, streaming_asked: bool) -> s
 
 
 class GlobalShuffle:
-    """The layout of sharded rows across replicas and the per-epoch exchange.
+    """The layout of sharded rows across replicas and the per-epoch exchange
+    (the `order.Residency` of globally shuffled sharded rows).
 
     Args:
         plan: The dataset's evaluation plan (which rows each replica holds).
@@ -169,6 +170,12 @@ class GlobalShuffle:
         self._row_bytes, self._options, self._seed = row_bytes, options, seed
         self._num_rows = plan.num_rows
         self._engine: Engine | None = None
+
+    streamed = False
+
+    def exclusive(self, training: bool) -> bool:
+        """A training epoch moves rows: every open epoch's slots go stale."""
+        return training
 
     def epoch_order(self, plan: ShardPlan, epoch: int, training: bool) -> _order.EpochOrder:
         """Moves the rows for a training epoch, then returns its order.

@@ -1,9 +1,12 @@
 """Each resident epoch's order: which row every replica takes at every step.
 
 Owns the permutations and the per-replica `[steps, per_replica_batch_size]`
-index matrices built from a `ShardPlan`; the dataset asks for them once per
-epoch and the loop slices them per call. Streamed epochs have their own order
-(`streaming.StreamingOrder`) with the same methods.
+index matrices built from a `ShardPlan`, and the `Residency` protocol: the
+three ways rows are held (resident here, `ResidentRows`; streamed,
+`streaming.StreamedRows`; sharded with a per-epoch exchange,
+`global_order.GlobalShuffle`), one of which the dataset chooses once, in its
+constructor. Each hands out an epoch's `Order` (`EpochOrder` here,
+`streaming.StreamingOrder`), which `epoch.ResidentEpoch` wraps.
 
 Shuffling (`shuffle=True` with `placement="shard"` -- the global order of
 sharded rows -- is `global_order.py`'s: it moves rows, then indexes slots):
@@ -20,11 +23,79 @@ to each device once per epoch: 4 bytes per row.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import tensorflow as tf
 
 from shardfeed._data import storage as _storage
 from shardfeed._data.plan import ShardPlan
+
+
+class Order(Protocol):
+    """One epoch's order: per local replica, which slot each step reads."""
+
+    @property
+    def call_bounds(self) -> list[int] | None:
+        """Steps at which a compiled call must start (a streamed chunk's first
+        step); None: any step may."""
+        ...
+
+    def prepare(self, start: int, stop: int) -> None:
+        """Makes steps `[start, stop)` resident (uploads streamed chunks)."""
+
+    def slice(self, start: int, stop: int) -> list[tf.Tensor]:
+        """Per local replica, the `[stop - start, per_replica_batch_size]` slots."""
+        ...
+
+    def rows(self, local: int) -> np.ndarray:
+        """Global row of each slot of local replica `local`, step by step."""
+        ...
+
+    def close(self) -> None:
+        """Stops background uploads."""
+
+
+class Residency(Protocol):
+    """How a dataset holds its rows; chosen once, in the dataset's constructor."""
+
+    # Streamed rows pass through a ring refilled from the host between calls:
+    # only eager iteration can feed them.
+    streamed: bool
+
+    def exclusive(self, training: bool) -> bool:
+        """Whether opening such an epoch invalidates every other open epoch of
+        the dataset (rows move, or a ring is refilled)."""
+        ...
+
+    def epoch_order(self, plan: ShardPlan, epoch: int, training: bool) -> Order:
+        """Opens an epoch (moving rows first, if this residency moves them)."""
+        ...
+
+
+class ResidentRows:
+    """Every replica's rows resident and in place: orders are index matrices.
+
+    Args:
+        stores: The local replicas' storage.
+        seed: The dataset's seed.
+        shuffle: The dataset's `shuffle` (training epochs only).
+    """
+
+    streamed = False
+
+    def __init__(
+        self, stores: tuple[_storage.ReplicaStore, ...], seed: int | None, shuffle: bool | str
+    ) -> None:
+        self._stores, self._seed, self._shuffle = stores, seed, shuffle
+
+    def exclusive(self, training: bool) -> bool:
+        return False
+
+    def epoch_order(self, plan: ShardPlan, epoch: int, training: bool) -> EpochOrder:
+        shuffle = self._shuffle if training else False
+        indices = epoch_indices(plan, self._stores, self._seed, epoch, shuffle)
+        return EpochOrder(indices, self._stores)
 
 
 class EpochOrder:
@@ -50,6 +121,9 @@ class EpochOrder:
 
     def prepare(self, start: int, stop: int) -> None:
         """Nothing to do: every row is resident."""
+        # A statement, not only the docstring: `ResidentEpoch.batch(int)` inside the user's
+        # tf.function calls this, and AutoGraph cannot convert a docstring-only body (it warns).
+        return None
 
     def slice(self, start: int, stop: int) -> list[tf.Tensor]:
         return [idx[start:stop] for idx in self._indices]

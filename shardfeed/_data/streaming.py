@@ -99,6 +99,42 @@ def allocate_rings(
     return tuple(stores)
 
 
+class StreamedRows:
+    """The `Residency` of streamed shards: each epoch refills the rings.
+
+    Args:
+        columns: Where rows are read.
+        stores: The local rings.
+        stream: The chunk size.
+        seed: The dataset's seed.
+        shuffle: The dataset's `shuffle` (training epochs only).
+        options: Read options.
+    """
+
+    streamed = True
+
+    def __init__(
+        self,
+        columns: Columns,
+        stores: Sequence[ReplicaStore],
+        stream: StreamLayout,
+        seed: int | None,
+        shuffle: bool | str,
+        options: LoadOptions,
+    ) -> None:
+        self._columns, self._stores, self._stream = columns, stores, stream
+        self._seed, self._shuffle, self._options = seed, shuffle, options
+
+    def exclusive(self, training: bool) -> bool:
+        return True  # one ring per replica: two open epochs would refill it
+
+    def epoch_order(self, plan: ShardPlan, epoch: int, training: bool) -> StreamingOrder:
+        seed = self._seed if self._shuffle and training else None
+        return StreamingOrder(
+            self._columns, self._stores, plan, self._stream, seed, epoch, self._options
+        )
+
+
 class StreamingOrder:
     """One epoch of a streamed dataset: index slices into the rings, the global
     rows they stand for, and the chunk uploads that must precede each call.

@@ -16,9 +16,8 @@ import keras
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
 from shardfeed._data.plan import check_global_batch
-from shardfeed._data.sources import columns_from_arrays
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
 from shardfeed._training import eval_args, fit_args
@@ -147,7 +146,7 @@ def _as_dataset(
     if isinstance(data, ShardedResidentDataset):
         return data
     check_model_scope(model)
-    rows = columns_from_arrays(data, y, sample_weight).num_rows
+    rows = num_rows_of(data, y, sample_weight)
     world = current_world(model.distribute_strategy)
     if per_replica_batch_size is not None:
         batch = int(per_replica_batch_size)

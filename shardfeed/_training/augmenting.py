@@ -1,7 +1,8 @@
 """Where a training step's augmentation seed comes from.
 
 Separation of concerns: the dataset holds the user's `augment` function and
-`shardfeed._data.augment` derives seeds; this module gives the compiled
+`shardfeed._data.epoch.augmented` applies it with its step's seed (as a
+`ResidentEpoch` does); this module gives the compiled
 training calls what they need to draw one -- the epoch and the call's first
 step as a tensor (a Python int would be baked into the trace and retrace, or
 with XLA recompile, per call) and each replica's global id -- and applies
@@ -14,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from shardfeed._data.augment import step_seed
+from shardfeed._data import epoch as _epoch
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine
 
@@ -36,8 +37,4 @@ def augmented(
 ) -> Any:
     """`dataset.augment(x, seed)` for step `where[1] + step` of epoch
     `where[0]` on `replica`; `x` unchanged without `augment`."""
-    if dataset.augment is None:
-        return x
-    assert dataset.seed is not None  # checked when the dataset was built
-    seed = step_seed(dataset.seed, where[0], where[1] + tf.cast(step, tf.int64), replica)
-    return dataset.augment(x, seed)
+    return _epoch.augmented(dataset, x, where[0], where[1] + tf.cast(step, tf.int64), replica)

@@ -156,15 +156,17 @@ def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) 
     Uses Keras' own symbolic build (what `model.fit` does) on the shapes of
     one row: nothing runs and no metric state changes.
     """
-    store = dataset.stores[0]
     with engine.scope():
-        batch = dataset.gather(store.handles, tf.constant([0]))
-        compiled = getattr(model, "compiled", False)
+        # Only shapes and dtypes matter: one row of zeros per spec.
+        batch = keras.tree.map_structure(
+            lambda s: None if s is None else tf.zeros((1, *s.shape[1:]), s.dtype),
+            dataset.element_spec,
+        )
         # A model with its own steps may have no `call` (the guide's GAN):
         # no forward pass to build from; its layers are built already or in
         # its step, as under Keras' `fit` without a strategy.
         has_call = type(model).call is not keras.Model.call
-        if compiled and batch[1] is not None and has_call:
+        if getattr(model, "compiled", False) and batch[1] is not None and has_call:
             model._symbolic_build(data_batch=batch)
         else:
             if has_call:

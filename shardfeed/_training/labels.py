@@ -14,7 +14,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
@@ -66,10 +65,9 @@ def _sparse_label_columns(
         if getattr(loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
             continue
         if outputs is None:
-            x, _, _ = dataset.gather(dataset.stores[0].handles, tf.constant([0]), False)
             outputs = model.compute_output_spec(
                 keras.tree.map_structure(
-                    lambda t: keras.KerasTensor((None, *t.shape[1:]), t.dtype.name), x
+                    lambda s: keras.KerasTensor(s.shape, s.dtype.name), dataset.element_spec.x
                 )
             )
         names = list(getattr(model, "output_names", None) or [])

@@ -2,8 +2,9 @@
 
 Separation of concerns: the loop owns the step arithmetic -- forward,
 backward, loss scaling, optimizer update, metric updates -- and the compiled
-functions that run `k` steps per call. It gets batches from the dataset
-(`dataset.gather`) and distribution from the engine (`run`,
+functions that run `k` steps per call. It gets batches from the dataset's
+public epochs (`ResidentEpoch.indices`, `handles`, `gather`: what a user's
+own loop can use too) and distribution from the engine (`run`,
 `sum_across_replicas`, `reduce_gradients`); it never reads the plan's
 arithmetic or the environment.
 
@@ -50,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import model_steps as _model_steps
@@ -181,6 +183,9 @@ class Loop:
         # Weak: the loop is cached per dataset (`_training._loop_for`) and must
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
+        # The epoch a call runs on (its `gather` is traced); held only
+        # during `run_epoch`/`predict`, for the same reason.
+        self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
@@ -221,9 +226,14 @@ class Loop:
             raise RuntimeError("The dataset this loop was built for has been deleted.")
         return dataset
 
-    def _handles(self) -> Any:
+    def _handles(self, order: ResidentEpoch) -> Any:
         """The columns' handles per local replica, for the compiled calls."""
-        return self.engine.distribute([store.handles for store in self.dataset.stores])
+        return self.engine.distribute(order.handles())
+
+    def _gather(self, handles, indices, with_targets: bool = True):
+        if self._open is None:
+            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
+        return self._open.gather(handles, indices, with_targets)
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -276,7 +286,7 @@ class Loop:
         return total
 
     def _train_batch(self, handles, indices):
-        x, y, sw = self.dataset.gather(handles, indices)
+        x, y, sw = self._gather(handles, indices)
         if self.class_weights is not None:  # only training batches, as in Keras
             sw = self.class_weights.weights(y)
         return x, y, sw
@@ -313,7 +323,7 @@ class Loop:
         def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self.dataset.gather(handles, indices[i])
+                x, y, sw = self._gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
@@ -333,7 +343,7 @@ class Loop:
     def _test_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self.dataset.gather(handles, indices[:real_rows])
+                x, y, sw = self._gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -351,7 +361,7 @@ class Loop:
     def _predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.dataset.gather(handles, indices[i], with_targets=False)
+                x, _, _ = self._gather(handles, indices[i], with_targets=False)
                 return self.model(x, training=False)
 
             steps = indices.shape[0]
@@ -369,9 +379,8 @@ class Loop:
 
     # -- host side -----------------------------------------------------------
 
-    def _slices(self, order, start: int, stop: int) -> Any:
-        order.prepare(start, stop)
-        return self.engine.distribute(order.slice(start, stop))
+    def _slices(self, order: ResidentEpoch, start: int, stop: int) -> Any:
+        return self.engine.distribute(order.indices(start, stop))
 
     def steps_per_call(self, num_steps: int) -> int:
         """Steps per compiled call for an epoch of `num_steps` full steps
@@ -433,11 +442,10 @@ class Loop:
         Returns:
             The epoch's logs: loss and compiled metrics over all replicas.
         """
-        ds = self.dataset
+        order = self.dataset.epoch(epoch, training=training)
+        plan, self._open = order.plan, order
         if training and self.model_steps.train:
-            self._own.create_variables()  # once, before the first training trace
-        plan = ds.plan if training else ds.eval_plan
-        order = ds.epoch_order(epoch, training)
+            self._own.create_variables(order)  # once, before the first training trace
         first, last = steps or (0, plan.steps_per_epoch)
         try:
             with self.traces.bound(self):
@@ -447,11 +455,12 @@ class Loop:
                 )
         finally:
             order.close()
+            self._open = None
 
     def _run_epoch(
         self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals, epoch
     ):
-        handles, replicas = self._handles(), _augmenting.replica_ids(self.engine)
+        handles, replicas = self._handles(order), _augmenting.replica_ids(self.engine)
 
         def chunk_fn(handles, indices, start):
             if not training:
@@ -473,8 +482,7 @@ class Loop:
         if plan.has_partial_step and first < plan.steps_per_epoch <= last:
             step = plan.steps_per_epoch - 1
             on_chunk_begin(step)
-            order.prepare(step, step + 1)
-            last_step = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+            last_step = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
             real_rows = sum(plan.last_step_rows)
             if training:
                 all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
@@ -507,12 +515,11 @@ class Loop:
     def predict(self) -> Any:
         """Predictions for every row of every worker, in the original row order,
         on every worker."""
-        ds = self.dataset
-        plan = ds.eval_plan
-        order = ds.epoch_order(0, training=False)
-        chunks: list[list[Any]] = [[] for _ in ds.stores]
+        order = self.dataset.epoch(0, training=False)
+        plan, self._open = order.plan, order
+        chunks: list[list[Any]] = [[] for _ in order.handles()]
         structure = None
-        handles = self._handles()
+        handles = self._handles(order)
         # A model's own `predict_step` sees only the real rows of the last step.
         partial = self.model_steps.predict and plan.has_partial_step
         try:
@@ -525,20 +532,20 @@ class Loop:
                         chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
                 if partial:
                     step = plan.steps_per_epoch - 1
-                    order.prepare(step, step + 1)
-                    last = self.engine.distribute([idx[0] for idx in order.slice(step, step + 1)])
+                    last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
                     out = self._predict_partial_fn(handles, last, self._real_rows(plan))
                     for local, value in enumerate(self._local_structures(out)):
                         structure = self._own.padded(value, plan.per_replica_batch_size)
                         chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
-        return _predictions.in_row_order(self.engine, order, plan, ds.stores, chunks, structure)
+            self._open = None
+        return _predictions.in_row_order(self.engine, order, chunks, structure)
 
     def _local_structures(self, out: Any) -> list[Any]:
         flat = keras.tree.flatten(out)
         per_leaf = [self.engine.local_results(t) for t in flat]
         return [
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
-            for i in range(len(self.dataset.stores))
+            for i in range(self.engine.world.replicas_in_process)
         ]

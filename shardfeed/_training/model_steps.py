@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
+from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import step_optimizers as _step_optimizers
 
@@ -78,7 +79,7 @@ class ModelStepCalls:
         self.steps = ModelSteps.of(loop.model)
         self._variables_created = False
 
-    def create_variables(self) -> None:
+    def create_variables(self, order: ResidentEpoch) -> None:
         """Builds the optimizers the step applies before the loop is traced.
 
         The guide's GAN builds its two optimizers on their first `apply`,
@@ -100,9 +101,9 @@ class ModelStepCalls:
 
             return engine.run(replica, (handles, indices))
 
-        rows = engine.distribute([tf.constant([0])] * len(loop.dataset.stores))
+        rows = engine.distribute([tf.constant([0])] * len(order.handles()))
         with _step_optimizers.recorded() as unbuilt:
-            tf.function(step).get_concrete_function(loop._handles(), rows)
+            tf.function(step).get_concrete_function(loop._handles(order), rows)
         with engine.scope():
             for optimizer, variables in unbuilt:
                 optimizer.build(variables)
@@ -144,7 +145,7 @@ class ModelStepCalls:
         steps = engine.local_results(indices)[0].shape[0]
 
         def replica(handles, indices, i):
-            batch = loop.dataset.gather(handles, indices[i])
+            batch = loop._gather(handles, indices[i])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         for i in tf.range(steps - 1):
@@ -155,7 +156,7 @@ class ModelStepCalls:
         # A replica without a real row runs the step on an empty batch, as a
         # replica handed an empty batch by `tf.distribute` does under Keras.
         def replica(handles, indices, real_rows):
-            batch = self.loop.dataset.gather(handles, indices[:real_rows])
+            batch = self.loop._gather(handles, indices[:real_rows])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         return self._reduced(self.engine.run(replica, (handles, indices, real_rows)))
@@ -163,7 +164,7 @@ class ModelStepCalls:
     def predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.loop.dataset.gather(handles, indices[i], with_targets=False)
+                x, _, _ = self.loop._gather(handles, indices[i], with_targets=False)
                 return self.model.predict_step(keras_data(x))
 
             steps = indices.shape[0]
@@ -181,7 +182,7 @@ class ModelStepCalls:
 
     def predict_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
-            x, _, _ = self.loop.dataset.gather(handles, indices[:real_rows], with_targets=False)
+            x, _, _ = self.loop._gather(handles, indices[:real_rows], with_targets=False)
             return self.model.predict_step(keras_data(x))
 
         return self.engine.run(replica, (handles, indices, real_rows))

@@ -13,25 +13,18 @@ from typing import Any
 import keras
 import numpy as np
 
-from shardfeed._data.plan import ShardPlan
-from shardfeed._data.storage import ReplicaStore
+from shardfeed._data.epoch import ResidentEpoch
 
 
 def in_row_order(
-    engine: Any,
-    order: Any,
-    plan: ShardPlan,
-    stores: tuple[ReplicaStore, ...],
-    chunks: list[list[Any]],
-    structure: Any,
+    engine: Any, order: ResidentEpoch, chunks: list[list[Any]], structure: Any
 ) -> Any:
     """Every row's output, sorted by row number, from every replica's chunks.
 
     Args:
         engine: The engine (its `all_gather` crosses workers).
-        order: The evaluation epoch's order (`rows(local)`: each slot's row).
-        plan: The evaluation plan (how many slots of the last step are real).
-        stores: The local replicas' storage.
+        order: The evaluation epoch (`slot_rows(local)`: each slot's row, -1
+            for padding).
         chunks: Per local replica, per compiled call, the flat output leaves.
         structure: One replica's output structure (to pack the leaves into).
 
@@ -39,15 +32,12 @@ def in_row_order(
         The outputs, one per row of the whole dataset, in row order.
 
     Example:
-        >>> in_row_order(engine, order, ds.eval_plan, ds.stores, chunks, structure)
+        >>> in_row_order(engine, ds.epoch(0, training=False), chunks, structure)
     """
-    # Every replica has steps_per_epoch * per_replica_batch_size slots; the
-    # padding slots after its real rows get row -1.
+    # Every replica has steps * per_replica_batch_size slots; padding: row -1.
     rows_per_replica, leaves_per_replica = [], []
-    for local, store in enumerate(stores):
-        slot_rows = order.rows(local).copy()
-        slot_rows[plan.rows_per_epoch(store.replica) :] = -1
-        rows_per_replica.append(slot_rows)
+    for local in range(len(chunks)):
+        rows_per_replica.append(order.slot_rows(local))
         leaves_per_replica.append(
             [
                 np.concatenate([c[j] for c in chunks[local]]).reshape(-1, *leaf.shape[2:])

@@ -1,0 +1,335 @@
+"""The public interface to resident batches: `ResidentEpoch` and `Batch`.
+
+Owns what a training loop -- the user's own, or `shardfeed.fit`'s compiled
+one -- sees of a dataset: one epoch at a time, its steps and each step's
+`Batch` gathered on the replicas' devices, the real rows of a partial last
+step (`iterator.py` keeps a resumable position over them). The dataset's residency
+(`order.Residency`: resident, streamed, or sharded with the exchange) makes
+each epoch's order; this module wraps whichever the dataset chose, so no
+caller branches on it. See docs/custom_loops.md.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.augment import step_seed
+from shardfeed._data.order import Order
+from shardfeed._data.plan import ShardPlan
+
+if TYPE_CHECKING:
+    from shardfeed._data.dataset import ShardedResidentDataset
+
+
+class Batch(NamedTuple):
+    """One step's rows on one replica (or per-replica values over several).
+
+    `y` and `sample_weight` are None when the dataset has none.
+    """
+
+    x: Any
+    y: Any
+    sample_weight: Any
+
+
+def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, replica: Any) -> Any:
+    """`dataset.augment(x, seed)` for `step` of `epoch` on global `replica`
+    (tensors or ints; the seed is `augment.step_seed`'s), `x` unchanged
+    without `augment`. The compiled loop and `ResidentEpoch` draw alike."""
+    if dataset.augment is None:
+        return x
+    assert dataset.seed is not None  # checked when the dataset was built
+    return dataset.augment(x, step_seed(dataset.seed, epoch, step, replica))
+
+
+def check_int(name: str, value: Any, low: int, high: int, fix: str) -> int:
+    if not (_errors.is_integer(value) and low <= value <= high):
+        raise ValueError(
+            _errors.message(f"`{name}` must be an integer in [{low}, {high}].",
+                            f"{name}={value!r}", fix)
+        )
+    return int(value)
+
+
+def open_epoch(
+    dataset: ShardedResidentDataset, epoch: int, training: bool, first_step: int, augment: bool
+) -> ResidentEpoch:
+    """`ShardedResidentDataset.epoch`: validates, closes what the new epoch
+    invalidates, then opens it (a training epoch of exchanged rows moves them)."""
+    epoch = check_int("epoch", epoch, 0, 2**62, "Pass the epoch number, e.g. `epoch=0`.")
+    if augment and not training:
+        raise ValueError(
+            _errors.message(
+                "Only training epochs augment (evaluation reads the rows as they are).",
+                "augment=True, training=False",
+                "Pass `augment=False` for an evaluation epoch.",
+            )
+        )
+    if augment and dataset.augment is None:
+        raise ValueError(
+            _errors.message(
+                "`augment=True` applies the dataset's `augment` function; it has none.",
+                "augment=True, dataset augment=None",
+                "Build the dataset with `augment=...`, or pass `augment=False`.",
+            )
+        )
+    plan = dataset.plan if training else dataset.eval_plan
+    first_step = check_int(
+        "first_step", first_step, 0, plan.steps_per_epoch,
+        f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
+    )
+    if dataset.residency.exclusive(training):
+        for other in list(dataset._open_epochs):
+            other.close()
+    opened = ResidentEpoch(dataset, plan, epoch, training, first_step, augment)
+    dataset._open_epochs.add(opened)
+    return opened
+
+
+class ResidentEpoch:
+    """One epoch of a `ShardedResidentDataset`: steps and their batches.
+
+    Made by `ShardedResidentDataset.epoch(...)`. Iterating yields
+    `(step, Batch(x, y, sample_weight))` for `step` in
+    `range(first_step, steps)`, each leaf on its replica's device (a
+    `tf.distribute` per-replica value with several local replicas, which
+    `strategy.run` accepts). A partial last step hands out only the real rows;
+    `global_rows(step)` counts them over all replicas.
+
+    Attributes:
+        epoch: The epoch number.
+        training: Training order (True) or evaluation order.
+        first_step: The first step iteration yields.
+        steps: Steps every replica of every rank runs (equal on all ranks).
+        full_steps: Steps with `per_replica_batch_size` rows on every replica.
+        has_partial_step: Whether the last step is partial.
+        per_replica_batch_size, global_batch_size, num_replicas_in_sync: As
+            in `tf.distribute`.
+        plan: The epoch's `ShardPlan`.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardedResidentDataset,
+        plan: ShardPlan,
+        epoch: int,
+        training: bool,
+        first_step: int,
+        augment: bool,
+    ) -> None:
+        self._dataset = dataset
+        self.plan = plan
+        self.epoch, self.training, self.first_step = epoch, training, first_step
+        self._augment = augment
+        self._closed = False
+        self._order: Order = dataset.residency.epoch_order(plan, epoch, training)
+        self._matrices: list[tf.Tensor] | None = None
+        # The iterator's position hook: called with each step handed out.
+        self._on_step: Any = None
+        self._weak_finalizer = weakref.finalize(self, self._order.close)
+
+    # -- what it is ------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps_per_epoch
+
+    @property
+    def full_steps(self) -> int:
+        return self.plan.full_steps_per_epoch
+
+    @property
+    def has_partial_step(self) -> bool:
+        return self.plan.has_partial_step
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.plan.num_replicas
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return self.steps - self.first_step
+
+    def __repr__(self) -> str:
+        return (
+            f"ResidentEpoch(epoch={self.epoch}, training={self.training}, steps={self.steps}, "
+            f"first_step={self.first_step}, global_batch_size={self.global_batch_size}"
+            f"{', closed' if self._closed else ''})"
+        )
+
+    def replica_rows(self, step: int) -> tuple[int, ...]:
+        """Real rows of `step` on each global replica."""
+        self._check_step(step, self.steps)
+        if step == self.steps - 1:
+            return tuple(self.plan.last_step_rows)
+        return (self.per_replica_batch_size,) * self.num_replicas_in_sync
+
+    def global_rows(self, step: int) -> int:
+        """Real rows of `step` over all replicas: `global_batch_size` but in a
+        partial last step; the `global_batch_size` of `tf.nn.compute_average_loss`."""
+        return sum(self.replica_rows(step))
+
+    # -- batches ---------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[int, Batch]]:
+        for step in range(self.first_step, self.steps):
+            self._check_open()
+            (batch,) = self._batches(step, step + 1)
+            if self._on_step is not None:
+                self._on_step(self, step)
+            yield step, batch
+
+    def batch(self, step: int | tf.Tensor) -> Batch:
+        """The `Batch` of `step`, usable inside the user's `tf.function`.
+
+        `step` may be a scalar int tensor for a full step (`for step in
+        tf.range(epoch.full_steps)`); the partial last step must be asked with
+        a Python int, its shapes differ per replica.
+
+        Raises:
+            ValueError: For a step out of range, or the partial step as a tensor.
+            RuntimeError: If the epoch is closed, or the rows are streamed.
+        """
+        self._check_open()
+        if self._dataset.residency.streamed:
+            raise RuntimeError(
+                _errors.message(
+                    "`ResidentEpoch.batch` reads rows already on the device; streamed rows "
+                    "are uploaded from the host between steps, by eager iteration only.",
+                    "streaming=True",
+                    "Iterate the epoch eagerly (`for step, batch in epoch:`), or hold the "
+                    "rows resident (`LoadOptions(streaming=False)`, more replicas).",
+                )
+            )
+        if isinstance(step, tf.Tensor | tf.Variable):
+            if self._matrices is None:
+                self._matrices = self._order.slice(0, self.steps)
+            stores = self._dataset.stores
+            per_replica = []
+            for local, store in enumerate(stores):
+                with tf.device(store.device):
+                    per_replica.append(self._gather(local, self._matrices[local][step], step))
+            return self._distribute(per_replica)
+        self._check_step(step, self.steps)
+        (batch,) = self._batches(int(step), int(step) + 1)
+        return batch
+
+    def close(self) -> None:
+        """Closes the epoch (a later epoch that moves rows closes it too)."""
+        if not self._closed:
+            self._closed = True
+            self._matrices = None
+            self._weak_finalizer()
+
+    # -- for the compiled multi-step loop (`_training/loop.py`) -----------------
+
+    @property
+    def call_bounds(self) -> list[int] | None:
+        """Steps at which a compiled call must start (a streamed chunk's first
+        step); None: any step may."""
+        return self._order.call_bounds
+
+    def handles(self) -> list[tuple[tf.Tensor, ...]]:
+        """Per local replica, the columns' resource handles, for compiled
+        functions: a trace keeps the variables passed to it alive, never
+        the handles' rows (see `_training/loop.py`)."""
+        self._check_open()
+        return [store.handles for store in self._dataset.stores]
+
+    def indices(self, start: int, stop: int) -> list[tf.Tensor]:
+        """Per local replica, the `[stop - start, per_replica_batch_size]` slots
+        of steps `[start, stop)` (made resident first); padding slots of a
+        partial last step come after the real ones."""
+        self._check_open()
+        self._order.prepare(start, stop)
+        return self._order.slice(start, stop)
+
+    def gather(self, handles: tuple[tf.Tensor, ...], index_row: tf.Tensor,
+               with_targets: bool = True) -> Batch:
+        """One replica's `Batch` at slots `index_row`, inside a compiled call
+        (`transform` applied, no augmentation: see `augmented`)."""
+        return self._dataset.gather(handles, index_row, with_targets)
+
+    def slot_rows(self, local: int) -> np.ndarray:
+        """Global row of each slot of local replica `local`, step by step;
+        -1 for padding."""
+        out = np.asarray(self._order.rows(local)).copy()
+        out[self.plan.rows_per_epoch(self._dataset.stores[local].replica) :] = -1
+        return out
+
+    # -- internals -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(
+                _errors.message(
+                    "This epoch is closed: a later epoch of the dataset moved its rows "
+                    "(the global shuffle's exchange, a streamed ring), or it was closed.",
+                    f"epoch={self.epoch}, training={self.training}",
+                    "Open the epoch again with `dataset.epoch(...)` (or use the iterator's "
+                    "`epochs()`); keep one training epoch open at a time.",
+                )
+            )
+
+    def _check_step(self, step: Any, stop: int) -> None:
+        if not (_errors.is_integer(step) and 0 <= step < stop):
+            raise ValueError(
+                _errors.message(
+                    f"`step` must be a step of this epoch, an integer in [0, {stop}).",
+                    f"step={step!r}",
+                    "Ask for `range(epoch.steps)`; a tensor step works in `batch()` for "
+                    "full steps only.",
+                )
+            )
+
+    def _gather(self, local: int, index_row: Any, step: Any) -> Batch:
+        x, y, sw = self._dataset.gather(self._dataset.stores[local].handles, index_row)
+        if self._augment:
+            replica = self._dataset.stores[local].replica
+            x = augmented(self._dataset, x, self.epoch, step, replica)
+        return Batch(x, y, sw)
+
+    def _batches(self, start: int, stop: int) -> list[Batch]:
+        slots = self.indices(start, stop)
+        out = []
+        for step in range(start, stop):
+            per_replica = []
+            for local, store in enumerate(self._dataset.stores):
+                rows = self.replica_rows(step)[store.replica]
+                with tf.device(store.device):
+                    row = slots[local][step - start][:rows]
+                    per_replica.append(self._gather(local, row, step))
+            out.append(self._distribute(per_replica))
+        return out
+
+    def _distribute(self, per_replica: list[Batch]) -> Batch:
+        if len(per_replica) == 1:
+            return per_replica[0]
+        strategy = self._dataset.world.strategy
+        first = self._dataset.world.global_replica_ids[0]
+
+        def place(field: int) -> Any:
+            if per_replica[0][field] is None:
+                return None
+            return strategy.experimental_distribute_values_from_function(
+                lambda ctx: per_replica[ctx.replica_id_in_sync_group - first][field]
+            )
+
+        return Batch(place(0), place(1), place(2))
