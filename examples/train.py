@@ -55,21 +55,14 @@ def main(argv=None):
         np.save(os.path.join(args.write_data, "y.npy"), y[:-2000])
         return 0
 
-    import tensorflow as tf
-
-    if args.cpu_devices > 1:
-        # shardfeed: only to try several devices on a CPU-only machine.
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices
-        )
-
     import keras
 
     import shardfeed
     from shardfeed import files
 
-    world = shardfeed.init(args.engine)  # shardfeed: picks the engine from how we were started
+    # shardfeed: picks the engine from how we were started; --cpu-devices N splits
+    # the CPU into N logical devices to try several replicas on a CPU-only machine.
+    world = shardfeed.init(args.engine, cpu_devices=args.cpu_devices or None)
     if world.is_chief:
         print(
             f"engine={world.backend} workers={world.world_size} "

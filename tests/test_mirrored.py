@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from _helpers import mirrored_strategy
 from keras import layers
 
 import shardfeed
@@ -20,13 +20,7 @@ from shardfeed import FitOptions, ShardedResidentDataset
 pytestmark = pytest.mark.multi_device
 
 
-def _strategy(n):
-    # Strategies built in one process share collective group keys; one over 2
-    # devices and one over 4 then collide ("joining a group with size 4, but
-    # that group has size 2"). TensorFlow's own tests move the key base per
-    # strategy (strategy_combinations._mirrored_strategy_with_collective_key_base).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+_strategy = mirrored_strategy
 
 
 def _data(rows, seed=0):
@@ -158,7 +152,8 @@ def test_model_and_dataset_must_share_the_strategy():
     with pytest.raises(ValueError) as err:
         shardfeed.fit(model, ds)
     assert str(err.value) == (
-        "The model and the dataset must use the same `tf.distribute` strategy. Received: "
+        "The model and the dataset must use the same `tf.distribute` strategy. The model "
+        "was built, compiled or loaded outside the strategy's scope. Received: "
         "model.distribute_strategy=_DefaultDistributionStrategy, dataset "
         "strategy=MirroredStrategy. Build, compile or load the model inside the dataset's "
         "strategy scope, e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "

@@ -410,7 +410,8 @@ class ShardedResidentDataset:
         batch = self.gather(self.stores[0].handles, tf.constant([0]))
 
         def spec(t: Any) -> Any:
-            return tf.TensorSpec((None, *t.shape[1:]), t.dtype)
+            # None: an absent optional input has no column, and no spec.
+            return None if t is None else tf.TensorSpec((None, *t.shape[1:]), t.dtype)
 
         return Batch(*(None if b is None else keras.tree.map_structure(spec, b) for b in batch))
 
@@ -460,7 +461,10 @@ class ShardedResidentDataset:
         def take(structure: Any) -> Any:
             if structure is None:
                 return None
-            return keras.tree.map_structure(gather_column, structure)
+            # A None leaf is an absent optional input: None in the batch too.
+            return keras.tree.map_structure(
+                lambda i: None if i is None else gather_column(i), structure
+            )
 
         x = take(cols.x)
         if self.transform is not None:

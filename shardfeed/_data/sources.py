@@ -99,7 +99,8 @@ class Columns:
         columns: Leaves in flatten order (dict keys sorted, as `keras.tree`): all
             of x, then y, then
             sample_weight.
-        x: The structure of x with leaves replaced by column indices.
+        x: The structure of x with leaves replaced by column indices (None
+            for an absent optional input).
         y: Likewise for y, or None.
         sample_weight: Likewise for sample_weight, or None.
         num_rows: Rows in every column.
@@ -232,9 +233,16 @@ def columns_from_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> Col
                     f"Pass arrays in `{part}` or leave it as None.",
                 )
             )
-        first = len(columns)
-        columns.extend(make_column(_path_name(part, path), leaf, part) for path, leaf in leaves)
-        structures[part] = optree.tree_unflatten(treespec, list(range(first, len(columns))))
+        indices: list[int | None] = []
+        for path, leaf in leaves:
+            # None in `x` is an absent optional model input (`keras.Input(...,
+            # optional=True)`), as Keras takes it: no column, None in every batch.
+            if leaf is None and part == "x" and len(leaves) > 1:
+                indices.append(None)
+                continue
+            indices.append(len(columns))
+            columns.append(make_column(_path_name(part, path), leaf, part))
+        structures[part] = optree.tree_unflatten(treespec, indices)
     num_rows = check_lengths(columns)
     return Columns(
         columns=tuple(columns),

@@ -14,18 +14,67 @@ source replica.
   round (`gathered_all_to_all`): each replica contributes its send buffer,
   padded to the round's largest, and keeps the slices meant for it.
 - Horovod: `hvd.alltoall` with splits (in `horovod.py`).
-Collective paths carry rows as int32 words (`to_words`): TensorFlow's
-collective gather takes only 32/64-bit and float types, rows may be uint8
-or bool.
+Collective paths carry rows as int32 words (`to_words`, `array_to_words`):
+TensorFlow's collective gather takes only 32/64-bit and float types, rows
+may be uint8 or bool. They gather through `gather_words`, one compiled
+function per strategy.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+_GATHERS: weakref.WeakKeyDictionary[tf.distribute.Strategy, Any] = weakref.WeakKeyDictionary()
+
+
+def gather_words(strategy: tf.distribute.Strategy, words: Any) -> tf.Tensor:
+    """`strategy.gather(words, axis=0)` of per-replica int32 `[n, w]` words,
+    inside one compiled function per strategy.
+
+    Called eagerly under MultiWorkerMirroredStrategy, `strategy.gather` wraps
+    its collective in a new `tf.function` on every call
+    (`CollectiveAllReduce._batch_all_gather`), tracing each time, and
+    TensorFlow warns about the retracing from the fifth call on. Inside this
+    function that wrapping happens only while it traces: once, and once more
+    when the shapes first change (`reduce_retracing` then leaves `n` and `w`
+    open), so one dtype (words) serves every caller.
+    """
+    gather = _GATHERS.get(strategy)
+    if gather is None:
+        owner = weakref.ref(strategy)  # the cache must not keep the strategy alive
+
+        def gather_fn(value: Any) -> tf.Tensor:
+            live = owner()
+            assert live is not None  # the cache entry dies with its strategy
+            return live.gather(value, axis=0)
+
+        gather = tf.function(gather_fn, reduce_retracing=True)
+        _GATHERS[strategy] = gather
+    return gather(words)
+
+
+def array_to_words(array: np.ndarray) -> np.ndarray:
+    """`[n, ...]` rows of any dtype as `[n, words]` int32 (bytes padded to a
+    word), on the host: `to_words` for NumPy arrays."""
+    rows = np.ascontiguousarray(array)
+    n = rows.shape[0]
+    as_bytes = rows.reshape(n, math.prod(rows.shape[1:])).view(np.uint8)
+    pad = -as_bytes.shape[1] % 4
+    return np.ascontiguousarray(np.pad(as_bytes, ((0, 0), (0, pad)))).view(np.int32)
+
+
+def array_from_words(words: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Inverse of `array_to_words`: rows shaped and typed like `like`'s rows."""
+    row_shape = like.shape[1:]
+    row_bytes = math.prod(row_shape) * like.dtype.itemsize
+    as_bytes = np.ascontiguousarray(words.view(np.uint8)[:, :row_bytes])
+    return as_bytes.view(like.dtype).reshape(words.shape[0], *row_shape)
 
 
 def local_all_to_all(
@@ -74,7 +123,7 @@ def gathered_all_to_all(
             words = to_words(t)
             fill = tf.zeros([width - int(words.shape[0]), int(words.shape[1])], words.dtype)
             padded.append(tf.concat([words, fill], axis=0))
-    everything = strategy.gather(distribute(padded), axis=0)
+    everything = gather_words(strategy, distribute(padded))
     offsets = np.cumsum(counts, axis=1) - counts
     out = []
     for d, device in zip(local_ids, devices, strict=True):

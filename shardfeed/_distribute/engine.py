@@ -46,7 +46,7 @@ class Engine(Protocol):
     def sum_across_replicas(self, value: Any) -> Any: ...
     def read_sum(self, variable: tf.Variable) -> Any: ...
     def reduce_gradients(self, grads: list[Any]) -> list[Any]: ...
-    def metric_results(self, model: keras.Model) -> dict[str, float]: ...
+    def metric_results(self, model: keras.Model) -> dict[str, Any]: ...
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]: ...
     def prepare_model(self, model: keras.Model) -> None: ...
@@ -134,7 +134,7 @@ class StrategyEngine:
     def reduce_gradients(self, grads: list[Any]) -> list[Any]:
         return grads
 
-    def metric_results(self, model: keras.Model) -> dict[str, float]:
+    def metric_results(self, model: keras.Model) -> dict[str, Any]:
         return metric_results(model)
 
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray:
@@ -145,9 +145,9 @@ class StrategyEngine:
         tensors = []
         for array, device in zip(per_local_replica, self.world.local_devices, strict=True):
             with tf.device(device):
-                tensors.append(tf.constant(array))
-        value = self.distribute(tensors)
-        return self.strategy.gather(value, axis=0).numpy()
+                tensors.append(tf.constant(_alltoall.array_to_words(array)))
+        words = _alltoall.gather_words(self.strategy, self.distribute(tensors))
+        return _alltoall.array_from_words(words.numpy(), per_local_replica[0])
 
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
         """Sends each local replica's rows (grouped by destination, `counts[s, d]`

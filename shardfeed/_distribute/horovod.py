@@ -82,7 +82,7 @@ class HorovodEngine:
             out[i] = g
         return out
 
-    def metric_results(self, model: keras.Model) -> dict[str, float]:
+    def metric_results(self, model: keras.Model) -> dict[str, Any]:
         """Results over all ranks: sum (or average) each metric variable across
         ranks, read the results, then restore this rank's own state so the
         next call keeps accumulating locally."""

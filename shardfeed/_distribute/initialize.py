@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 from shardfeed._common import errors as _errors
@@ -36,6 +36,36 @@ logger = logging.getLogger("shardfeed")
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
+CPU_DEVICES_ENV = "SHARDFEED_CPU_DEVICES"
+
+
+def cpu_devices_wanted(cpu_devices: int | None, environ: Mapping[str, str]) -> int | None:
+    """How many logical devices to split the CPU into: `cpu_devices`, else
+    `SHARDFEED_CPU_DEVICES`, else None (leave TensorFlow's configuration).
+    Pure, so every rule is tested with plain values.
+
+    Raises:
+        ValueError: For anything but an integer >= 1.
+    """
+    if cpu_devices is not None:
+        received = f"cpu_devices={cpu_devices!r}"
+        wanted = int(cpu_devices) if _errors.is_integer(cpu_devices) else 0
+    else:
+        text = environ.get(CPU_DEVICES_ENV, "").strip()
+        if not text:
+            return None
+        received = f"{CPU_DEVICES_ENV}={text!r}"
+        wanted = int(text) if text.isdigit() else 0
+    if wanted < 1:
+        raise ValueError(
+            _errors.message(
+                "`cpu_devices` must be an integer >= 1: the number of logical devices "
+                "to split the CPU into (MirroredStrategy over them).",
+                received,
+                "Pass e.g. `shardfeed.init(cpu_devices=2)` or set SHARDFEED_CPU_DEVICES=2.",
+            )
+        )
+    return wanted
 
 
 def resolve_engine(
@@ -88,12 +118,23 @@ def gpu_for_worker(
     return gpus[local_rank]
 
 
-def init(engine: EngineName = "auto", *, startup_timeout_s: float | None = None):
+def init(
+    engine: EngineName = "auto",
+    cpu_devices: int | None = None,
+    *,
+    startup_timeout_s: float | None = None,
+):
     """Starts the distribution context for how this script was launched.
 
     Args:
         engine: `"auto"` (default: decided by `resolve_engine`), or force one
             of `"single"`, `"mirrored"`, `"multiworker"`, `"horovod"`.
+        cpu_devices: Split the CPU into this many logical devices first (on
+            a machine without GPUs, one process): with more than one,
+            `"auto"` picks MirroredStrategy over them, to try several
+            replicas on a laptop or in CI. None (default): the variable
+            `SHARDFEED_CPU_DEVICES`, else leave the CPU as it is. Must come
+            before anything initialises TensorFlow's devices.
         startup_timeout_s: `multiworker` only: seconds to wait for every other
             task of the TF_CONFIG cluster to start before TensorFlow's own
             set-up (default: `SHARDFEED_STARTUP_TIMEOUT_S`, else 300;
@@ -123,7 +164,10 @@ def init(engine: EngineName = "auto", *, startup_timeout_s: float | None = None)
     every interface, unauthenticated, naming the ports.
 
     Raises:
-        ValueError: For an unknown engine or inconsistent launcher variables.
+        ValueError: For an unknown engine or inconsistent launcher variables,
+            or `cpu_devices` with GPUs, several workers or Horovod.
+        RuntimeError: For `cpu_devices` after TensorFlow initialised its
+            devices, naming the fix.
         ImportError: For `"horovod"` without Horovod installed, with the fix.
         OSError: If this worker's TF_CONFIG port is already in use (named in
             the message), instead of TensorFlow's failure a minute later.
@@ -141,12 +185,15 @@ def init(engine: EngineName = "auto", *, startup_timeout_s: float | None = None)
     # SIGTERM.
     _launch_env.announce(_launch_env.ARRIVED)
     timeout_s = _startup.startup_timeout_s(startup_timeout_s, os.environ)
-    world = _init(engine, timeout_s)
+    world = _init(engine, cpu_devices_wanted(cpu_devices, os.environ), timeout_s)
+    from shardfeed._distribute import world as _world
+
+    _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     return world
 
 
-def _init(engine: str, startup_timeout_s: float):
+def _init(engine: str, split_cpu_into: int | None, startup_timeout_s: float):
     import tensorflow as tf
 
     from shardfeed._distribute import world as _world
@@ -158,7 +205,10 @@ def _init(engine: str, startup_timeout_s: float):
     cpu_devices = tf.config.get_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0]
     )
-    chosen = resolve_engine(engine, launch_env, len(physical_gpus), len(cpu_devices or ()))
+    num_cpu_devices = len(cpu_devices or ()) if split_cpu_into is None else split_cpu_into
+    chosen = resolve_engine(engine, launch_env, len(physical_gpus), num_cpu_devices)
+    if split_cpu_into is not None:
+        _split_cpu(tf, split_cpu_into, chosen, len(physical_gpus))
     pinned = gpu_for_worker(
         [g.name for g in physical_gpus], launch_env.local_rank, local_size(os.environ)
     )
@@ -185,6 +235,43 @@ def _init(engine: str, startup_timeout_s: float):
         ]
         return _world.current_world(tf.distribute.MirroredStrategy(devices))
     return _world.current_world()
+
+
+def _split_cpu(tf, num_devices: int, engine: str, num_gpus: int) -> None:
+    """Splits the CPU into `num_devices` logical devices (nothing to do when
+    it is already split so, e.g. by a second `init`)."""
+    received = f"cpu_devices={num_devices}"
+    if num_devices > 1 and (num_gpus or engine in ("multiworker", "horovod")):
+        where = f"{num_gpus} GPU(s)" if num_gpus else f"engine={engine!r}"
+        raise ValueError(
+            _errors.message(
+                "`cpu_devices` splits the CPU of one process without GPUs (MirroredStrategy "
+                "over logical CPUs); with GPUs or one worker per device it would be "
+                "ignored.",
+                f"{received} with {where}",
+                "Drop `cpu_devices` (and unset SHARDFEED_CPU_DEVICES), or start one "
+                "process on a machine without GPUs (`CUDA_VISIBLE_DEVICES=\"\"`).",
+            )
+        )
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if len(current or [None]) == num_devices:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)]
+        )
+    except RuntimeError as err:  # TensorFlow's devices are already initialised
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise RuntimeError(
+            _errors.message(
+                "The CPU can be split into logical devices only before TensorFlow "
+                "initialises its devices (the first op, or listing logical devices).",
+                f"{received}, TensorFlow already runs with {have} CPU device(s)",
+                "Call `shardfeed.init(cpu_devices=N)` (or set SHARDFEED_CPU_DEVICES=N) "
+                "before any other TensorFlow or Keras call, e.g. first thing in the script.",
+            )
+        ) from err
 
 
 @contextlib.contextmanager

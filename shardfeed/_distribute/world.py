@@ -133,6 +133,21 @@ def horovod_world() -> World:
     )
 
 
+# The world `shardfeed.init` returned last, so that a model built outside its
+# strategy's scope can be told apart from a script that never started one.
+_initialized: list[World] = []
+
+
+def remember_initialized(world: World) -> None:
+    """Records the world `shardfeed.init` started."""
+    _initialized[:] = [world]
+
+
+def initialized_world() -> World | None:
+    """The world `shardfeed.init` returned last, or None if it was never called."""
+    return _initialized[0] if _initialized else None
+
+
 def current_world(strategy: tf.distribute.Strategy | None = None) -> World:
     """Describes this process from `strategy`, the strategy in scope, or Horovod.
 

@@ -21,10 +21,10 @@ from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
-from shardfeed._training import fit_args
+from shardfeed._training import eval_args, fit_args
 from shardfeed._training.callbacks import callback_list
 from shardfeed._training.class_weights import class_weights
-from shardfeed._training.compiled import loop_for
+from shardfeed._training.compiled import check_model_scope, loop_for
 from shardfeed._training.epochs import FitRun, check_steps
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
@@ -67,7 +67,9 @@ def _check_model(model: Any, needs_compile: bool) -> None:
         )
 
 
-def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> None:
+def _check_dataset(
+    dataset: Any, needs_targets: bool, name: str = "dataset"
+) -> ShardedResidentDataset:
     if not isinstance(dataset, ShardedResidentDataset):
         raise TypeError(
             _errors.message(
@@ -82,6 +84,37 @@ def _check_dataset(dataset: Any, needs_targets: bool, name: str = "dataset") -> 
                 "Training and evaluation need targets.",
                 f"{name} built with y=None",
                 "Pass `y` when building the dataset.",
+            )
+        )
+    return dataset
+
+
+def _check_targets(data: Any, y: Any, sample_weight: Any, needs_targets: bool) -> None:
+    """`evaluate` on arrays needs `y` (unless the model's own `test_step` takes
+    `x` alone); a tuple is the model's inputs (as in Keras' `model.evaluate`),
+    not `(x, y)`."""
+    if isinstance(data, ShardedResidentDataset):
+        return
+    if _errors.is_integer(sample_weight):
+        raise TypeError(
+            _errors.message(
+                "`shardfeed.evaluate`'s fourth positional argument is `sample_weight` "
+                "(Keras' `model.evaluate` has `batch_size` there).",
+                f"sample_weight={sample_weight!r}",
+                "Pass the batch by name: `per_replica_batch_size=...`.",
+            )
+        )
+    if y is None and needs_targets:
+        tuple_note = (
+            " A tuple is the model's inputs, as in Keras' `model.evaluate`, not `(x, y)`."
+            if isinstance(data, tuple)
+            else ""
+        )
+        raise ValueError(
+            _errors.message(
+                "Evaluating arrays needs their targets `y`." + tuple_note,
+                f"type(x)={type(data).__name__}, y=None",
+                "Call `shardfeed.evaluate(model, x, y)`.",
             )
         )
 
@@ -113,8 +146,7 @@ def _as_dataset(
         )
     if isinstance(data, ShardedResidentDataset):
         return data
-    if isinstance(data, tuple) and y is None and sample_weight is None and 2 <= len(data) <= 3:
-        data, y, sample_weight = (*data, None)[:3]
+    check_model_scope(model)
     rows = num_rows_of(data, y, sample_weight)
     world = current_world(model.distribute_strategy)
     if per_replica_batch_size is not None:
@@ -137,6 +169,16 @@ def _as_dataset(
         load_options=template.load_options if template is not None else None,
         strategy=world.strategy,
     )
+
+
+def _validation_arrays(validation_data: Any) -> tuple[Any, Any, Any]:
+    """`fit`'s `validation_data` as `(x, y, sample_weight)`: a tuple of two or
+    three is `(x, y[, sample_weight])`, as in Keras' `fit`. (`evaluate` and
+    `predict` read a tuple as the model's inputs, as Keras does.)"""
+    if isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3:
+        x, y, sample_weight = (*validation_data, None)[:3]
+        return x, y, sample_weight
+    return validation_data, None, None
 
 
 def _resolve_transform(
@@ -185,8 +227,8 @@ def _resolve_verbose(verbose: int | str) -> int:
 @naming_lost_peers
 def fit(
     model: keras.Model,
-    dataset: ShardedResidentDataset,
-    *,
+    dataset: ShardedResidentDataset | None = None,
+    *positional: Any,
     epochs: int = 1,
     initial_epoch: int = 0,
     initial_step: int = 0,
@@ -246,7 +288,9 @@ def fit(
         `history.params` holding the plan: steps, global batch, dropped rows.
 
     Raises:
-        TypeError: If `model` or `dataset` has the wrong type.
+        TypeError: If `model` or `dataset` has the wrong type, for arrays
+            (`fit(model, x, y)`, `x=`/`y=`) and for refused `model.fit`
+            arguments, each with the fix.
         ValueError: If the model is not compiled, the dataset has no targets,
             the epochs are not integers >= 0, or `FitOptions.steps_per_execution`
             disagrees with the model's compiled one.
@@ -257,10 +301,11 @@ def fit(
         >>> history.history["val_loss"]
     """
     fit_args.refuse(unsupported, dataset)
+    fit_args.check_positional(dataset, positional)
     _check_model(model, needs_compile=True)
     # A model's own step may train on `x` alone, as under Keras.
     steps = ModelSteps.of(model)
-    _check_dataset(dataset, needs_targets=not steps.train)
+    dataset = _check_dataset(dataset, needs_targets=not steps.train)
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data
@@ -308,7 +353,7 @@ def fit(
     check_sparse_labels(model, dataset, "dataset")
     val_loop = None
     if validation_data is not None:
-        val_ds = _as_dataset(validation_data, None, None, None, model, dataset)
+        val_ds = _as_dataset(*_validation_arrays(validation_data), None, model, dataset)
         _check_dataset(val_ds, needs_targets=not steps.test, name="validation_data")
         val_loop = loop_for(model, val_ds, options)
         check_sparse_labels(model, val_ds, "validation_data")
@@ -383,16 +428,17 @@ def _evaluate_loop(
 @naming_lost_peers
 def evaluate(
     model: keras.Model,
-    data: Any,
+    data: Any = None,
     y: Any = None,
     sample_weight: Any = None,
-    *,
+    *positional: Any,
     per_replica_batch_size: int | None = None,
     transform: Transform | Literal["auto"] | None = "auto",
     callbacks: list[keras.callbacks.Callback] | None = None,
     verbose: int | str = 0,
     return_dict: bool = False,
     options: FitOptions | None = None,
+    **keras_args: Any,
 ) -> float | list[float] | dict[str, float]:
     """Exact loss and metrics of a compiled model over every row.
 
@@ -401,7 +447,8 @@ def evaluate(
 
     Args:
         model: A compiled Keras 3 model.
-        data: A `ShardedResidentDataset`, or inputs `x` (with `y`).
+        data: A `ShardedResidentDataset`, or inputs `x` (with `y`); a tuple
+            is several inputs, as in Keras. Keras' keyword `x=` works too.
         y: Targets when `data` is `x`.
         sample_weight: Weights when `data` is `x`.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
@@ -413,10 +460,15 @@ def evaluate(
             training; None applies nothing (arrays already in the model's
             input form); or a function. A `ShardedResidentDataset` always
             uses its own transform.
-        callbacks: Keras callbacks (test hooks).
-        verbose: Unused beyond Keras compatibility (no progress bar).
+        callbacks: Keras callbacks (test hooks, once per compiled call).
+        verbose: 0 (default: silent), "auto" or 1 (Keras' progress bar,
+            updated once per compiled call), 2 (one line at the end);
+            printed on rank 0 only.
         return_dict: Return `{name: value}` instead of a list.
         options: `FitOptions` (steps per call, XLA).
+        **keras_args: `x=` (Keras' name for `data`); the other
+            `model.evaluate` arguments (`batch_size`, `steps`) are refused,
+            each with what to use instead (docs/keras.md has the table).
 
     Returns:
         The loss (a float) when the model has no metrics, else
@@ -429,8 +481,10 @@ def evaluate(
     Example:
         >>> loss, acc = shardfeed.evaluate(model, x_test, y_test)
     """
+    data = eval_args.resolve("evaluate", data, positional, keras_args)
     _check_model(model, needs_compile=True)
-    _resolve_verbose(verbose)
+    verbose = _resolve_verbose(verbose)
+    _check_targets(data, y, sample_weight, needs_targets=not ModelSteps.of(model).test)
     transform = _resolve_transform(model, data, transform)
     dataset = _as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
@@ -438,8 +492,14 @@ def evaluate(
     _check_dataset(dataset, needs_targets=not ModelSteps.of(model).test, name="data")
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
     check_sparse_labels(model, dataset, "data")
+    # Keras' own progress bar, in its evaluation mode, on rank 0 only.
     cbs = keras.callbacks.CallbackList(
-        callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch
+        callbacks,
+        add_progbar=bool(verbose) and dataset.world.is_chief,
+        model=model,
+        verbose=verbose,
+        epochs=1,
+        steps=dataset.eval_plan.steps_per_epoch,
     )
     logs = _evaluate_loop(loop, cbs, _max_steps(None))
     if return_dict:
@@ -451,17 +511,20 @@ def evaluate(
 @naming_lost_peers
 def predict(
     model: keras.Model,
-    data: Any,
-    *,
+    data: Any = None,
+    *positional: Any,
     per_replica_batch_size: int | None = None,
     transform: Transform | Literal["auto"] | None = "auto",
     options: FitOptions | None = None,
+    **keras_args: Any,
 ) -> Any:
     """Predictions for every row, in the original row order.
 
     Args:
         model: A Keras 3 model (need not be compiled).
-        data: A `ShardedResidentDataset` (its `x` is used) or inputs `x`.
+        data: A `ShardedResidentDataset` (its `x` is used) or inputs `x`; a
+            tuple is several inputs, as in Keras. Keras' keyword `x=` works
+            too.
         per_replica_batch_size: Batch when `data` is arrays (default 256).
         transform: What to apply to each batch of `x` when `data` is arrays:
             `"auto"` (default) applies the `transform` of the dataset the
@@ -472,6 +535,10 @@ def predict(
             input form); or a function. A `ShardedResidentDataset` always
             uses its own transform.
         options: `FitOptions` (steps per call, XLA).
+        **keras_args: `x=` (Keras' name for `data`) and `verbose=0`; the
+            other `model.predict` arguments (`batch_size`, `steps`,
+            `callbacks`, a progress bar) are refused, each with what to use
+            instead (docs/keras.md has the table).
 
     Returns:
         NumPy arrays shaped like the model's outputs, one row per input row.
@@ -484,6 +551,7 @@ def predict(
     Example:
         >>> probs = shardfeed.predict(model, x_test)
     """
+    data = eval_args.resolve("predict", data, positional, keras_args)
     _check_model(model, needs_compile=False)
     transform = _resolve_transform(model, data, transform)
     dataset = _as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)

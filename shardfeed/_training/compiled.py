@@ -16,8 +16,9 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
+from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop import Loop
+from shardfeed._training.loop import Loop, Traces
 from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
 
@@ -26,6 +27,14 @@ from shardfeed._training.options import FitOptions
 # dataset weakly: dropping the last reference to a dataset frees its device
 # variables at once, and its loops with it.
 _LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+    weakref.WeakKeyDictionary()
+)
+
+# The compiled calls of each model, shared by its loops over datasets whose
+# batches trace alike (`_batch_kind`): a new dataset per `evaluate(model, x, y)`
+# reuses the traces. Only for the model's current compile (a recompiled model
+# has a new optimizer, loss and metrics); weak keys: freed with the model.
+_TRACES: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Traces]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -45,22 +54,97 @@ def loop_for(
         engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
-        loop = Loop(model, dataset, engine, options, class_weights)
+        shared = _shared_traces(model)
+        traces_key = (_batch_kind(dataset), options, class_weights)
+        loop = Loop(model, dataset, engine, options, class_weights, shared.get(traces_key))
+        shared[traces_key] = loop.traces
         loops[key] = loop
     return loop
 
 
+def _shared_traces(model: keras.Model) -> dict[Any, Traces]:
+    """The compiled calls kept for `model`'s current compile."""
+    parts = (
+        getattr(model, "optimizer", None),
+        getattr(model, "_compile_loss", None),
+        getattr(model, "_compile_metrics", None),
+    )
+    # Weak references: traces made for a replaced optimizer must not be
+    # reused by a new one that happens to get its `id`.
+    compiled = tuple(None if p is None else weakref.ref(p) for p in parts)
+    cached = _TRACES.get(model)
+    if cached is None or cached[0] != compiled:
+        cached = (compiled, {})
+        _TRACES[model] = cached
+    return cached[1]
+
+
+def _batch_kind(dataset: ShardedResidentDataset) -> tuple[Any, ...]:
+    """What a compiled call's trace reads from the dataset at trace time."""
+    cols = dataset.columns
+    return (
+        dataset.world.strategy,
+        dataset.eval_plan.placement,  # (no training plan for too few rows)
+        len(dataset.stores),
+        tuple((c.dtype.str, c.shape[1:]) for c in cols.columns),
+        repr((cols.x, cols.y, cols.sample_weight)),
+        dataset.transform,
+        dataset.augment,
+        dataset.seed if dataset.augment is not None else None,
+    )
+
+
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
+    """Refuses a model and a dataset on different strategies, naming the one
+    built outside the strategy's scope (the one on the default strategy)."""
     model_strategy = model.distribute_strategy
-    if model_strategy is not dataset.world.strategy:
+    data_strategy = dataset.world.strategy
+    if model_strategy is data_strategy:
+        return
+    received = (
+        f"model.distribute_strategy={type(model_strategy).__name__}, "
+        f"dataset strategy={type(data_strategy).__name__}"
+    )
+    constraint = "The model and the dataset must use the same `tf.distribute` strategy."
+    if is_default_strategy(data_strategy):
         raise ValueError(
             _errors.message(
-                "The model and the dataset must use the same `tf.distribute` strategy.",
-                f"model.distribute_strategy={type(model_strategy).__name__}, "
-                f"dataset strategy={type(dataset.world.strategy).__name__}",
-                "Build, compile or load the model inside the dataset's strategy scope, "
-                "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
-                "`with world.scope(): model = keras.models.load_model(path)`.",
+                constraint + " The dataset was built outside the strategy's scope.",
+                received,
+                "Build the dataset inside the scope the model was built in: `with "
+                "world.scope(): dataset = shardfeed.ShardedResidentDataset(...)` (or pass "
+                "`ShardedResidentDataset(..., strategy=model.distribute_strategy)`).",
+            )
+        )
+    if is_default_strategy(model_strategy):
+        constraint += " The model was built, compiled or loaded outside the strategy's scope."
+    raise ValueError(
+        _errors.message(
+            constraint,
+            received,
+            "Build, compile or load the model inside the dataset's strategy scope, "
+            "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+            "`with world.scope(): model = keras.models.load_model(path)`.",
+        )
+    )
+
+
+def check_model_scope(model: keras.Model) -> None:
+    """Refuses a model outside the strategy `shardfeed.init` started, for
+    arrays given to `evaluate`/`predict` (they would run on the model's
+    default strategy: one device, and alone on each worker)."""
+    world = initialized_world()
+    if world is None or is_default_strategy(world.strategy):
+        return
+    if is_default_strategy(model.distribute_strategy):
+        raise ValueError(
+            _errors.message(
+                "The model must be built, compiled or loaded inside the scope of the "
+                "strategy `shardfeed.init()` started.",
+                f"model.distribute_strategy={type(model.distribute_strategy).__name__}, "
+                f"shardfeed.init() strategy={type(world.strategy).__name__}",
+                "Build or load it inside that scope: `with world.scope(): model = "
+                "keras.models.load_model(path)`.",
             )
         )
 

@@ -99,6 +99,29 @@ def refuse(unsupported: dict[str, Any], dataset: Any) -> None:
     )
 
 
+def check_positional(dataset: Any, positional: tuple[Any, ...]) -> None:
+    """Refuses Keras' `fit(x, y)` positional form and a missing dataset.
+
+    Raises:
+        TypeError: For positional arguments after the dataset (arrays, as in
+            `shardfeed.fit(model, x, y)`, with how to build the dataset), or
+            for no dataset at all.
+    """
+    if positional:
+        arrays = dataset is not None and not isinstance(dataset, ShardedResidentDataset)
+        constraint, fix = _ARRAYS if arrays else (
+            "`shardfeed.fit` takes the model and the dataset by position, the rest by keyword.",
+            "Pass the rest by name, e.g. `epochs=5`.",
+        )
+        shown = (dataset, *positional) if arrays else positional
+        received = ", ".join(_short(v) for v in shown)
+        raise TypeError(_errors.message(constraint, f"positional arguments {received}", fix))
+    if dataset is None:
+        raise TypeError(
+            _errors.message("`shardfeed.fit` needs a dataset.", "dataset=None", _ARRAYS[1])
+        )
+
+
 def _short(value: Any) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"

@@ -39,11 +39,12 @@ dropping a dataset frees its rows at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -95,6 +96,68 @@ def auto_steps_per_execution(steps: int) -> int:
     return max(1, min(512, math.ceil(steps / 10)))
 
 
+class Traces:
+    """The compiled calls shared by every `Loop` whose traces are interchangeable.
+
+    A trace depends on the model, its compile, the options, the class weights,
+    the strategy and the kind of batch the dataset gathers (column dtypes and
+    row shapes, structure, transform, augment), not on which dataset holds the
+    rows: they arrive as handle arguments. `evaluate(model, x, y)` builds a new
+    dataset, and so a new `Loop`, on every call; sharing one `Traces` among
+    such loops (`compiled.loop_for` keys them) keeps TensorFlow from tracing
+    every call again, and from warning about it.
+
+    Each compiled function runs the method of the loop it is `bound` to; a
+    trace made with one loop is right for all loops sharing the `Traces`. It
+    holds no loop between calls, so no model or dataset is kept alive by it.
+    """
+
+    def __init__(self, engine: Engine, whole_loop_jit: bool) -> None:
+        self._loop: Loop | None = None
+        with engine.scope():
+            self.loss_sum = tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+        jit = whole_loop_jit
+        self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
+        self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
+        self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
+        # The partial last step's row counts differ per replica, so it is its
+        # own call: with one replica they are Python ints (static shapes, XLA
+        # as the loop), with several they are per-replica tensors (no XLA).
+        self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
+        self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
+        self.predict_partial = tf.function(self._calling("_predict_partial"), jit_compile=jit)
+
+    def _calling(self, method: str) -> Callable[..., Any]:
+        """A new function per `Traces` calling the bound loop's `method`.
+
+        TensorFlow counts traces (and warns of retracing) per Python function,
+        and every instance of a method shares its function: with methods, the
+        first trace of each new model would count as a retrace of the last."""
+
+        def call(*args: Any) -> Any:
+            if self._loop is None:
+                raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+            return self._loop._calls[method](*args)  # ours, or the model's own step
+
+        call.__name__ = call.__qualname__ = f"Loop.{method}"
+        return call
+
+    @contextlib.contextmanager
+    def bound(self, loop: Loop) -> Iterator[None]:
+        """Runs the compiled functions with `loop`'s methods inside the block
+        (nested blocks, e.g. an `evaluate` in a callback, restore the outer)."""
+        outer, self._loop = self._loop, loop
+        try:
+            yield
+        finally:
+            self._loop = outer
+
+
 class Loop:
     """Compiled train/test/predict functions for one model and one dataset.
 
@@ -104,6 +167,8 @@ class Loop:
         engine: The engine the replicas run under.
         options: Steps per call and XLA.
         class_weights: `fit`'s `class_weight`: training batches get weights by class.
+        traces: The compiled calls, shared with other loops whose traces are
+            interchangeable (see `Traces`); None: its own.
     """
 
     def __init__(
@@ -113,6 +178,7 @@ class Loop:
         engine: Engine,
         options: FitOptions,
         class_weights: ClassWeights | None = None,
+        traces: Traces | None = None,
     ) -> None:
         self.model = model
         self.class_weights = class_weights
@@ -127,13 +193,8 @@ class Loop:
         self.jit_compile = resolve_jit_compile(options.jit_compile, model)
         self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
         self._num_replicas = engine.num_replicas_in_sync
-        with engine.scope():
-            self._loss_sum = tf.Variable(
-                0.0,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
+        self.traces = traces or Traces(engine, self.whole_loop_jit)
+        self._loss_sum = self.traces.loss_sum
         self._prescale = engine.loss_prescale
         forward_backward = self._forward_backward
         if self.jit_compile and not self.whole_loop_jit:
@@ -143,26 +204,22 @@ class Loop:
         # (`model_steps.py`).
         self.model_steps = steps = _model_steps.ModelSteps.of(model)
         self._own = own = _model_steps.ModelStepCalls(self)
-        jit = self.whole_loop_jit
-        self._train_chunk_fn = tf.function(
-            own.train_chunk if steps.train else self._train_chunk, jit_compile=jit
-        )
-        self._test_chunk_fn = tf.function(
-            own.test_chunk if steps.test else self._test_chunk, jit_compile=jit
-        )
-        self._predict_chunk_fn = tf.function(
-            own.predict_chunk if steps.predict else self._predict_chunk, jit_compile=jit
-        )
-        # The partial last step's row counts differ per replica, so it is its
-        # own call: with one replica they are Python ints (static shapes, XLA
-        # as the loop), with several they are per-replica tensors (no XLA).
-        self._train_partial_fn = tf.function(
-            own.train_partial if steps.train else self._train_partial, jit_compile=jit
-        )
-        self._test_partial_fn = tf.function(
-            own.test_partial if steps.test else self._test_partial, jit_compile=jit
-        )
-        self._predict_partial_fn = tf.function(own.predict_partial, jit_compile=jit)
+        # What each compiled call of `traces` runs for this loop.
+        self._calls: dict[str, Callable[..., Any]] = {
+            "_train_chunk": own.train_chunk if steps.train else self._train_chunk,
+            "_test_chunk": own.test_chunk if steps.test else self._test_chunk,
+            "_predict_chunk": own.predict_chunk if steps.predict else self._predict_chunk,
+            "_train_partial": own.train_partial if steps.train else self._train_partial,
+            "_test_partial": own.test_partial if steps.test else self._test_partial,
+            "_predict_partial": own.predict_partial,
+        }
+        traced = self.traces
+        self._train_chunk_fn = traced.train_chunk
+        self._test_chunk_fn = traced.test_chunk
+        self._predict_chunk_fn = traced.predict_chunk
+        self._train_partial_fn = traced.train_partial
+        self._test_partial_fn = traced.test_partial
+        self._predict_partial_fn = traced.predict_partial
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -424,19 +481,20 @@ class Loop:
         # A model's own `predict_step` sees only the real rows of the last step.
         partial = self.model_steps.predict and plan.has_partial_step
         try:
-            steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
-            for start, stop in self.schedule(steps, order.call_bounds):
-                out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
-                for local, value in enumerate(self._local_structures(out)):
-                    structure = value
-                    chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
-            if partial:
-                step = plan.steps_per_epoch - 1
-                last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
-                out = self._predict_partial_fn(handles, last, self._real_rows(plan))
-                for local, value in enumerate(self._local_structures(out)):
-                    structure = self._own.padded(value, plan.per_replica_batch_size)
-                    chunks[local].append([t for t in keras.tree.flatten(structure)])
+            with self.traces.bound(self):
+                steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+                for start, stop in self.schedule(steps, order.call_bounds):
+                    out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
+                    for local, value in enumerate(self._local_structures(out)):
+                        structure = value
+                        chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+                if partial:
+                    step = plan.steps_per_epoch - 1
+                    last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
+                    out = self._predict_partial_fn(handles, last, self._real_rows(plan))
+                    for local, value in enumerate(self._local_structures(out)):
+                        structure = self._own.padded(value, plan.per_replica_batch_size)
+                        chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
             self._open = None
@@ -521,10 +579,11 @@ class EpochCalls:
         """Runs `call`; returns the epoch's logs after it: our exact loss and
         the compiled metrics, or what the model's own step returned."""
         value: Any = None
-        for start, stop in call.pieces:
-            value, rows = self._run_piece(start, stop)
-            if not self._loop.model_steps.own(self._training):
-                self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        with self._loop.traces.bound(self._loop):
+            for start, stop in call.pieces:
+                value, rows = self._run_piece(start, stop)
+                if not self._loop.model_steps.own(self._training):
+                    self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
         if self._loop.model_steps.own(self._training):
             return self._loop._own.logs(value)
         return self.logs()

@@ -8,8 +8,10 @@ Keras surface fills from the plan.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import keras
+import numpy as np
 
 
 class _Rate(float):
@@ -50,10 +52,14 @@ class Progress(keras.callbacks.Callback):
         )
         self._start = time.perf_counter()
 
-    def _values(self, steps_done: int, logs: dict | None) -> list[tuple[str, float]]:
+    def _values(self, steps_done: int, logs: dict | None) -> list[tuple[str, Any]]:
         rows_per_step = self.params.get("global_batch_size", 0)
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        values = [(k, float(v)) for k, v in (logs or {}).items()]
+        # An array result (`F1Score(average=None)`) stays an array: `Progbar`
+        # shows its mean, as under `model.fit`.
+        values: list[tuple[str, Any]] = [
+            (k, v if isinstance(v, np.ndarray) else float(v)) for k, v in (logs or {}).items()
+        ]
         values.append(("samples/s", _Rate(steps_done * rows_per_step / elapsed)))
         return values
 
