@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment as _augment
 from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
@@ -142,6 +143,8 @@ class ShardedResidentDataset:
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self.world: World = current_world(strategy)
+        if (load_options or LoadOptions()).check_agreement:
+            _agreement.check_agreement(self.columns, self.world)
         self.shuffle = shuffle
         self.seed = None if seed is None else int(seed)
         self.transform = transform

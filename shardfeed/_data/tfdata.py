@@ -39,6 +39,8 @@ from shardfeed._distribute.world import current_world
 class _ShardedColumn(FileArray):
     """One leaf of a tf.data element, in shard-major row order."""
 
+    agreement_rows = "none"  # a row of another worker's shard costs a pass through it
+
     _handles = ()
 
     def __init__(

@@ -17,6 +17,7 @@ import dataclasses
 import sys
 from typing import Literal
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -87,6 +88,49 @@ class World:
             lambda _: tf.constant(1, tf.int32)
         )
         self.strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None).numpy()
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every worker's `payload`, in rank order, on every worker.
+
+        Two tiny collectives (the lengths, then the bytes padded to the
+        longest): a gather over every replica under a multi-worker strategy
+        (each worker's replicas send the same bytes), an allgather under
+        Horovod; no traffic with one worker. Like `barrier()`, every worker
+        must call it at the same point; it also waits for every worker.
+
+        Example:
+            >>> statuses = world.all_gather_bytes(b"ok")
+            >>> statuses[0]  # the chief's
+            b'ok'
+        """
+        if self.world_size == 1:
+            return [payload]
+        length = self._gather_row(np.array([len(payload)], np.int64))[:, 0]
+        if not length.any():  # every rank knows: nothing more to send
+            return [b""] * self.world_size
+        # Collective gathers take no uint8: the bytes travel packed in int32s.
+        row = np.zeros(-(-int(length.max()) // 4) * 4, np.uint8)
+        row[: len(payload)] = np.frombuffer(payload, np.uint8)
+        rows = self._gather_row(row.view(np.int32))
+        return [rows[r].tobytes()[: int(length[r])] for r in range(self.world_size)]
+
+    def _gather_row(self, row: np.ndarray) -> np.ndarray:
+        """`[world_size, len(row)]`: each worker's `row` (equal lengths)."""
+        if self.backend == "horovod":
+            import horovod.tensorflow as hvd  # only reached once Horovod runs
+
+            return hvd.allgather(tf.constant(row[None]), name="shardfeed_gather").numpy()
+        devices = self.local_devices
+
+        def value(context: tf.distribute.experimental.ValueContext) -> tf.Tensor:
+            with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
+                return tf.constant(row[None])
+
+        gathered = self.strategy.gather(
+            self.strategy.experimental_distribute_values_from_function(value), axis=0
+        ).numpy()
+        # One row per replica, in global replica order: keep each worker's first.
+        return gathered[:: self.replicas_in_process]
 
 
 def is_default_strategy(strategy: tf.distribute.Strategy) -> bool:
