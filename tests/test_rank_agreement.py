@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 
-from shardfeed import LoadOptions
+from shardfeed import LoadOptions, ShardedResidentDataset, files
 from shardfeed._data import agreement
 from shardfeed._data.sources import columns_from_arrays
 
@@ -73,6 +74,24 @@ def test_differences_are_named_with_the_ranks():
         f"column x: rows {rows}, ... differ between ranks 0 and 2 (16 of the 16 rows "
         "compared): the arrays were shuffled or loaded differently per rank"
     )
+
+
+def test_sources_that_stream_are_sampled_from_their_start_or_not_at_all(tmp_path):
+    x = np.arange(400, dtype="float32").reshape(100, 4)
+    np.savez_compressed(tmp_path / "c.npz", x=x)
+    np.save(tmp_path / "a.npy", x)
+    deflated = files.npz(tmp_path / "c.npz", "x")
+    assert agreement._access(files.npy(tmp_path / "a.npy")) == "any"
+    assert agreement._access(deflated) == "leading"
+    assert agreement._access(files.concat([files.npy(tmp_path / "a.npy"), deflated])) == (
+        "leading"
+    )
+    pipeline = ShardedResidentDataset.from_tf_dataset(
+        tf.data.Dataset.from_tensor_slices(x), per_replica_batch_size=10, shuffle=False
+    )
+    assert agreement._access(pipeline.columns.columns[0].data) == "none"
+    # The same rows give the same fingerprint from an array and from files.
+    assert _prints(x) == [agreement.fingerprint(columns_from_arrays(files.npy(tmp_path / "a.npy")))]
 
 
 def test_check_agreement_must_be_a_bool():
@@ -129,13 +148,20 @@ def test_horovod_ranks_with_other_row_counts_both_raise(tmp_path):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["save_model", "backup"])
-def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, tmp_path):
+@pytest.mark.parametrize(
+    ("what", "engine"),
+    [
+        ("save_model", "multiworker"),
+        ("backup", "multiworker"),
+        pytest.param("save_model", "horovod", marks=[pytest.mark.horovod, NO_HOROVOD]),
+    ],
+)
+def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, engine, tmp_path):
     # We run as root, so permissions stop nothing: a regular file as the parent does.
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     path = blocker / ("model.keras" if what == "save_model" else "backup")
-    outcomes = _outcomes(tmp_path, "save", what, str(path))
+    outcomes = _outcomes(tmp_path, "save", what, str(path), engine=engine)
     for outcome in outcomes:
         assert outcome.startswith(f"ChiefWriteError: rank 0 could not write {path}: "), outcome
         assert "NotADirectoryError" in outcome, outcome

@@ -68,14 +68,15 @@ def _access(leaf: Any) -> RowAccess:
     if isinstance(parts, list | tuple) and parts:
         accesses = {_access(p) for p in parts}
         return "none" if "none" in accesses else "leading" if "leading" in accesses else "any"
-    access = getattr(leaf, "agreement_rows", "any")
-    return access if access in ("any", "leading", "none") else "any"
+    declared = getattr(leaf, "agreement_rows", "any")
+    return "leading" if declared == "leading" else "none" if declared == "none" else "any"
 
 
 def _row_hash(rows: np.ndarray) -> str:
     # Not a security check: SHA-1 over the array's own buffer (no copy) was the
     # fastest of hashlib's digests here (about 2x BLAKE2b on 1 MiB rows).
-    return hashlib.sha1(rows, usedforsecurity=False).hexdigest()[:16]
+    buffer = rows.reshape(-1).view(np.uint8).data
+    return hashlib.sha1(buffer, usedforsecurity=False).hexdigest()[:16]
 
 
 def fingerprint(columns: Columns) -> dict[str, Any]:
