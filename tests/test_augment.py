@@ -9,6 +9,8 @@ and resumed runs repeat.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -291,3 +293,99 @@ def test_a_run_resumed_at_an_epoch_repeats_the_augmentations():
     shardfeed.fit(resumed, ds, epochs=2, initial_epoch=1, verbose=0, options=options)
     for wa, wb in zip(whole.get_weights(), resumed.get_weights(), strict=True):
         np.testing.assert_array_equal(wa, wb)
+
+
+# -- arguments checked: at construction, against the images when their shape is known --------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: aug.gaussian_noise(NAN), "`shardfeed.augment.gaussian_noise`'s `stddev` must be "
+         "a finite number >= 0. Received: stddev=nan. Pass e.g. `gaussian_noise(0.05)`."),
+        (lambda: aug.gaussian_noise(-0.1), "`shardfeed.augment.gaussian_noise`'s `stddev` must "
+         "be a finite number >= 0. Received: stddev=-0.1. Pass e.g. `gaussian_noise(0.05)`."),
+        (lambda: aug.brightness(INF), "`shardfeed.augment.brightness`'s `max_delta` must be a "
+         "finite number >= 0. Received: max_delta=inf. Pass e.g. `brightness(0.1)`."),
+        (lambda: aug.contrast(0, INF), "`shardfeed.augment.contrast`'s `upper` must be a finite "
+         "number >= 0. Received: upper=inf. Pass e.g. `contrast(0.9, 1.1)`."),
+        (lambda: aug.contrast(NAN, 1), "`shardfeed.augment.contrast`'s `lower` must be a finite "
+         "number >= 0. Received: lower=nan. Pass e.g. `contrast(0.9, 1.1)`."),
+        (lambda: aug.translate(2, fill=NAN), "`shardfeed.augment.translate`'s `fill` must be a "
+         "finite number. Received: fill=nan. Pass e.g. `fill=0`."),
+        (lambda: aug.cutout(4, fill=INF), "`shardfeed.augment.cutout`'s `fill` must be a finite "
+         "number. Received: fill=inf. Pass e.g. `fill=0.0`."),
+    ],
+)
+def test_block_arguments_must_be_finite_and_in_range(make, message):
+    """NaN and inf were accepted and trained to NaN."""
+    with pytest.raises(ValueError) as err:
+        make()
+    assert str(err.value) == message
+
+
+def _dataset(x, block, transform=None):
+    return ShardedResidentDataset(
+        x, np.zeros(len(keras.tree.flatten(x)[0]), "int32"), per_replica_batch_size=8, seed=0,
+        augment=block, transform=transform,
+    )
+
+
+SIZES = [
+    (lambda: aug.cutout(64), "`shardfeed.augment.cutout`'s `size` must be smaller than the "
+     "image's height and width. Received: size=64, image height=32, width=32. Pass a smaller "
+     "`size` (e.g. `cutout(8)` for 32x32 images)."),  # blanked every pixel
+    (lambda: aug.translate(100), "`shardfeed.augment.translate`'s `pixels` must be smaller "
+     "than the image's height and width. Received: pixels=100, image height=32, width=32. Pass "
+     "a smaller `pixels` (e.g. `translate(2)` for 32x32 images)."),  # XLA RET_CHECK failure
+    (lambda: aug.compose(aug.flip_left_right(), aug.translate(32, fill=0)),
+     "`shardfeed.augment.translate`'s `pixels` must be smaller than the image's height and "
+     "width. Received: pixels=32, image height=32, width=32. Pass a smaller `pixels` (e.g. "
+     "`translate(2)` for 32x32 images)."),  # blanked 98% with translate(100, fill=0)
+]
+
+
+@pytest.mark.parametrize("make, message", SIZES)
+def test_sizes_are_checked_against_the_images_when_the_dataset_is_built(make, message):
+    x = np.zeros((16, 32, 32, 3), "float32")
+    with pytest.raises(ValueError) as err:
+        _dataset(x, make())
+    assert str(err.value) == message
+    # A size smaller than the image passes.
+    _dataset(x, aug.compose(aug.cutout(31), aug.translate(31, fill=0)))
+
+
+@pytest.mark.parametrize("make, message", SIZES[:2])
+def test_sizes_are_checked_at_the_first_batch_after_a_transform(make, message):
+    """With a `transform` the images' shape is known only when the step is traced."""
+    x = np.zeros((16, 32 * 32 * 3), "float32")
+    ds = _dataset(x, make(), transform=lambda v: tf.reshape(v, (-1, 32, 32, 3)))
+    model = keras.Sequential([layers.Flatten(), layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+
+
+def test_blocks_refuse_non_image_and_dict_inputs():
+    """Raw TensorFlow rank errors before."""
+    images = np.zeros((16, 6, 6, 3), "float32")
+    with pytest.raises(ValueError) as err:
+        _dataset(images.reshape(16, -1), aug.flip_left_right())
+    assert str(err.value) == (
+        "`shardfeed.augment.flip_left_right` augments one batch of images `[batch, height, "
+        "width, channels]`. Received: x.shape=(None, 108). Give the rows an image shape "
+        "`(height, width, channels)` (e.g. `transform=lambda x: tf.reshape(x, (-1, 28, 28, "
+        "1))`), or augment only image inputs."
+    )
+    with pytest.raises(TypeError) as err:
+        _dataset({"image": images, "extra": np.ones((16, 2), "float32")}, aug.cutout(2))
+    assert str(err.value) == (
+        "`shardfeed.augment.cutout` augments one batch of images `[batch, height, width, "
+        "channels]`. Received: type(x)=dict with keys ['extra', 'image']. Apply it to the "
+        "image input only, e.g. `augment=lambda x, seed: {**x, 'image': block(x['image'], "
+        "seed)}`."
+    )
+    with pytest.raises(TypeError, match=r"Received: type\(x\)=dict with keys \['image'\]"):
+        aug.brightness(0.1)({"image": tf.zeros((1, 2, 2, 1))}, SEED)

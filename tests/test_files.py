@@ -264,6 +264,22 @@ def test_npz_deflated_member_damage_names_archive_and_member(tmp_path):
     assert re.search(r"\(member 'x\.npy'\): (BadZipFile|error): ", message)
 
 
+def test_npz_deflated_member_what_verify_false_checks(tmp_path):
+    """docs/data.md's table: with `verify=False` a read reaching the member's
+    end is CRC-checked; `verify=True` checks a partial read too (a flipped bit
+    that still decodes changed 1 of the first half's 7,500 rows, silently)."""
+    path = tmp_path / "d.npz"
+    np.savez_compressed(path, x=np.random.default_rng(0).normal(size=(15000, 100)).astype("f4"))
+    info = zipfile.ZipFile(path).getinfo("x.npy")
+    raw = bytearray(path.read_bytes())
+    raw[info.header_offset + 30 + len("x.npy") + info.compress_size // 3] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"must read back whole.*\(member 'x\.npy'\)"):
+        files.npz(path, "x", verify=False)[7500:15000]
+    with pytest.raises(ValueError, match=r"must read back whole.*\(member 'x\.npy'\)"):
+        files.npz(path, "x", verify=True)[0:7500]
+
+
 def test_npz_deflated_reads_sequentially_and_rewinds(tmp_path):
     data = _data()
     np.savez_compressed(tmp_path / "d.npz", x=data)

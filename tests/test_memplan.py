@@ -450,12 +450,12 @@ def test_validation_matches_the_dataset(x):
             "`workers_per_host` must be at most `num_workers`. Received: workers_per_host=2, "
             "num_workers=1. Pass the workers started on each host (all of them: num_workers).",
         ),
-        (
-            {"per_replica_batch_size": 4, "num_workers": 3},
-            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
-            "larger than the dataset. Received: per_replica_batch_size=4, "
-            "num_replicas_in_sync=3, num_rows=10. Lower `per_replica_batch_size` or use "
-            "fewer replicas.",
+        (  # a batch larger than the data trains one short step; fewer rows than replicas
+            {"per_replica_batch_size": 4, "num_workers": 11},
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=4, num_replicas=11, num_rows=10, "
+            "placement='shard'. Use at most 10 replica(s) (each needs a row in a step), or "
+            "more rows.",
         ),
     ],
 )
@@ -668,11 +668,11 @@ def test_cli_spec_errors(capsys, spec, error):
             "Pass the devices per worker, e.g. 8.",
         ),
         (
-            ["--per-replica-batch-size=11", "x=10:int8"],
-            "The global batch (per_replica_batch_size x num_replicas_in_sync) must not be "
-            "larger than the dataset. Received: per_replica_batch_size=11, "
-            "num_replicas_in_sync=1, num_rows=10. Lower `per_replica_batch_size` or use fewer "
-            "replicas.",
+            ["--num-workers=11", "x=10:int8"],
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=1, num_replicas=11, num_rows=10, "
+            "placement='shard'. Use at most 10 replica(s) (each needs a row in a step), or "
+            "more rows.",
         ),
     ],
 )
@@ -744,3 +744,57 @@ def test_the_memory_plan_imports_one_way_even_for_type_checking():
         for lower in down[i + 1 :]:
             assert graph.chain_exists(importer=upper, imported=lower)
             assert not graph.chain_exists(importer=lower, imported=upper), (lower, upper)
+
+
+def test_advice_when_the_global_shuffle_staging_does_not_fit(monkeypatch):
+    """Was: "at least 1 host(s) (now 1)", `streaming=True` (which the global
+    shuffle refuses) and never shuffle="local". Every option is planned again."""
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 400 * 2**20)
+    data = _data(1_000_000)  # 136 MB
+    args = dict(per_replica_batch_size=256, workers_per_host=2)
+    plan = _memory_plan(data, num_workers=2, **args)
+    assert not plan.fits and plan.ranks[0].staging_bytes > 0
+    assert plan.advice() == [
+        "Use more hosts: with shuffle=True (its exchange stages up to 142.67 MiB per device "
+        "then), 5 host(s) are the fewest that fit: 311.28 MiB per host, which fits in "
+        "320.00 MiB usable (now 1).",
+        'Pass shuffle="local" (each replica shuffles its own rows; no exchange, no '
+        "staging): 129.70 MiB per host, which fits in 320.00 MiB usable.",
+        "Lower `LoadOptions.exchange_buffer_bytes` to 99,614,720 (95.00 MiB; now "
+        "268,435,456): 319.70 MiB per host, which fits in 320.00 MiB usable; a smaller "
+        "buffer means more exchange rounds per epoch.",
+        "Store a compact dtype and cast in `transform` (x float32->float16): 274.66 MiB "
+        "per host, which fits in 320.00 MiB usable (now 518.80 MiB).",
+    ]
+    # What the advice says fits does, and one less does not.
+    assert _memory_plan(data, num_workers=10, **args).fits
+    assert not _memory_plan(data, num_workers=8, **args).fits
+    assert _memory_plan(data, num_workers=2, shuffle="local", **args).fits
+    assert _memory_plan(data, num_workers=2, exchange_buffer_bytes=99_614_720, **args).fits
+    assert not _memory_plan(data, num_workers=2, exchange_buffer_bytes=100 * 2**20, **args).fits
+    assert not any("streaming=True" in line for line in plan.advice())
+
+
+def test_advice_when_no_count_of_workers_fits_the_staging(monkeypatch):
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
+    monkeypatch.setattr(_memory, "host_available_bytes", lambda: 100 * 2**20)
+    data = _data(1_000_000)
+    plan = _memory_plan(data, num_workers=2, per_replica_batch_size=256)
+    advice = plan.advice()
+    assert advice[0] == (
+        "More workers do not make it fit with shuffle=True: each device also stages the "
+        "exchange's buffer (now 194.55 MiB, at most exchange_buffer_bytes=268,435,456), "
+        "which does not shrink with the shards."
+    )
+    assert advice[1].startswith('Pass shuffle="local"') and "which fits in" in advice[1]
+    # Neither the local shuffle nor a smaller buffer: streaming, with the local shuffle.
+    tight = _memory_plan(data, num_workers=2, per_replica_batch_size=256,
+                         device_memory_bytes=40 * 2**20)
+    lines = tight.advice()
+    assert lines[-1].startswith(
+        'With shuffle="local" (the global shuffle cannot stream), stream the shard with '
+        "`LoadOptions(streaming=True)`"
+    )
+    assert _memory_plan(data, num_workers=2, per_replica_batch_size=256, shuffle="local",
+                        device_memory_bytes=40 * 2**20).advice()[-1].startswith("Stream the")

@@ -191,6 +191,13 @@ def test_split_rows_is_balanced_and_contiguous():
             "placement='shard'. Lower `per_replica_batch_size`, use fewer replicas, or "
             "pass `drop_remainder=False` to run the partial step.",
         ),
+        (  # fewer rows than replicas: some replica would take a zero-row step
+            {"num_rows": 3, "num_replicas": 4, "per_replica_batch_size": 8},
+            "A training epoch needs at least one step with a real row on every replica. "
+            "Received: per_replica_batch_size=8, num_replicas=4, num_rows=3, "
+            "placement='shard'. Use at most 3 replica(s) (each needs a row in a step), or "
+            "more rows.",
+        ),
     ],
 )
 def test_errors(kwargs, text):

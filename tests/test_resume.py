@@ -10,6 +10,8 @@ of the interrupted epoch was used exactly once across the preemption.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -290,15 +292,51 @@ def test_model_checkpoint_and_initial_step_resume_inside_an_epoch(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_steps_per_epoch_continues_the_order_across_epochs():
-    """12 steps per pass: 12 epochs of 5 steps run passes 0-4 in order, as 5
-    epochs of one pass do; every pass uses each row once."""
+def test_steps_per_epoch_takes_each_pass_in_epochs_as_keras():
+    """12 steps per pass, `steps_per_epoch=5`: as Keras' epoch iterator, an
+    epoch ends when the pass runs out (5, 5, 2 steps), and the next starts a
+    new pass; 15 such epochs are the 5 passes of 5 one-pass epochs."""
     one_pass, _ = _fit(1, 50, [], epochs=5)
-    short, hist = _fit(1, 50, [], epochs=12, steps_per_epoch=5)
+    with pytest.warns(UserWarning, match="Your input ran out of data") as caught:
+        short, hist = _fit(1, 50, [], epochs=15, steps_per_epoch=5)
+    assert len(caught) == 5  # once per pass, at its 2-step epoch
     assert hist.params["steps"] == 5
-    assert [round(c) for c in hist.history["row_count"]] == [250] * 12
+    assert [round(c) for c in hist.history["row_count"]] == [250, 250, 100] * 5
     for a, b in zip(one_pass.get_weights(), short.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _ran_out_warnings(fit, *args, **kwargs):
+    """`fit(*args, **kwargs)` and how many times it warned that the data ran out."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Keras' own noise (pyproject) included; counted apart
+        out = fit(*args, **kwargs)
+    return out, sum("Your input ran out of data" in str(w.message) for w in caught)
+
+
+def test_backup_inside_an_epoch_that_starts_inside_a_pass(tmp_path):
+    """`steps_per_epoch=5` on 12-step passes: epoch 1 is steps 5-9 of pass 0.
+    Preempted after its 4th step, the resume continues at step 9 of the pass
+    and ends where the uninterrupted run ends."""
+    (straight, straight_hist), warned = _ran_out_warnings(
+        _fit, 1, 50, [], epochs=4, steps_per_epoch=5
+    )
+    assert warned == 1  # epoch 2: the pass's last 2 steps
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(backup, save_freq=2), Preempt(1, 3)],
+             epochs=4, steps_per_epoch=5)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))
+    (resumed, hist), _ = _ran_out_warnings(
+        _fit, 1, 50, [keras.callbacks.BackupAndRestore(backup, save_freq=2), record],
+        epochs=4, steps_per_epoch=5,
+    )
+    assert seen[:2] == [5, 1]  # the rest of epoch 1 (its last call), then epoch 2
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(hist.history["loss"], straight_hist.history["loss"][1:], rtol=1e-6)
+    assert [round(c) for c in hist.history["row_count"]] == [250, 100, 250]
 
 
 def test_steps_per_epoch_and_initial_step_are_checked():

@@ -424,3 +424,84 @@ def test_dataset_from_manifest_predicts_like_the_arrays(tmp_path):
     np.testing.assert_allclose(
         shardfeed.predict(model, dataset), model(arrays["x"].reshape(ROWS, 8)).numpy(), atol=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_rows", 10.9),  # int() truncated it and 1000.9 rows passed
+        ("num_rows", True),
+        ("row_start", 5.0),
+        ("row_stop", "10"),
+        ("row_shape", 2.5),
+    ],
+)
+def test_manifest_counts_must_be_json_integers(tmp_path, field, value):
+    files.split({"x": np.zeros((10, 2), "float32")}, tmp_path, 2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    if field == "num_rows":
+        manifest["num_rows"], where = value, "num_rows"
+    elif field == "row_shape":
+        manifest["arrays"]["x"]["row_shape"], where = [value], "arrays['x'].row_shape[0]"
+    else:
+        manifest["shards"][1][field], where = value, f"shards[1].{field}"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        "The manifest must be one written by `shardfeed split` (format 'shardfeed.split', "
+        f"version 1). Received: {tmp_path / 'manifest.json'}: {where}={value!r} (needs an "
+        "integer). Split the data again with `shardfeed split`, or pass the manifest's path."
+    )
+
+
+@pytest.mark.parametrize("file_format", ["npy", "parquet"])
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize("swap", ["symlink", "replaced"])
+def test_a_shard_file_swapped_after_the_manifest_was_read_is_refused(
+    tmp_path, file_format, verify, swap
+):
+    """The check-then-open race: a shard swapped for a symlink to an outside
+    file (or for another file) after `files.manifest()` returned was followed."""
+    split_dir, outside = tmp_path / "split", tmp_path / "outside"
+    x = np.zeros((10, 2), "float32")
+    files.split({"x": x}, split_dir, 2, file_format)
+    outside.mkdir()
+    name = f"x-00000-of-00002.{file_format}"
+    # The outside file is a valid shard of other numbers, of the very same size.
+    files.split({"x": np.full_like(x, 7.0)}, outside, 2, file_format)
+    leaves = files.manifest(split_dir, verify=verify)
+    shard = split_dir / name
+    shard.unlink()
+    if swap == "symlink":
+        shard.symlink_to(outside / name)
+        problem = "cannot be opened without following links ("
+    else:
+        (outside / name).rename(shard)
+        problem = "(device, inode)=("
+    with pytest.raises(ValueError) as info:
+        leaves["x"][0:5]
+    message = str(info.value)
+    assert message.startswith(
+        "A shard file must be the file `files.manifest()` checked: it is opened without "
+        "following links, and must be the same file (device and inode). Received: "
+        f"{shard} {problem}"
+    )
+    assert message.endswith(
+        "The split directory changed after the manifest was read (a file was replaced, or "
+        "swapped for a symlink); copy it again, then call `files.manifest()` again."
+    )
+    assert "sha256" not in message
+
+
+def test_a_manifest_leaf_reads_only_the_file_it_opened(tmp_path):
+    """Rows come from the checked open file: renaming another file over the
+    path after the first read changes nothing that is read."""
+    x = np.arange(20, dtype="float32").reshape(10, 2)
+    files.split({"x": x}, tmp_path / "split", 1)
+    leaf = files.manifest(tmp_path / "split")["x"]
+    np.testing.assert_array_equal(leaf[0:2], x[0:2])
+    other = tmp_path / "other.npy"
+    np.save(other, np.full_like(x, 7.0))
+    other.rename(tmp_path / "split" / "x-00000-of-00001.npy")
+    np.testing.assert_array_equal(leaf[2:10], x[2:10])

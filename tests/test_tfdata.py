@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,52 @@ def test_tfrecord_given_counts_skip_the_counting_pass_and_are_checked(tmp_path):
     assert "ended after 17 rows, 18 were expected" in str(err.value)
 
 
+def _damaged_tfrecords(directory):
+    """A flipped byte, a truncated file and a GZIP file named as plain."""
+    a = _arrays()
+    paths = {}
+    for name in ("plain", "gzip"):
+        os.makedirs(directory / name)
+        compression = "GZIP" if name == "gzip" else ""
+        paths[name] = write_tfrecords(directory / name, a, splits=(), compression=compression)[0]
+    raw = bytearray(Path(paths["plain"]).read_bytes())
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 1
+    (directory / "flipped.tfrecord").write_bytes(flipped)
+    (directory / "truncated.tfrecord").write_bytes(raw[: len(raw) // 2])
+    return paths["gzip"], len(raw)
+
+
+TFRECORD_DAMAGE = "A TFRecord file must hold whole records whose CRC-32s match, read with the " \
+    "compression it was written with. Received: {path} (compression=''): {where}. {fix}"
+REWRITE = (
+    "The file is damaged or was copied incompletely (a record's length or data does not "
+    "match its CRC-32); write it again or copy it again."
+)
+
+
+@pytest.mark.parametrize("counted", [True, False])  # the counting pass, or reading with counts
+def test_tfrecord_damage_is_an_error_naming_the_file_and_offset(tmp_path, counted):
+    """TF's own DataLossError ("corrupted record at 17162") named no file."""
+    gzipped, size = _damaged_tfrecords(tmp_path)
+    label = {"label": FEATURES["label"]}
+    cases = [
+        (tmp_path / "flipped.tfrecord", "corrupted record at byte offset {}", REWRITE),
+        (tmp_path / "truncated.tfrecord", "truncated record at byte offset {}", REWRITE),
+        (Path(gzipped), "corrupted record at byte offset 0",
+         'The file starts with the GZIP magic bytes: pass `compression="GZIP"`.'),
+    ]
+    for path, where, fix in cases:
+        with pytest.raises(ValueError) as err:
+            cols = files.tfrecord(path, label, num_records=None if counted else [ROWS])
+            ShardedResidentDataset(cols["label"], per_replica_batch_size=4, shuffle=False)
+        offset = re.search(r"at byte offset (\d+)", str(err.value))
+        assert offset is not None and 0 <= int(offset[1]) < size
+        assert str(err.value) == TFRECORD_DAMAGE.format(
+            path=path, where=where.format(offset[1]), fix=fix
+        )
+
+
 def test_tfrecord_images_of_another_size_are_refused_or_resized(tmp_path):
     arrays = _arrays()
     write_tfrecords(tmp_path, arrays)
@@ -197,10 +244,116 @@ def test_shard_major_row_order_with_two_workers():
         return tf.data.Dataset.from_tensor_slices(np.arange(7)).shard(2, w)
 
     spec = tf.TensorSpec([], tf.int64)
-    leaf = tfdata._ShardedColumn(blocks, 0, [4, 3], spec, "test")
+    cursors = tfdata.block_cursors(blocks, [4, 3], spec, "test")
+    leaf = tfdata._ShardedColumn(cursors, 0, [4, 3], spec, "test")
     np.testing.assert_array_equal(leaf[0:4], [0, 2, 4, 6])
     assert drained == [0]
     np.testing.assert_array_equal(np.asarray(leaf), [0, 2, 4, 6, 1, 3, 5])
+
+
+def _keyed(rows=ROWS):
+    """A pipeline's source arrays with a row index, to check pairs after a shuffle."""
+    a = _arrays(rows)
+    a["index"] = np.arange(rows, dtype=np.int64)
+    return a
+
+
+SHUFFLES = {
+    "seeded": lambda ds: ds.shuffle(1000, seed=1),  # reshuffles each pass (TF's default)
+    "unseeded": lambda ds: ds.shuffle(1000),
+    "fixed": lambda ds: ds.shuffle(1000, seed=1, reshuffle_each_iteration=False),
+    "parallel map": lambda ds: ds.map(lambda x, y: (x, y), num_parallel_calls=2),
+}
+
+
+@pytest.mark.parametrize("shuffle", sorted(SHUFFLES))
+def test_from_tf_dataset_pairs_each_x_with_its_own_y_after_a_shuffle(shuffle):
+    """Every column is read from the same pass: a pipeline that reshuffles on
+    each pass gave each column its own order (999 of 1,000 pairs wrong)."""
+    a = _keyed(300)
+    pipeline = SHUFFLES[shuffle](
+        tf.data.Dataset.from_tensor_slices(({"image": a["image"], "index": a["index"]}, a["label"]))
+    )
+    # Small chunks: many chunks per column, each column's read interleaved.
+    ds = ShardedResidentDataset.from_tf_dataset(
+        pipeline, per_replica_batch_size=8, shuffle=False,
+        load_options=LoadOptions(chunk_bytes=1000),
+    )
+    image, index, label = _held(ds)
+    assert sorted(index.tolist()) == list(range(300))
+    assert image.tobytes() == a["image"][index].tobytes()
+    assert label.tobytes() == a["label"][index].tobytes()
+
+
+def test_a_reshuffling_pipeline_read_twice_in_a_process_is_refused():
+    """Two replicas on two devices each hold every row (`placement="replicate"`):
+    the block is drained twice, and a second pass of `shuffle()` is another order."""
+    a = _keyed(40)
+    base = tf.data.Dataset.from_tensor_slices((a["vector"], a["label"]))
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset.from_tf_dataset(
+            base.shuffle(100, seed=3), per_replica_batch_size=4, shuffle=False,
+            placement="replicate", strategy=strategy,
+        )
+    assert str(err.value) == (
+        "A tf.data source read more than once in a process (several replicas holding the "
+        'same rows, `placement="replicate"`, or rows of a neighbour worker\'s shard) must '
+        "give the same order on every pass. Received: the pipeline has "
+        "ShuffleDataset(reshuffle_each_iteration=True). Give the shuffle a seed and "
+        "`reshuffle_each_iteration=False` (e.g. `ds.shuffle(n, seed=1, "
+        "reshuffle_each_iteration=False)`), or drop it: `ShardedResidentDataset` shuffles "
+        "the resident rows itself every epoch (`seed=`)."
+    )
+    # A fixed order may be read any number of times: both replicas hold the same rows.
+    ds = ShardedResidentDataset.from_tf_dataset(
+        base.shuffle(100, seed=3, reshuffle_each_iteration=False),
+        per_replica_batch_size=4, shuffle=False, placement="replicate", strategy=strategy,
+    )
+    first, second = ([v.numpy() for v in s.variables] for s in ds.stores)
+    assert first[0].tobytes() == second[0].tobytes()
+    assert first[1].tobytes() == second[1].tobytes()
+
+
+def test_order_hazards_are_read_from_the_pipeline_steps():
+    base = tf.data.Dataset.from_tensor_slices(np.arange(10))
+    assert tfdata._order_hazards(base.map(lambda v: v + 1)) == ([], [])
+    assert tfdata._order_hazards(base.shuffle(10, seed=1, reshuffle_each_iteration=False)) == (
+        [], []
+    )
+    assert tfdata._order_hazards(base.shuffle(10, reshuffle_each_iteration=False)) == (
+        [], ["ShuffleDataset(seed=None)"]
+    )
+    assert tfdata._order_hazards(base.shuffle(10, seed=1)) == (
+        ["ShuffleDataset(reshuffle_each_iteration=True)"], []
+    )
+    loose = base.map(lambda v: v, num_parallel_calls=2, deterministic=False)
+    what = "ParallelMapDataset(deterministic=False)"
+    assert tfdata._order_hazards(loose) == ([what], [what])
+    # Through the steps after it, and the options.
+    after = base.shuffle(10).map(lambda v: v).take(5).shard(2, 0)
+    assert tfdata._order_hazards(after) == (
+        ["ShuffleDataset(reshuffle_each_iteration=True)"], ["ShuffleDataset(seed=None)"]
+    )
+    options = tf.data.Options()
+    options.deterministic = False
+    loose = base.with_options(options)
+    what = "options(deterministic=False)"
+    assert tfdata._order_hazards(loose) == ([what], [what])
+
+
+@pytest.mark.parametrize("num_rows", [-5, 0, 2.5, True])
+def test_from_tf_dataset_num_rows_must_be_a_positive_integer(num_rows):
+    pipeline = tf.data.Dataset.from_tensor_slices(np.arange(10.0)).repeat()
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset.from_tf_dataset(
+            pipeline, num_rows=num_rows, per_replica_batch_size=2, shuffle=False
+        )
+    assert str(err.value) == (
+        "`num_rows` must be a positive integer: the rows of the whole dataset. "
+        f"Received: num_rows={num_rows!r}. Pass the dataset's row count, or leave "
+        "`num_rows` out for a dataset of known cardinality."
+    )
 
 
 def test_a_per_worker_dataset_function_needs_num_rows():
@@ -237,12 +390,29 @@ WORKER = textwrap.dedent(
     from_pipeline = shardfeed.ShardedResidentDataset.from_tf_dataset(
         pipeline, per_replica_batch_size=4, shuffle=False, strategy=world.strategy)
     store_f, store_p = from_files.stores[0], from_pipeline.stores[0]
+    held = {}
+    keyed = tf.data.Dataset.from_tensor_slices(
+        ({"image": arrays["image"], "index": np.arange(len(arrays["label"]))}, arrays["label"]))
+    for name, shuffled in [
+        ("seeded", keyed.shuffle(100, seed=1)),
+        ("fixed", keyed.shuffle(100, seed=1, reshuffle_each_iteration=False)),
+        ("unseeded", keyed.shuffle(100)),
+    ]:
+        try:
+            ds = shardfeed.ShardedResidentDataset.from_tf_dataset(
+                shuffled, per_replica_batch_size=4, shuffle=False, strategy=world.strategy)
+        except ValueError as err:
+            held[name + "_error"] = str(err)
+            continue
+        for leaf, variable in zip(("image", "index", "label"), ds.stores[0].variables):
+            held[f"{name}_{leaf}"] = variable.numpy()
     np.savez(
         f"{sys.argv[1]}/rank{world.rank}.npz",
         f_range=[store_f.row_start, store_f.row_stop],
         f_image=store_f.variables[0].numpy(), f_label=store_f.variables[1].numpy(),
         p_range=[store_p.row_start, store_p.row_stop],
         p_image=store_p.variables[0].numpy(), p_label=store_p.variables[1].numpy(),
+        **held,
     )
     """
 )
@@ -276,3 +446,25 @@ def test_two_workers_each_hold_their_rows_byte_equal(tmp_path):
         assert tuple(res["p_range"]) == (start, stop)
         assert res["p_image"].tobytes() == arrays["image"][by_shard[rank]].tobytes()
         assert res["p_label"].tobytes() == arrays["label"][by_shard[rank]].tobytes()
+    # Shuffled pipelines: each rank's (x, y) pairs are the source's, and the
+    # ranks together hold every row once (a seeded shuffle, reshuffling or
+    # not, has the same first-pass order in both processes).
+    results = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
+    for name in ("seeded", "fixed"):
+        for res in results:
+            index = res[f"{name}_index"]
+            assert res[f"{name}_image"].tobytes() == arrays["image"][index].tobytes()
+            assert res[f"{name}_label"].tobytes() == arrays["label"][index].tobytes()
+        both = np.concatenate([res[f"{name}_index"] for res in results])
+        assert sorted(both.tolist()) == list(range(ROWS))
+    # An unseeded shuffle gives each process its own order: refused on every rank.
+    for res in results:
+        assert str(res["unseeded_error"]) == (
+            "On several workers every worker drains its shard of the same pipeline, so the "
+            "pipeline's row order must be the same in every process; an unseeded shuffle (or "
+            "an op with `deterministic=False`) gives each worker its own order, and rows "
+            "would be held twice or never. Received: the pipeline has "
+            "ShuffleDataset(seed=None), workers=2. Seed the shuffle (`ds.shuffle(n, "
+            "seed=1)`, or `tf.random.set_seed` in every worker), or drop it: "
+            "`ShardedResidentDataset` shuffles the resident rows itself every epoch (`seed=`)."
+        )

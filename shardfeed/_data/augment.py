@@ -20,9 +20,12 @@ the epoch, so the draws do not depend on `steps_per_execution`.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
@@ -69,7 +72,124 @@ def _uniform(seed: tf.Tensor, batch: tf.Tensor, low: float, high: float) -> tf.T
     return tf.random.stateless_uniform([batch], seed, minval=low, maxval=high)
 
 
-def flip_left_right() -> Augment:
+def _number(name: str, arg: str, value: Any, example: str, low: float | None = 0.0) -> float:
+    """A finite real argument, `>= low` unless `low` is None (NaN and inf
+    were accepted and trained to NaN)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (low is None or value >= low)
+    if not ok:
+        bound = "a finite number" if low is None else f"a finite number >= {low:g}"
+        raise ValueError(
+            _errors.message(
+                f"`shardfeed.augment.{name}`'s `{arg}` must be {bound}.",
+                f"{arg}={value!r}",
+                f"Pass e.g. `{example}`.",
+            )
+        )
+    return float(value)
+
+
+class Block:
+    """An augmentation block: `block(x, seed) -> x` for one batch of images
+    `[batch, height, width, channels]`.
+
+    It checks its arguments against the images it gets: `check` runs when
+    the dataset is built if the image shape is known then (no `transform`),
+    and on every call otherwise (the first batch, when the step is traced),
+    before any op is built -- so a size larger than the image or a dict is
+    a clear error, not a TensorFlow rank error or an XLA RET_CHECK.
+
+    Args:
+        name: The block's function name, for messages.
+        apply: The block itself, `(x, seed) -> x`.
+        sizes: Arguments (name -> pixels) that must be smaller than the
+            image's height and width.
+        example: A call that fits, for messages.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        apply: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+        sizes: dict[str, int] | None = None,
+        example: str = "",
+    ) -> None:
+        self.name = name
+        self._apply = apply
+        self._sizes = sizes or {}
+        self._example = example
+
+    def __call__(self, x: Any, seed: tf.Tensor) -> Any:
+        self.check(x)
+        return self._apply(x, seed)
+
+    def check(self, x: Any) -> None:
+        """Refuses inputs this block cannot augment.
+
+        Args:
+            x: A batch (a tensor, or anything with `shape` and `dtype`).
+
+        Raises:
+            TypeError: For a structure (dict, list) instead of one batch.
+            ValueError: For a batch that is not `[batch, height, width,
+                channels]`, or a size not smaller than the image.
+        """
+        constraint = (
+            f"`shardfeed.augment.{self.name}` augments one batch of images "
+            "`[batch, height, width, channels]`."
+        )
+        if isinstance(x, (dict, list, tuple)) or not hasattr(x, "shape"):
+            what = f"type(x)={type(x).__name__}"
+            if isinstance(x, dict):
+                what += f" with keys {sorted(x)}"
+            raise TypeError(
+                _errors.message(
+                    constraint,
+                    what,
+                    "Apply it to the image input only, e.g. `augment=lambda x, seed: "
+                    "{**x, 'image': block(x['image'], seed)}`.",
+                )
+            )
+        shape = tuple(x.shape)
+        if len(shape) != 4:
+            raise ValueError(
+                _errors.message(
+                    constraint,
+                    f"x.shape={shape}",
+                    "Give the rows an image shape `(height, width, channels)` (e.g. "
+                    "`transform=lambda x: tf.reshape(x, (-1, 28, 28, 1))`), or augment "
+                    "only image inputs.",
+                )
+            )
+        height, width = shape[1], shape[2]
+        for arg, pixels in self._sizes.items():
+            if height is not None and width is not None and pixels >= min(height, width):
+                raise ValueError(
+                    _errors.message(
+                        f"`shardfeed.augment.{self.name}`'s `{arg}` must be smaller than "
+                        "the image's height and width.",
+                        f"{arg}={pixels}, image height={height}, width={width}",
+                        f"Pass a smaller `{arg}` (e.g. `{self._example}` for 32x32 images).",
+                    )
+                )
+
+
+def check_columns(augment: Any, columns: Any) -> None:
+    """Checks `augment` against the dataset's `x` columns (`sources.Columns`)
+    as a batch would hold them, when `augment` is built from this module's
+    blocks (a user's own function is checked by what it does)."""
+    if isinstance(augment, (Block, _Composed)):
+        augment.check(
+            keras.tree.map_structure(
+                lambda i: tf.TensorSpec(
+                    (None, *columns.columns[i].row_shape), columns.columns[i].dtype
+                ),
+                columns.x,
+            )
+        )
+
+
+def flip_left_right() -> Block:
     """Flips each image left-right with probability 1/2.
 
     Returns:
@@ -84,10 +204,10 @@ def flip_left_right() -> Augment:
         coin = _uniform(seed, tf.shape(x)[0], 0.0, 1.0) < 0.5
         return tf.where(coin[:, None, None, None], tf.reverse(x, axis=[2]), x)
 
-    return flip
+    return Block("flip_left_right", flip)
 
 
-def translate(pixels: int, fill: str | float = "reflect") -> Augment:
+def translate(pixels: int, fill: str | float = "reflect") -> Block:
     """Shifts each image by its own offset in `[-pixels, pixels]` along each axis.
 
     The image is padded by `pixels` on every side and a window of the
@@ -104,7 +224,9 @@ def translate(pixels: int, fill: str | float = "reflect") -> Augment:
         A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
 
     Raises:
-        ValueError: For a negative `pixels` or an unknown `fill`.
+        ValueError: For a negative `pixels`, an unknown or non-finite `fill`;
+            when checked against the images, `pixels` not smaller than their
+            height and width.
 
     Example:
         >>> aug = shardfeed.augment.translate(2)
@@ -125,6 +247,8 @@ def translate(pixels: int, fill: str | float = "reflect") -> Augment:
                 'Pass e.g. `fill="reflect"` or `fill=0`.',
             )
         )
+    if not isinstance(fill, str):
+        _number("translate", "fill", fill, "fill=0", low=None)
     p = int(pixels)
 
     def shift(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -145,10 +269,12 @@ def translate(pixels: int, fill: str | float = "reflect") -> Augment:
         out = tf.gather(padded, rows, axis=1, batch_dims=1)
         return tf.gather(out, cols, axis=2, batch_dims=1)
 
-    return shift
+    # A shift as large as the image moves it out of the window (constant
+    # fill: all border) and reflection padding needs fewer pixels than the side.
+    return Block("translate", shift, {"pixels": p}, "translate(2)")
 
 
-def random_crop(padding: int, fill: str | float = 0.0) -> Augment:
+def random_crop(padding: int, fill: str | float = 0.0) -> Block:
     """The classic CIFAR crop: pad by `padding` (zeros by default), cut a
     window of the original size at a random position per image.
 
@@ -171,7 +297,7 @@ def random_crop(padding: int, fill: str | float = 0.0) -> Augment:
     return translate(padding, fill)
 
 
-def cutout(size: int, fill: float = 0.0) -> Augment:
+def cutout(size: int, fill: float = 0.0) -> Block:
     """Sets a `size` x `size` square of each image to `fill`, centred at a
     random pixel (the square may be cut by the border, as in DeVries & Taylor).
 
@@ -183,7 +309,9 @@ def cutout(size: int, fill: float = 0.0) -> Augment:
         A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
 
     Raises:
-        ValueError: For a non-positive `size`.
+        ValueError: For a non-positive `size` or a non-finite `fill`; when
+            checked against the images, `size` not smaller than their height
+            and width.
 
     Example:
         >>> aug = shardfeed.augment.cutout(8)
@@ -194,6 +322,8 @@ def cutout(size: int, fill: float = 0.0) -> Augment:
                 "`size` must be a positive integer.", f"size={size!r}", "Pass e.g. `cutout(8)`."
             )
         )
+    _number("cutout", "fill", fill, "fill=0.0", low=None)
+    size = int(size)
 
     def cut(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         batch, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
@@ -207,30 +337,33 @@ def cutout(size: int, fill: float = 0.0) -> Augment:
         square = in_rows[:, :, None, None] & in_cols[:, None, :, None]
         return tf.where(square, tf.cast(fill, x.dtype), x)
 
-    return cut
+    return Block("cutout", cut, {"size": size}, "cutout(8)")
 
 
-def gaussian_noise(stddev: float) -> Augment:
+def gaussian_noise(stddev: float) -> Block:
     """Adds normal noise with standard deviation `stddev` (float images).
 
     Returns:
         A block `(x, seed) -> x`.
 
     Raises:
+        ValueError: Unless `stddev` is a finite number >= 0.
         TypeError: When applied to a non-float batch.
 
     Example:
         >>> aug = shardfeed.augment.gaussian_noise(0.05)
     """
 
+    stddev = _number("gaussian_noise", "stddev", stddev, "gaussian_noise(0.05)")
+
     def noise(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         _float_only("gaussian_noise", x)
         return x + tf.random.stateless_normal(tf.shape(x), seed, stddev=stddev, dtype=x.dtype)
 
-    return noise
+    return Block("gaussian_noise", noise)
 
 
-def brightness(max_delta: float) -> Augment:
+def brightness(max_delta: float) -> Block:
     """Adds one offset per image, uniform in `[-max_delta, max_delta]`
     (float images, e.g. in [0, 1]).
 
@@ -238,21 +371,24 @@ def brightness(max_delta: float) -> Augment:
         A block `(x, seed) -> x`.
 
     Raises:
+        ValueError: Unless `max_delta` is a finite number >= 0.
         TypeError: When applied to a non-float batch.
 
     Example:
         >>> aug = shardfeed.augment.brightness(0.1)
     """
 
+    max_delta = _number("brightness", "max_delta", max_delta, "brightness(0.1)")
+
     def bright(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         _float_only("brightness", x)
         delta = _uniform(seed, tf.shape(x)[0], -max_delta, max_delta)
         return x + tf.cast(delta, x.dtype)[:, None, None, None]
 
-    return bright
+    return Block("brightness", bright)
 
 
-def contrast(lower: float, upper: float) -> Augment:
+def contrast(lower: float, upper: float) -> Block:
     """Scales each image's deviation from its mean by one factor per image,
     uniform in `[lower, upper]` (float images; `tf.image.adjust_contrast`
     per channel).
@@ -261,13 +397,15 @@ def contrast(lower: float, upper: float) -> Augment:
         A block `(x, seed) -> x`.
 
     Raises:
-        ValueError: Unless `0 <= lower <= upper`.
+        ValueError: Unless `0 <= lower <= upper`, both finite.
         TypeError: When applied to a non-float batch.
 
     Example:
         >>> aug = shardfeed.augment.contrast(0.9, 1.1)
     """
-    if not 0 <= lower <= upper:
+    lower = _number("contrast", "lower", lower, "contrast(0.9, 1.1)")
+    upper = _number("contrast", "upper", upper, "contrast(0.9, 1.1)")
+    if not lower <= upper:
         raise ValueError(
             _errors.message(
                 "`contrast` needs 0 <= lower <= upper.",
@@ -282,7 +420,7 @@ def contrast(lower: float, upper: float) -> Augment:
         mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)
         return (x - mean) * factor[:, None, None, None] + mean
 
-    return scale
+    return Block("contrast", scale)
 
 
 def compose(*blocks: Augment) -> Augment:
@@ -311,15 +449,28 @@ def compose(*blocks: Augment) -> Augment:
                 )
             )
 
-    def composed(x: Any, seed: tf.Tensor) -> Any:
-        if not blocks:
+    return _Composed(blocks)
+
+
+class _Composed:
+    """`compose(*blocks)`: checks as each of its blocks does (all of ours keep
+    the images' shape, so each sees the shape the first one does)."""
+
+    def __init__(self, blocks: tuple[Augment, ...]) -> None:
+        self.blocks = blocks
+
+    def check(self, x: Any) -> None:
+        for block in self.blocks:
+            if isinstance(block, (Block, _Composed)):
+                block.check(x)
+
+    def __call__(self, x: Any, seed: tf.Tensor) -> Any:
+        if not self.blocks:
             return x
-        seeds = tf.random.experimental.stateless_split(seed, len(blocks))
-        for i, block in enumerate(blocks):
+        seeds = tf.random.experimental.stateless_split(seed, len(self.blocks))
+        for i, block in enumerate(self.blocks):
             x = block(x, seeds[i])
         return x
-
-    return composed
 
 
 def check_augment(augment: Any, seed: int | None) -> None:

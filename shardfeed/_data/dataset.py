@@ -142,6 +142,8 @@ class ShardedResidentDataset:
         _augment.check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        if transform is None:  # the blocks will see the stored rows: check them now
+            _augment.check_columns(augment, self.columns)
         self.world: World = current_world(strategy)
         if (load_options or LoadOptions()).check_agreement:
             _agreement.check_agreement(self.columns, self.world)
@@ -270,11 +272,12 @@ class ShardedResidentDataset:
             raise self._train_plan_error  # type: ignore[misc]
         return self._train_plan
 
-    def replan_training(self, per_replica_batch_size: int) -> None:
-        """Re-plans training epochs for another per-replica batch; the rows stay
-        where they are. `fit` uses it to keep a checkpoint's global batch when
-        resuming on another number of replicas (`_training/resume.py`)."""
-        self._train_plan = _plan.plan_shards(
+    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
+        """The training plan for another per-replica batch, the rows staying
+        where they are (the dataset is not changed). `fit` uses it to keep a
+        checkpoint's global batch when resuming on another number of replicas
+        (`_training/resume.py`) and passes it to `epoch_order`."""
+        return _plan.plan_shards(
             self.num_rows,
             self.world.num_replicas_in_sync,
             per_replica_batch_size,
@@ -414,15 +417,19 @@ class ShardedResidentDataset:
 
         return Batch(*(None if b is None else keras.tree.map_structure(spec, b) for b in batch))
 
-    def epoch_order(self, epoch: int, training: bool) -> _order.Order:
+    def epoch_order(
+        self, epoch: int, training: bool, plan: _plan.ShardPlan | None = None
+    ) -> _order.Order:
         """The epoch's per-replica `[steps_per_epoch, per_replica_batch_size]`
         index matrices, and what must happen before each call (the residency's
         `Order`; `ResidentEpoch` is the public form).
 
         Padding slots of a partial last step come after the real ones; the
-        plan's `last_step_rows` says how many are real.
+        plan's `last_step_rows` says how many are real. `plan` (training
+        only) replaces the training plan, e.g. one from `training_plan`.
         """
-        plan = self.plan if training else self.eval_plan
+        if plan is None:
+            plan = self.plan if training else self.eval_plan
         return self.residency.epoch_order(plan, epoch, training)
 
     # -- batches (called inside the compiled step) ----------------------------

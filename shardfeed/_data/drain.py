@@ -2,10 +2,12 @@
 
 Separation of concerns: the TF-ecosystem sources (`tfdata`, `tfrecord`) build
 pipelines; this module reads rows `[start, stop)` from one, continuing the
-previous read's iterator when a read continues it (the storage reads a
-column chunk after chunk), so a pipeline runs once per column, not once per
-chunk. It never imports TensorFlow itself: it only calls the pipeline's
-`.batch` and the batches' `.numpy`.
+previous read's iterator when a read continues it (the storage reads chunk
+after chunk), so a pipeline runs once, not once per chunk. An element may
+hold several leaves (`x`, `y`, ...): every leaf is read from the same pass,
+so a pipeline that shuffles on each pass still pairs each `x` with its `y`.
+It never imports TensorFlow itself: it only calls the pipeline's `.batch`
+and the batches' `.numpy`.
 """
 
 from __future__ import annotations
@@ -25,45 +27,84 @@ class Cursor:
     """Reads rows of `make(skip)` (a dataset of single rows) sequentially;
     a read that continues the previous one continues its iterator.
 
+    Each element holds `num_leaves` leaves (a tuple when more than one). One
+    pass feeds every leaf: rows drained for one leaf wait for the others
+    until they read them, so readers that take every leaf's rows chunk by
+    chunk (the storage's upload) keep about one chunk per leaf on the host.
+
     Args:
         make: Builds the dataset of rows starting at row `skip`.
-        row_bytes: Bytes per row (sizes the host batches).
+        row_bytes: Bytes per row, all leaves together (sizes the host batches).
         source: Where the rows come from, for messages.
+        num_leaves: Leaves per element.
+        on_pass: Called before each new pass over the pipeline (may raise:
+            see `tfdata`, which refuses a second pass over a pipeline that
+            reshuffles on every pass).
     """
 
-    def __init__(self, make: Callable[[int], Any], row_bytes: int, source: str) -> None:
+    def __init__(
+        self,
+        make: Callable[[int], Any],
+        row_bytes: int,
+        source: str,
+        num_leaves: int = 1,
+        on_pass: Callable[[], None] | None = None,
+    ) -> None:
         self._make = make
         self._batch = max(1, _DRAIN_BYTES // max(1, row_bytes))
         self._source = source
-        self._position: int | None = None
+        self._num_leaves = num_leaves
+        self._on_pass = on_pass
         self._iterator: Any = None
-        self._left: np.ndarray | None = None
+        self._position = 0  # rows the iterator has yielded (a global row index)
+        # Per leaf: the drained rows it has not read yet, from row `_first[leaf]`.
+        self._pending: list[list[np.ndarray]] = []
+        self._first: list[int] = []
 
-    def read(self, start: int, stop: int, out: np.ndarray) -> None:
-        if self._position != start or self._left is None:
+    def read(self, start: int, stop: int, out: np.ndarray, leaf: int = 0) -> None:
+        if self._iterator is None or start < self._first[leaf]:
+            if self._on_pass is not None:
+                self._on_pass()
             self._iterator = iter(self._make(start).batch(self._batch))
-            self._left = out[:0]
-        filled = 0
-        while filled < stop - start:
-            if not len(self._left):
-                try:
-                    self._left = next(self._iterator).numpy()
-                except StopIteration:
-                    self._position = None
-                    raise ValueError(
-                        _errors.message(
-                            "A tf.data source must hold the rows it was declared with.",
-                            f"{self._source} ended after {start + filled} rows, "
-                            f"{stop} were expected",
-                            "Pass the right `num_rows` (or none, for a dataset of known "
-                            "cardinality).",
-                        )
-                    ) from None
-            take = min(stop - start - filled, len(self._left))
-            out[filled : filled + take] = self._left[:take]
-            self._left = self._left[take:]
-            filled += take
-        self._position = stop
+            self._position = start
+            self._pending = [[] for _ in range(self._num_leaves)]
+            self._first = [start] * self._num_leaves
+        while self._position < stop:
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                position = self._position
+                self.close()
+                raise ValueError(
+                    _errors.message(
+                        "A tf.data source must hold the rows it was declared with.",
+                        f"{self._source} ended after {position} rows, {stop} were expected",
+                        "Pass the right `num_rows` (or none, for a dataset of known "
+                        "cardinality).",
+                    )
+                ) from None
+            parts = batch if self._num_leaves > 1 else (batch,)
+            for pending, part in zip(self._pending, parts, strict=True):
+                pending.append(part.numpy())
+            self._position += len(self._pending[0][-1])
+        self._take(leaf, start, stop, out)
+
+    def _take(self, leaf: int, start: int, stop: int, out: np.ndarray) -> None:
+        """Moves rows `[start, stop)` of `leaf` into `out`, dropping earlier ones."""
+        pending, row, filled = self._pending[leaf], self._first[leaf], 0
+        while row < stop:
+            rows = pending[0]
+            lo, hi = max(0, start - row), min(len(rows), stop - row)
+            if lo < hi:
+                out[filled : filled + hi - lo] = rows[lo:hi]
+                filled += hi - lo
+            if hi < len(rows):
+                pending[0] = rows[hi:]
+                row += hi
+                break
+            pending.pop(0)
+            row += len(rows)
+        self._first[leaf] = row
 
     def close(self) -> None:
-        self._iterator, self._left, self._position = None, None, None
+        self._iterator, self._pending, self._first = None, [], []

@@ -58,10 +58,17 @@ def check_int(name: str, value: Any, low: int, high: int, fix: str) -> int:
 
 
 def open_epoch(
-    dataset: ShardedResidentDataset, epoch: int, training: bool, first_step: int, augment: bool
+    dataset: ShardedResidentDataset,
+    epoch: int,
+    training: bool,
+    first_step: int,
+    augment: bool,
+    plan: ShardPlan | None = None,
 ) -> ResidentEpoch:
     """`ShardedResidentDataset.epoch`: validates, closes what the new epoch
-    invalidates, then opens it (a training epoch of exchanged rows moves them)."""
+    invalidates, then opens it (a training epoch of exchanged rows moves them).
+    `plan` replaces the training plan (`fit` resuming on another number of
+    replicas passes `dataset.training_plan(...)`)."""
     epoch = check_int("epoch", epoch, 0, 2**62, "Pass the epoch number, e.g. `epoch=0`.")
     if augment and not training:
         raise ValueError(
@@ -79,7 +86,8 @@ def open_epoch(
                 "Build the dataset with `augment=...`, or pass `augment=False`.",
             )
         )
-    plan = dataset.plan if training else dataset.eval_plan
+    if plan is None:
+        plan = dataset.plan if training else dataset.eval_plan
     first_step = check_int(
         "first_step", first_step, 0, plan.steps_per_epoch,
         f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",

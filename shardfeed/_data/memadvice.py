@@ -19,7 +19,7 @@ from shardfeed._data.memnumbers import MemoryNumbers, RankMemory
 from shardfeed._data.memory import HOST_RAM_SOURCE, stream_chunk_steps
 
 # The compact dtype advised for each float dtype (cast back in `transform`).
-_COMPACT: dict[np.dtype, np.dtype] = {
+COMPACT: dict[np.dtype, np.dtype] = {
     np.dtype("float64"): np.dtype("float32"),
     np.dtype("float32"): np.dtype("float16"),
 }
@@ -147,7 +147,84 @@ def advice(mem: MemoryNumbers) -> list[str]:
         return []
     worst = max(mem.ranks, key=lambda r: r.needed_bytes)
     usable = worst.usable_bytes or 0  # known: unknown memory always "fits"
+    if mem.ways_out:
+        return _staged_advice(mem, usable)
     return [_more_replicas(mem, usable), *_compact(mem, worst), _streaming(mem, usable)]
+
+
+def _where(mem: MemoryNumbers) -> str:
+    if not mem.shared_host:
+        return "per device"
+    return "per host" if mem.workers_per_host > 1 else "per worker"
+
+
+def _needed(mem: MemoryNumbers) -> int:
+    return max(r.needed_bytes for r in mem.ranks)
+
+
+def _outcome(mem: MemoryNumbers, usable: int) -> str:
+    verdict = "fits in" if mem.fits else "is still over"
+    needed = format_bytes(_needed(mem))
+    return f"{needed} {_where(mem)}, which {verdict} {format_bytes(usable)} usable"
+
+
+def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
+    """Advice when the global shuffle's exchange staging is counted: every way
+    out was planned again (`WayOut`), so each sentence says what would fit."""
+    staged = format_bytes(mem.ranks[0].staging_bytes)
+    lines = []
+    local_fits = False
+    for way in mem.ways_out:
+        if way.change in ("workers", "hosts"):
+            unit = "host" if way.change == "hosts" else "worker"
+            now = mem.num_hosts if way.change == "hosts" else mem.num_workers
+            if way.value is not None and way.plan is not None:
+                lines.append(
+                    f"Use more {unit}s: with shuffle=True (its exchange stages up to "
+                    f"{format_bytes(way.plan.ranks[0].staging_bytes)} per device then), "
+                    f"{way.value:,} {unit}(s) are the fewest that fit: "
+                    f"{_outcome(way.plan, usable)} (now {now})."
+                )
+            else:
+                lines.append(
+                    f"More {unit}s do not make it fit with shuffle=True: each device also "
+                    f"stages the exchange's buffer (now {staged}, at most "
+                    f"exchange_buffer_bytes={mem.exchange_buffer_bytes:,}), which does not "
+                    "shrink with the shards."
+                )
+        elif way.change == "shuffle_local" and way.plan is not None:
+            local_fits = way.plan.fits
+            lines.append(
+                'Pass shuffle="local" (each replica shuffles its own rows; no exchange, '
+                f"no staging): {_outcome(way.plan, usable)}."
+            )
+        elif way.change == "exchange_buffer_bytes":
+            if way.value is not None and way.plan is not None:
+                lines.append(
+                    f"Lower `LoadOptions.exchange_buffer_bytes` to {way.value:,} "
+                    f"({format_bytes(way.value)}; now {mem.exchange_buffer_bytes:,}): "
+                    f"{_outcome(way.plan, usable)}; a smaller buffer means more exchange "
+                    "rounds per epoch."
+                )
+            elif way.plan is not None:
+                lines.append(
+                    "No `LoadOptions.exchange_buffer_bytes` makes it fit: even staging one "
+                    f"row per round needs {_outcome(way.plan, usable)}."
+                )
+        elif way.change == "compact" and way.plan is not None:
+            casts = [c for c in mem.columns if c.dtype in COMPACT]
+            listed = ", ".join(f"{c.name} {c.dtype.name}->{COMPACT[c.dtype].name}" for c in casts)
+            lines.append(
+                f"Store a compact dtype and cast in `transform` ({listed}): "
+                f"{_outcome(way.plan, usable)} (now {format_bytes(_needed(mem))})."
+            )
+    if not local_fits:
+        # The global shuffle refuses to stream (a streamed shard has no global order).
+        stream = _streaming(mem, usable)
+        if stream.startswith("Stream the shard"):
+            stream = 'With shuffle="local" (the global shuffle cannot stream), s' + stream[1:]
+        lines.append(stream)
+    return lines
 
 
 def _more_replicas(mem: MemoryNumbers, usable: int) -> str:
@@ -207,25 +284,22 @@ def _more_replicas(mem: MemoryNumbers, usable: int) -> str:
         f"every device within {limit} usable, e.g. {workers:,} worker(s) x {r_per_w} "
         f"replica(s) (now {plan.num_replicas})."
     )
-    if replicas * plan.per_replica_batch_size > plan.num_rows:
-        # The dataset refuses a global batch larger than the data.
-        text += (
-            f" With that many replicas, per_replica_batch_size must be at most "
-            f"{plan.num_rows // replicas:,}."
-        )
+    if replicas > plan.num_rows:
+        # A training step needs a real row on every replica (`plan_shards`).
+        text += f" A training epoch needs a row per replica: {plan.num_rows:,} rows is too few."
     return text
 
 
 def _compact(mem: MemoryNumbers, worst: RankMemory) -> list[str]:
-    casts = [c for c in mem.columns if c.dtype in _COMPACT]
+    casts = [c for c in mem.columns if c.dtype in COMPACT]
     if not casts:
         return []
     compact_row_bytes = sum(
-        math.prod(c.row_shape) * _COMPACT.get(c.dtype, c.dtype).itemsize for c in mem.columns
+        math.prod(c.row_shape) * COMPACT.get(c.dtype, c.dtype).itemsize for c in mem.columns
     )
     needed = worst.needed_bytes // mem.row_bytes * compact_row_bytes
     usable = worst.usable_bytes or 0
-    listed = ", ".join(f"{c.name} {c.dtype.name}->{_COMPACT[c.dtype].name}" for c in casts)
+    listed = ", ".join(f"{c.name} {c.dtype.name}->{COMPACT[c.dtype].name}" for c in casts)
     verdict = "fits in" if needed <= usable else "is still over"
     where = "per device"
     if mem.shared_host:

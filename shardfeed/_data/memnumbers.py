@@ -10,6 +10,7 @@ while the plan imports the words: the three modules import one way.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from shardfeed._data import memory as _memory
 from shardfeed._data.described import ColumnSpec
@@ -87,6 +88,11 @@ class MemoryNumbers:
     memory_source: str
     ranks: tuple[RankMemory, ...]
     workers_per_host: int = 1
+    shuffle: bool | Literal["local"] = True
+    exchange_buffer_bytes: int = 256 * 2**20
+    # When the global shuffle's staging is counted and the plan does not fit:
+    # the changes re-planned with the same free memory (see `WayOut`).
+    ways_out: tuple[WayOut, ...] = ()
 
     @property
     def num_hosts(self) -> int:
@@ -109,3 +115,23 @@ class MemoryNumbers:
     @property
     def fits(self) -> bool:
         return all(r.fits for r in self.ranks)
+
+
+@dataclasses.dataclass(frozen=True)
+class WayOut:
+    """One change to a plan that does not fit, planned again with the same
+    free memory: what fits is computed, not guessed.
+
+    Attributes:
+        change: "workers", "hosts", "shuffle_local", "exchange_buffer_bytes"
+            or "compact".
+        value: The changed setting (the count of workers or hosts, the
+            buffer's bytes); None where no value fits or none applies.
+        plan: The plan with that change (for "workers"/"hosts"/
+            "exchange_buffer_bytes" without a fitting value: the plan at the
+            most that was tried), or None.
+    """
+
+    change: str
+    value: int | None
+    plan: MemoryNumbers | None

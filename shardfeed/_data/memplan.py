@@ -22,6 +22,8 @@ one host's memory.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
@@ -29,12 +31,11 @@ from shardfeed._common.units import MIB
 from shardfeed._data import exchange as _exchange
 from shardfeed._data import memadvice as _memadvice
 from shardfeed._data import memory as _memory
-from shardfeed._data.described import column_specs
-from shardfeed._data.memnumbers import MemoryNumbers, RankMemory
+from shardfeed._data.described import ColumnSpec, column_specs
+from shardfeed._data.memnumbers import MemoryNumbers, RankMemory, WayOut
 from shardfeed._data.plan import (
     Placement,
     _check_positive,
-    check_global_batch,
     plan_shards,
 )
 
@@ -141,8 +142,8 @@ def memory_plan(
         ValueError: For non-positive counts or sizes, more workers per host
             than workers, a `memory_fraction`
             outside (0, 1], an unknown placement, arrays of different
-            lengths, a global batch larger than the data, or an epoch with
-            no step.
+            lengths, or a training epoch with no step (fewer rows than
+            replicas).
         TypeError: For leaves that are not numeric arrays or a bad dtype.
 
     Example:
@@ -184,62 +185,183 @@ def memory_plan(
         "per_replica_batch_size", per_replica_batch_size, "Pass a batch size such as 256."
     )
     columns, num_rows = column_specs(data)
-    num_replicas = num_workers * replicas_per_worker
-    # The same refusal as `shardfeed.fit`'s.
-    check_global_batch(per_replica_batch_size, num_replicas, num_rows)
-    plan = plan_shards(
-        num_rows, num_replicas, per_replica_batch_size, placement, drop_remainder, training=True
-    )
-    row_bytes = sum(c.row_bytes for c in columns)
     free, source = _free_device_bytes(device_memory_bytes)
-    usable = _memory.usable_bytes(free, memory_fraction)
-    shared_host = _memory.shares_host_ram(source)
-    # The backend is not known here: several workers count the larger staging.
-    factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
-    staged = (
-        _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
-        if shuffle is True
-        else 0
+    setup = _Setup(
+        columns, num_rows, per_replica_batch_size, placement, drop_remainder, free, source,
+        memory_fraction,
     )
-    # Bytes per device as the dataset counts them, one device per replica.
-    replicas = range(num_replicas)
-    on_device = _memory.device_bytes(plan, replicas, [str(r) for r in replicas], row_bytes, staged)
-    host_bytes: dict[int, int] = {}
-    for replica in replicas:
-        host = replica // replicas_per_worker // workers_per_host
-        host_bytes[host] = host_bytes.get(host, 0) + on_device[str(replica)]
-    ranks = []
-    for rank in range(num_workers):
-        ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
-        held = tuple(plan.shard_rows(r) for r in ids)
-        held_bytes = tuple(n * row_bytes for n in held)
-        host = rank // workers_per_host
-        ranks.append(
-            RankMemory(
-                rank=rank,
-                replica_ids=ids,
-                rows_per_replica=held,
-                bytes_per_replica=held_bytes,
-                steps_per_epoch=plan.steps_per_epoch,
-                dropped_rows_per_epoch=sum(plan.dropped_rows(r) for r in ids),
-                # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
-                # them), and so do all the workers on one host.
-                needed_bytes=host_bytes[host]
-                if shared_host
-                else max(on_device[str(r)] for r in ids),
-                free_bytes=free,
-                usable_bytes=usable,
-                host=host,
-                staging_bytes=staged,
-            )
+    mem = setup.plan(num_workers, replicas_per_worker, workers_per_host, shuffle,
+                     exchange_buffer_bytes)
+    if mem.fits or not mem.ranks[0].staging_bytes:
+        return mem
+    return dataclasses.replace(mem, ways_out=setup.ways_out(mem))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What stays fixed while a plan is made again with one change (the data,
+    the batch, the free memory as read once)."""
+
+    columns: tuple[ColumnSpec, ...]
+    num_rows: int
+    per_replica_batch_size: int
+    placement: Placement
+    drop_remainder: bool
+    free: int | None
+    source: str
+    memory_fraction: float
+
+    def plan(
+        self,
+        num_workers: int,
+        replicas_per_worker: int,
+        workers_per_host: int,
+        shuffle: bool | Literal["local"],
+        exchange_buffer_bytes: int,
+        columns: tuple[ColumnSpec, ...] | None = None,
+    ) -> MemoryPlan:
+        columns = columns or self.columns
+        num_rows = self.num_rows
+        num_replicas = num_workers * replicas_per_worker
+        plan = plan_shards(
+            num_rows, num_replicas, self.per_replica_batch_size, self.placement,
+            self.drop_remainder, training=True,
         )
-    return MemoryPlan(
-        shard_plan=plan,
-        num_workers=num_workers,
-        replicas_per_worker=replicas_per_worker,
-        columns=columns,
-        memory_fraction=memory_fraction,
-        memory_source=source,
-        ranks=tuple(ranks),
-        workers_per_host=workers_per_host,
-    )
+        row_bytes = sum(c.row_bytes for c in columns)
+        free, source = self.free, self.source
+        usable = _memory.usable_bytes(free, self.memory_fraction)
+        shared_host = _memory.shares_host_ram(source)
+        # The backend is not known here: several workers count the larger staging.
+        factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
+        staged = (
+            _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
+            if shuffle is True
+            else 0
+        )
+        # Bytes per device as the dataset counts them, one device per replica.
+        replicas = range(num_replicas)
+        on_device = _memory.device_bytes(
+            plan, replicas, [str(r) for r in replicas], row_bytes, staged
+        )
+        host_bytes: dict[int, int] = {}
+        for replica in replicas:
+            host = replica // replicas_per_worker // workers_per_host
+            host_bytes[host] = host_bytes.get(host, 0) + on_device[str(replica)]
+        ranks = []
+        for rank in range(num_workers):
+            ids = tuple(range(rank * replicas_per_worker, (rank + 1) * replicas_per_worker))
+            held = tuple(plan.shard_rows(r) for r in ids)
+            held_bytes = tuple(n * row_bytes for n in held)
+            host = rank // workers_per_host
+            ranks.append(
+                RankMemory(
+                    rank=rank,
+                    replica_ids=ids,
+                    rows_per_replica=held,
+                    bytes_per_replica=held_bytes,
+                    steps_per_epoch=plan.steps_per_epoch,
+                    dropped_rows_per_epoch=sum(plan.dropped_rows(r) for r in ids),
+                    # Logical CPU devices share the host's RAM (as `_memory.memory_reports` adds
+                    # them), and so do all the workers on one host.
+                    needed_bytes=host_bytes[host]
+                    if shared_host
+                    else max(on_device[str(r)] for r in ids),
+                    free_bytes=free,
+                    usable_bytes=usable,
+                    host=host,
+                    staging_bytes=staged,
+                )
+            )
+        return MemoryPlan(
+            shard_plan=plan,
+            num_workers=num_workers,
+            replicas_per_worker=replicas_per_worker,
+            columns=columns,
+            memory_fraction=self.memory_fraction,
+            memory_source=source,
+            ranks=tuple(ranks),
+            workers_per_host=workers_per_host,
+            shuffle=shuffle,
+            exchange_buffer_bytes=exchange_buffer_bytes,
+        )
+
+    def ways_out(self, mem: MemoryNumbers) -> tuple[WayOut, ...]:
+        """Each change that could make `mem` fit, planned again."""
+        base = (mem.num_workers, mem.replicas_per_worker, mem.workers_per_host)
+        shuffle, buffer = mem.shuffle, mem.exchange_buffer_bytes
+        ways = []
+        # More workers (or hosts, when the workers on a host share its RAM).
+        per_group = mem.workers_per_host if mem.shared_host else 1
+        change = "hosts" if per_group > 1 else "workers"
+
+        def with_groups(groups: int) -> MemoryPlan | None:
+            workers = groups * per_group
+            if workers * base[1] > self.num_rows:
+                return None  # a training step needs a row on every replica
+            return self.plan(workers, base[1], base[2], shuffle, buffer)
+
+        groups = -(-mem.num_workers // per_group)
+        ways.append(_fewest(change, groups, with_groups))
+        if shuffle is True:
+            ways.append(WayOut("shuffle_local", None, self.plan(*base, "local", buffer)))
+            ways.append(self._largest_buffer(mem, base, buffer))
+        compact = tuple(
+            c._replace(dtype=_memadvice.COMPACT.get(c.dtype, c.dtype)) for c in mem.columns
+        )
+        if compact != mem.columns:
+            ways.append(WayOut("compact", None, self.plan(*base, shuffle, buffer, compact)))
+        return tuple(ways)
+
+    def _largest_buffer(
+        self, mem: MemoryNumbers, base: tuple[int, int, int], buffer: int
+    ) -> WayOut:
+        """The largest `exchange_buffer_bytes` below `buffer` that fits (the
+        staging shrinks with it; it must still stage one row per round)."""
+        factor = _exchange.staged_rows_per_row(
+            mem.num_workers * base[1], mem.num_workers, backend=None
+        )
+        low = factor * mem.row_bytes  # stages one row
+        smallest = self.plan(*base, True, low)
+        if low >= buffer or not smallest.fits:
+            return WayOut("exchange_buffer_bytes", None, smallest)
+        good, bad = low, buffer  # fits at good, not at bad
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.plan(*base, True, middle).fits:
+                good = middle
+            else:
+                bad = middle
+        if good >= MIB:
+            good -= good % MIB  # a round number to type
+        return WayOut("exchange_buffer_bytes", good, self.plan(*base, True, good))
+
+
+def _fewest(
+    change: str, current: int, plan_for: Callable[[int], MemoryPlan | None]
+) -> WayOut:
+    """The fewest groups (workers or hosts) above `current` whose plan fits:
+    doubling until one fits, then halving the gap (the needed bytes fall as
+    groups are added, up to the staging they approach)."""
+    tried, last = current, None
+    count = current
+    while True:
+        count = max(count + 1, count * 2)
+        mem = plan_for(count)
+        if mem is None or count > _MAX_GROUPS:
+            return WayOut(change, None, last)
+        if mem.fits:
+            break
+        tried, last = count, mem
+    good, bad = count, tried
+    while good - bad > 1:
+        middle = (good + bad) // 2
+        candidate = plan_for(middle)
+        if candidate is not None and candidate.fits:
+            good, mem = middle, candidate
+        else:
+            bad = middle
+    return WayOut(change, good, plan_for(good))
+
+
+# More workers than any cluster has: the search stops there.
+_MAX_GROUPS = 1 << 16

@@ -157,37 +157,6 @@ def _check_positive(name: str, value: int, fix: str) -> None:
         )
 
 
-def check_global_batch(per_replica_batch_size: int, num_replicas: int, num_rows: int) -> None:
-    """Refuses a global batch larger than the data: training needs one full step.
-
-    Evaluation and prediction pad, so only training (`fit`, `memory_plan`)
-    checks this.
-
-    Args:
-        per_replica_batch_size: Rows each replica takes per step.
-        num_replicas: Replicas across all workers (`num_replicas_in_sync`).
-        num_rows: Rows in the dataset.
-
-    Raises:
-        ValueError: If `per_replica_batch_size * num_replicas > num_rows`.
-
-    Example:
-        >>> check_global_batch(256, 4, 1000)
-        Traceback (most recent call last):
-        ValueError: The global batch (per_replica_batch_size x num_replicas_in_sync) must not ...
-    """
-    if per_replica_batch_size * num_replicas > num_rows:
-        raise ValueError(
-            _errors.message(
-                "The global batch (per_replica_batch_size x num_replicas_in_sync) "
-                "must not be larger than the dataset.",
-                f"per_replica_batch_size={per_replica_batch_size}, "
-                f"num_replicas_in_sync={num_replicas}, num_rows={num_rows}",
-                "Lower `per_replica_batch_size` or use fewer replicas.",
-            )
-        )
-
-
 def plan_shards(
     num_rows: int,
     num_replicas: int,
@@ -266,8 +235,10 @@ def plan_shards(
         steps -= 1
         last = (b,) * n_rep
     if training and steps == 0:
+        # Without drop_remainder a batch larger than the data still runs one
+        # short step (as Keras); no step at all means fewer rows than replicas.
         fix = (
-            "Lower `per_replica_batch_size` or use fewer replicas."
+            f"Use at most {num_rows} replica(s) (each needs a row in a step), or more rows."
             if not drop_remainder
             else "Lower `per_replica_batch_size`, use fewer replicas, or pass "
             "`drop_remainder=False` to run the partial step."

@@ -95,19 +95,31 @@ def upload(
         start, stop = plan.shards[replica]
         key = (device, start, stop)
         if key not in uploaded:
-            uploaded[key] = tuple(
-                _upload_column(column, start, stop, device, options) for column in columns.columns
-            )
+            uploaded[key] = _upload_columns(columns, start, stop, device, options)
         stores.append(ReplicaStore(replica, device, start, stop, uploaded[key]))
     return tuple(stores)
 
 
-def _upload_column(column, start: int, stop: int, device: str, options: LoadOptions) -> tf.Variable:
+def _upload_columns(
+    columns: Columns, start: int, stop: int, device: str, options: LoadOptions
+) -> tuple[tf.Variable, ...]:
     # A replica with no rows (fewer rows than replicas) still gets one zero
     # row: its evaluation steps are all padding, and padding gathers row 0.
-    variable = allocate((max(1, stop - start), *column.row_shape), column.dtype, device)
-    write_rows(column, start, stop, variable, 0, device, options)
-    return variable
+    variables = tuple(
+        allocate((max(1, stop - start), *c.row_shape), c.dtype, device) for c in columns.columns
+    )
+    # Row range by row range, every column of a range before the next: a
+    # source of whole elements (a tf.data pipeline) is then drained once, each
+    # column taking its leaf of the same elements, with about one chunk held.
+    # `chunk_bytes` stays a bound per column: the widest column sets the rows.
+    row_bytes = max(c.row_bytes for c in columns.columns)
+    rows_per_chunk = max(1, options.chunk_bytes // max(1, row_bytes))
+    for chunk_start in range(start, stop, rows_per_chunk):
+        chunk_stop = min(stop, chunk_start + rows_per_chunk)
+        for column, variable in zip(columns.columns, variables, strict=True):
+            offset = chunk_start - start
+            write_rows(column, chunk_start, chunk_stop, variable, offset, device, options)
+    return variables
 
 
 def write_rows(

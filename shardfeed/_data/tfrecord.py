@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,12 +53,46 @@ def _files(pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str
     return paths
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _damaged(path: str, compression: str, err: Any) -> ValueError:
+    """A `DataLossError` from TF's record reader, as an error naming the file
+    and where in it the framing broke (TF's own message names neither)."""
+    found = re.search(r"(corrupted|truncated) record at (\d+)", err.message)
+    where = f"{found[1]} record at byte offset {found[2]}" if found else err.message.strip()
+    if found and compression:
+        where += f" of the {compression}-decompressed stream"
+    fix = (
+        "The file is damaged or was copied incompletely (a record's length or data "
+        "does not match its CRC-32); write it again or copy it again."
+    )
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == _GZIP_MAGIC
+    except OSError:
+        gzipped = False
+    if gzipped and not compression:
+        fix = 'The file starts with the GZIP magic bytes: pass `compression="GZIP"`.'
+    return ValueError(
+        _errors.message(
+            "A TFRecord file must hold whole records whose CRC-32s match, read with the "
+            "compression it was written with.",
+            f"{path} (compression={compression!r}): {where}",
+            fix,
+        )
+    )
+
+
 def count_records(path: str, compression: str = "") -> int:
     """Records in one TFRecord file (reads the framing, parses nothing)."""
     import tensorflow as tf
 
     ds = tf.data.TFRecordDataset(path, compression_type=compression)
-    return int(ds.reduce(np.int64(0), lambda n, _: n + 1))
+    try:
+        return int(ds.reduce(np.int64(0), lambda n, _: n + 1))
+    except tf.errors.DataLossError as err:
+        raise _damaged(path, compression, err) from None
 
 
 class _TFRecordFeature(FileArray):
@@ -111,6 +146,9 @@ class _TFRecordFeature(FileArray):
             self._cursor = Cursor(make, out[:1].nbytes, self.source)
         try:
             self._cursor.read(start, stop, out)
+        except tf.errors.DataLossError as err:
+            self._cursor = None
+            raise _damaged(self.path, self.compression, err) from None
         except tf.errors.InvalidArgumentError as err:
             self._cursor = None
             raise ValueError(

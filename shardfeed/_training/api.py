@@ -8,6 +8,7 @@ the distribution to the engine, and takes the data's shape from the dataset.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -17,7 +18,6 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
-from shardfeed._data.plan import check_global_batch
 from shardfeed._distribute.world import current_world
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
@@ -28,7 +28,7 @@ from shardfeed._training.epochs import FitRun, check_steps
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
 from shardfeed._training.model_steps import ModelSteps
-from shardfeed._training.options import FitOptions
+from shardfeed._training.options import FitOptions, with_model_steps
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 
@@ -206,7 +206,8 @@ def fit(
     Args:
         model: A compiled Keras 3 model (built in the dataset's strategy scope).
         dataset: A `ShardedResidentDataset` with targets.
-        epochs: Index of the epoch to stop before (as in `model.fit`).
+        epochs: Index of the epoch to stop before (as in `model.fit`; none
+            to run returns an empty `History`).
         initial_epoch: Epoch to start at (for resuming).
         initial_step: Steps of `initial_epoch` already done: resumes inside
             an epoch (e.g. from `ModelCheckpoint(save_freq=N)`: its `{epoch}`
@@ -214,9 +215,10 @@ def fit(
             the same remaining batches in the same order. The first epoch's
             logs then cover only its remaining steps; a `BackupAndRestore`
             resumes by itself, with logs over the whole epoch.
-        steps_per_epoch: Steps per epoch (None: one pass over the data). The
-            order continues across epochs as in Keras, each pass over the
-            data using every row once.
+        steps_per_epoch: Steps per epoch (None: one pass over the data). As
+            Keras on finite data, an epoch ends early (with Keras' warning)
+            when the pass over the data runs out, and the next starts a new
+            pass; each pass uses every row once.
         validation_data: A `ShardedResidentDataset` or a tuple
             `(x, y[, sample_weight])`, evaluated at the end of epochs; its logs
             get a `val_` prefix.
@@ -232,7 +234,8 @@ def fit(
             `save_freq`) resumes a killed fit at its last backup, on this or
             another number of replicas (docs/resume.md).
         verbose: "auto" or 1 (progress bar), 2 (a line per epoch), 0 (silent).
-        options: `FitOptions` (steps per call, XLA).
+        options: `FitOptions` (steps per call, XLA). Its "auto" steps per
+            call take the model's `compile(steps_per_execution=k)` when `k > 1`.
         **unsupported: Other `model.fit` arguments are refused, each with what
             to use instead (docs/keras.md has the table).
 
@@ -243,7 +246,8 @@ def fit(
     Raises:
         TypeError: If `model` or `dataset` has the wrong type.
         ValueError: If the model is not compiled, the dataset has no targets,
-            or the epochs are inconsistent.
+            the epochs are not integers >= 0, or `FitOptions.steps_per_execution`
+            disagrees with the model's compiled one.
 
     Example:
         >>> ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)
@@ -259,23 +263,31 @@ def fit(
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data
         )
-    # Training needs one full global batch; evaluation and prediction pad.
+    # A batch larger than the data trains one short step, as Keras
+    # (`plan_shards` refuses only a step with no row on some replica).
     plan = dataset.plan
-    check_global_batch(plan.per_replica_batch_size, plan.num_replicas, plan.num_rows)
     if not (
         _errors.is_integer(epochs)
         and _errors.is_integer(initial_epoch)
-        and 0 <= initial_epoch < epochs
+        and epochs >= 0
+        and initial_epoch >= 0
     ):
         raise ValueError(
             _errors.message(
-                "`epochs` must be larger than `initial_epoch` (both integers >= 0).",
+                "`epochs` and `initial_epoch` must be integers >= 0.",
                 f"epochs={epochs!r}, initial_epoch={initial_epoch!r}",
                 "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
             )
         )
     should_validate = fit_args.validation_schedule(validation_freq)
     epochs, initial_epoch = int(epochs), int(initial_epoch)
+    # Keras' debugging caps (`keras.config.set_max_epochs`/`set_max_steps_per_epoch`),
+    # with Keras' warnings.
+    max_epochs = keras.config.max_epochs()
+    if max_epochs and max_epochs < epochs:
+        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=2)
+        epochs = max_epochs
+    steps_per_epoch = _max_steps(steps_per_epoch)
     check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
     run = FitRun(
         model,
@@ -285,11 +297,11 @@ def fit(
         None if steps_per_epoch is None else int(steps_per_epoch),
     )
     callbacks = _backup.wrap(callbacks, run, dataset.world.is_chief)
-    plan = dataset.plan  # a resume on other replicas may re-plan it
+    plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     # Arrays later given to evaluate/predict get this dataset's transform.
     _FIT_TRANSFORMS[model] = dataset.transform
     verbose = _resolve_verbose(verbose)
-    options = options or FitOptions()
+    options = with_model_steps(options or FitOptions(), model)
     loop = loop_for(model, dataset, options, class_weights(class_weight, dataset))
     check_sparse_labels(model, dataset, "dataset")
     val_loop = None
@@ -316,27 +328,52 @@ def fit(
     model.stop_training = False
     cbs.on_train_begin()
 
+    val_max_steps = _max_steps(None) if val_loop is not None else None
+
     def validate(epoch: int) -> dict[str, float] | None:
         if val_loop is None or not should_validate(epoch):
             return None
-        return {f"val_{k}": v for k, v in _evaluate_loop(val_loop, cbs).items()}
+        logs = _evaluate_loop(val_loop, cbs, val_max_steps)
+        return {f"val_{k}": v for k, v in logs.items()}
 
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
     epoch_logs = run.train(loop, cbs, epochs, validate, options.sync_check)
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
+        with loop.engine.scope():
+            model.optimizer.finalize_variable_values(model.trainable_weights)
     cbs.on_train_end(epoch_logs)
     return model.history
 
 
-def _evaluate_loop(loop: Loop, cbs: keras.callbacks.CallbackList) -> dict[str, float]:
-    loop.model.reset_metrics()
+def _max_steps(steps: int | None) -> int | None:
+    """`steps` capped by `keras.config.max_steps_per_epoch()`, with Keras' warning."""
+    cap = keras.config.max_steps_per_epoch()
+    if cap and (not steps or cap < steps):
+        warnings.warn(f"Limiting steps_per_epoch to {cap}", stacklevel=3)
+        return int(cap)
+    return steps
+
+
+def _evaluate_loop(
+    loop: Loop, cbs: keras.callbacks.CallbackList, max_steps: int | None = None
+) -> dict[str, float]:
+    """One evaluation pass, as Keras' `evaluate`: test hooks per call, the
+    model's `stop_evaluating` checked after each, at most `max_steps` steps."""
+    model = loop.model
+    model.reset_metrics()
+    model.stop_evaluating = False
     cbs.on_test_begin()
-
-    def on_end(step: int, logs: dict[str, float]) -> bool:
-        cbs.on_test_batch_end(step, logs)
-        return False
-
-    logs = loop.run_epoch(0, False, cbs.on_test_batch_begin, on_end)
+    logs: dict[str, Any] = {}
+    steps = (0, min(max_steps, loop.dataset.eval_plan.steps_per_epoch)) if max_steps else None
+    with loop.epoch(0, False, steps=steps) as it:
+        for call in it:
+            cbs.on_test_batch_begin(call.begin_step)
+            logs = it.run(call)
+            cbs.on_test_batch_end(call.end_step, logs)
+            if model.stop_evaluating:
+                break
     cbs.on_test_end(logs)
     return logs
 
@@ -396,12 +433,12 @@ def evaluate(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
     )
     _check_dataset(dataset, needs_targets=not ModelSteps.of(model).test, name="data")
-    loop = loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
     check_sparse_labels(model, dataset, "data")
     cbs = keras.callbacks.CallbackList(
         callbacks, model=model, verbose=0, epochs=1, steps=dataset.eval_plan.steps_per_epoch
     )
-    logs = _evaluate_loop(loop, cbs)
+    logs = _evaluate_loop(loop, cbs, _max_steps(None))
     if return_dict:
         return logs
     values = list(logs.values())
@@ -446,6 +483,13 @@ def predict(
     _check_model(model, needs_compile=False)
     transform = _resolve_transform(model, data, transform)
     dataset = _as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
-    loop = loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
+    # Nothing can set it during the call (no callbacks), but Keras resets it too.
+    model.stop_predicting = False
+    cap = _max_steps(None)
     out = loop.predict()
+    if cap:
+        # Keras predicts the first `cap` batches; ours are global batches in row order.
+        rows = cap * dataset.eval_plan.global_batch_size
+        out = keras.tree.map_structure(lambda a: a[:rows], out)
     return keras.tree.map_structure(np.asarray, out)

@@ -5,9 +5,13 @@ written, by whom, and what a restarted `fit` reads back. What the state holds
 and how a resume continues the order is `resume.py`'s; `epochs.py` moves the
 cursor.
 
-`fit` replaces each `BackupAndRestore` it is given by a `ResumableBackup`
-with the same `backup_dir`, `save_freq` and `delete_checkpoint`, which
-follows TensorFlow's multi-worker pattern:
+`fit` runs each `BackupAndRestore` it is given through a `ResumableBackup`
+that reads its `backup_dir`, `save_freq` and `delete_checkpoint` and keeps
+the user's object's state as Keras' own callback would (its model and params,
+`_current_epoch`, `_last_batch_seen`, `_batches_seen_since_last_saving`), so
+the object the user holds is the one that changes; a subclass (whose
+overrides could not run) is refused. The backup follows TensorFlow's
+multi-worker pattern:
 - every rank runs it and reads the metric state together (under
   MultiWorkerMirroredStrategy a sync-on-read read is a collective);
 - only the chief writes: `ckpt-0.weights.h5` or `ckpt-1.weights.h5` in
@@ -65,6 +69,22 @@ class ResumableBackup(keras.callbacks.Callback):
         self._saved_at_steps = 0
         self._state_path = os.path.join(self.backup_dir, STATE_FILE)
         self._weights_file: str | None = None
+        self.source = source
+
+    # -- the user's object: the state Keras' callback would hold ---------------
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        self.source.set_model(model)
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        self.source.set_params(params)
+
+    def _mirror(self, epoch: int, batch: int) -> None:
+        self.source._current_epoch = epoch
+        self.source._last_batch_seen = batch
+        self.source._batches_seen_since_last_saving = self._run.steps_run - self._saved_at_steps
 
     # -- restore -------------------------------------------------------------
 
@@ -88,12 +108,13 @@ class ResumableBackup(keras.callbacks.Callback):
     # -- save ----------------------------------------------------------------
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if isinstance(self.save_freq, str) or not self.save_freq:
-            return
-        if self._run.steps_run - self._saved_at_steps >= self.save_freq:
-            self._save()
+        if not isinstance(self.save_freq, str) and self.save_freq:
+            if self._run.steps_run - self._saved_at_steps >= self.save_freq:
+                self._save()
+        self._mirror(self._run.cursor.epoch, batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._mirror(epoch + 1, 0)
         if self.save_freq == "epoch":
             self._save()
 
@@ -131,15 +152,29 @@ class ResumableBackup(keras.callbacks.Callback):
 def wrap(
     callbacks: list[keras.callbacks.Callback] | None, run: FitRun, is_chief: bool
 ) -> list[keras.callbacks.Callback]:
-    """`callbacks` with each `BackupAndRestore` replaced by a `ResumableBackup`;
-    a found backup's state is handed to `run` (which checks it and resumes).
+    """`callbacks` with each `BackupAndRestore` run through a `ResumableBackup`
+    (which keeps the user's object's state); a found backup's state is handed
+    to `run` (which checks it and resumes).
 
     Raises:
+        TypeError: For a subclass of `BackupAndRestore`.
         ValueError: For more than one `BackupAndRestore`, or a backup that
             cannot resume on this dataset and world (see `resume.adapt`).
     """
     out = list(callbacks or [])
     backups = [i for i, c in enumerate(out) if isinstance(c, keras.callbacks.BackupAndRestore)]
+    for i in backups:
+        if type(out[i]) is not keras.callbacks.BackupAndRestore:
+            raise TypeError(
+                _errors.message(
+                    "`shardfeed.fit` backs up mid-epoch and on every rank itself, driving a "
+                    "`keras.callbacks.BackupAndRestore`'s settings; a subclass's overridden "
+                    "methods would not run.",
+                    f"type(callback)={type(out[i]).__name__}",
+                    "Pass a plain `keras.callbacks.BackupAndRestore(...)` and put your own "
+                    "hooks in a separate callback.",
+                )
+            )
     if len(backups) > 1:
         raise ValueError(
             _errors.message(

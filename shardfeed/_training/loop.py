@@ -39,9 +39,11 @@ dropping a dataset frees its rows at once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -49,7 +51,8 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.epoch import ResidentEpoch
+from shardfeed._data.epoch import ResidentEpoch, open_epoch
+from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import model_steps as _model_steps
@@ -117,7 +120,7 @@ class Loop:
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
         # The epoch a call runs on (its `gather` is traced); held only
-        # during `run_epoch`/`predict`, for the same reason.
+        # during an epoch's calls (`Loop.epoch`) or `predict`, for the same reason.
         self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
@@ -333,9 +336,10 @@ class Loop:
     def schedule(
         self, num_steps: int, bounds: list[int] | None = None
     ) -> list[tuple[int, int]]:
-        """The compiled calls of an epoch: `(start, stop)` step ranges of at
-        most `steps_per_call(num_steps)` steps that never cross one of `bounds`
-        (a streamed chunk's first step).
+        """`predict`'s compiled calls over an epoch: `(start, stop)` step
+        ranges of at most `steps_per_call(num_steps)` steps that never cross
+        one of `bounds` (a streamed chunk's first step). Training and
+        evaluation calls come from `epoch`.
 
         Example:
             >>> loop.schedule(10)  # steps_per_execution=4
@@ -360,90 +364,46 @@ class Loop:
             ]
         )
 
-    def run_epoch(
+    def epoch(
         self,
         epoch: int,
         training: bool,
-        on_chunk_begin,
-        on_chunk_end,
+        plan: ShardPlan | None = None,
         steps: tuple[int, int] | None = None,
-        totals: list[float] | None = None,
-    ) -> dict[str, float]:
-        """Runs one epoch of training or evaluation, or steps `[start, stop)` of it.
+        step_offset: int = 0,
+        totals: tuple[float, int] = (0.0, 0),
+    ) -> EpochCalls:
+        """The compiled calls of one epoch, or of steps `[start, stop)` of it.
 
         Args:
             epoch: Epoch number (seeds the shuffle).
             training: Train (True) or evaluate (False).
-            on_chunk_begin: Called with the first step of each call.
-            on_chunk_end: Called with the last step of each call and the logs
-                so far; returns True to stop early.
-            steps: Only steps `[start, stop)` (a resumed or short epoch); step
-                numbers and each step's rows stay those of the whole epoch.
-            totals: The running `[loss_sum, rows]`, continued in place.
+            plan: The training plan (default: the dataset's; a resume on
+                another number of replicas passes its own, see `resume.adapt`).
+            steps: Only steps `[start, stop)` (a resumed or short epoch); each
+                step's rows stay those of the whole epoch.
+            step_offset: The data step that is step 0 of the calls' step
+                counter (a `fit` epoch that starts inside a pass).
+            totals: The epoch's running `(loss sum, rows)` to continue (a resume).
 
         Returns:
-            The epoch's logs: loss and compiled metrics over all replicas.
+            An `EpochCalls`: iterate it for the `Call`s, run each with `run`.
+
+        Example:
+            >>> with loop.epoch(0, training=True) as calls:
+            ...     for call in calls:
+            ...         logs = calls.run(call)
         """
-        order = self.dataset.epoch(epoch, training=training)
-        plan, self._open = order.plan, order
+        ds = self.dataset
+        if plan is None:
+            plan = ds.plan if training else ds.eval_plan
+        first, last = steps or (0, plan.steps_per_epoch)
+        order = open_epoch(ds, epoch, training, 0, False, plan)
+        self._open = order
         if training and self.model_steps.train:
             self._own.create_variables(order)  # once, before the first training trace
-        first, last = steps or (0, plan.steps_per_epoch)
-        try:
-            return self._run_epoch(
-                order, plan, training, on_chunk_begin, on_chunk_end, first, last,
-                totals if totals is not None else [0.0, 0], epoch,
-            )
-        finally:
-            order.close()
-            self._open = None
+        return EpochCalls(self, order, plan, epoch, training, first, last, step_offset, totals)
 
-    def _run_epoch(
-        self, order, plan, training, on_chunk_begin, on_chunk_end, first, last, totals, epoch
-    ):
-        handles, replicas = self._handles(order), _augmenting.replica_ids(self.engine)
-
-        def chunk_fn(handles, indices, start):
-            if not training:
-                return self._test_chunk_fn(handles, indices)
-            where = _augmenting.position(epoch, start)
-            return self._train_chunk_fn(handles, indices, where, replicas)
-
-        logs = self.logs(totals[0] / totals[1]) if totals[1] else {}
-        b_global = plan.global_batch_size
-        for start, stop in self.schedule(plan.full_steps_per_epoch, order.call_bounds):
-            start, stop = max(start, first), min(stop, last)
-            if start >= stop:
-                continue
-            on_chunk_begin(start)
-            value = chunk_fn(handles, self._slices(order, start, stop), start)
-            logs = self._call_logs(training, value, totals, (stop - start) * b_global)
-            if on_chunk_end(stop - 1, logs):
-                return logs
-        if plan.has_partial_step and first < plan.steps_per_epoch <= last:
-            step = plan.steps_per_epoch - 1
-            on_chunk_begin(step)
-            last_step = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
-            real_rows = sum(plan.last_step_rows)
-            if training:
-                all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(
-                    handles, last_step, self._real_rows(plan), all_rows,
-                    _augmenting.position(epoch, step), replicas,
-                )
-            else:
-                value = self._test_partial_fn(handles, last_step, self._real_rows(plan))
-            logs = self._call_logs(training, value, totals, real_rows)
-            on_chunk_end(step, logs)
-        return logs
-
-    def _call_logs(self, training: bool, value: Any, totals: list[float], rows: int):
-        """The logs after a call that returned `value` over `rows` real rows."""
-        if self.model_steps.own(training):
-            return self._own.logs(value)
-        totals[0] += float(value)
-        totals[1] += rows
-        return self.logs(totals[0] / totals[1])
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -489,3 +449,137 @@ class Loop:
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
             for i in range(self.engine.world.replicas_in_process)
         ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of an epoch, as Keras' epoch iterator yields it.
+
+    Attributes:
+        begin_step, end_step: The step counter for the batch hooks, Keras'
+            own: call `j` runs from `j * k` to `j * k + k - 1` (`k` steps per
+            call), also when the epoch's last call has fewer steps.
+        stop: The (data) step after the last one this call runs.
+        pieces: The compiled calls it takes: `[start, stop)` data steps (more
+            than one where the partial last step or a streamed chunk's first
+            step falls inside it).
+    """
+
+    begin_step: int
+    end_step: int
+    stop: int
+    pieces: tuple[tuple[int, int], ...]
+
+
+class EpochCalls:
+    """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
+    `run` that executes one, holding the epoch open until `close`."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        order: ResidentEpoch,
+        plan: ShardPlan,
+        epoch: int,
+        training: bool,
+        first: int,
+        last: int,
+        step_offset: int,
+        totals: tuple[float, int],
+    ) -> None:
+        self._loop, self._order, self._plan = loop, order, plan
+        self._epoch, self._training = epoch, training
+        self._handles = loop._handles(order)
+        self._replicas = _augmenting.replica_ids(loop.engine)
+        self.totals = totals  # the epoch's running (loss sum, rows)
+        self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
+        self.calls = _calls(
+            first, last, step_offset, self.steps_per_call,
+            plan.full_steps_per_epoch if plan.has_partial_step else None,
+            order.call_bounds,
+        )
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(self.calls)
+
+    def __enter__(self) -> EpochCalls:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._order.close()
+        self._loop._open = None
+
+    def logs(self) -> dict[str, Any]:
+        """The epoch's logs so far (empty before its first step)."""
+        loss_sum, rows = self.totals
+        return self._loop.logs(loss_sum / rows) if rows else {}
+
+    def run(self, call: Call) -> dict[str, Any]:
+        """Runs `call`; returns the epoch's logs after it: our exact loss and
+        the compiled metrics, or what the model's own step returned."""
+        value: Any = None
+        for start, stop in call.pieces:
+            value, rows = self._run_piece(start, stop)
+            if not self._loop.model_steps.own(self._training):
+                self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        if self._loop.model_steps.own(self._training):
+            return self._loop._own.logs(value)
+        return self.logs()
+
+    def _run_piece(self, start: int, stop: int) -> tuple[Any, int]:
+        loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
+        handles, replicas = self._handles, self._replicas
+        if plan.has_partial_step and start == plan.full_steps_per_epoch:
+            last_step = loop.engine.distribute([idx[0] for idx in order.indices(start, start + 1)])
+            real_rows = sum(plan.last_step_rows)
+            if self._training:
+                all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
+                value = loop._train_partial_fn(
+                    handles, last_step, loop._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, start), replicas,
+                )
+            else:
+                value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
+            return value, real_rows
+        indices = loop._slices(order, start, stop)
+        if self._training:
+            where = _augmenting.position(epoch, start)
+            value = loop._train_chunk_fn(handles, indices, where, replicas)
+        else:
+            value = loop._test_chunk_fn(handles, indices)
+        return value, (stop - start) * plan.global_batch_size
+
+
+def _calls(
+    first: int,
+    last: int,
+    step_offset: int,
+    k: int,
+    partial_step: int | None,
+    bounds: list[int] | None,
+) -> list[Call]:
+    """The calls over data steps `[first, last)`: Keras' grid of `k` steps
+    counted from `step_offset`, each cut into compiled pieces at the partial
+    last step (its own compiled call) and at streamed chunks' first steps.
+
+    Example:
+        >>> [(c.begin_step, c.end_step) for c in _calls(0, 7, 0, 3, 6, None)]
+        [(0, 2), (3, 5), (6, 8)]
+    """
+    out = []
+    cell = (first - step_offset) // k
+    while step_offset + cell * k < last:
+        begin = step_offset + cell * k
+        a, b = max(begin, first), min(begin + k, last)
+        cuts = {a, b, *(x for x in (bounds or ()) if a < x < b)}
+        if partial_step is not None and a < partial_step < b:
+            cuts.add(partial_step)
+        edges = sorted(cuts)
+        out.append(
+            Call(a - step_offset, begin - step_offset + k - 1, b, tuple(itertools.pairwise(edges)))
+        )
+        cell += 1
+    return out

@@ -7,7 +7,7 @@ for `LoadOptions`, the storage layer's).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.options import _as_int, _require
@@ -18,10 +18,12 @@ class FitOptions:
     """How the compiled training loop runs.
 
     Attributes:
-        steps_per_execution: Steps per compiled call, or "auto" (about 10
-            calls per epoch, at most 512 steps each). Only each call's logs
-            come back to Python, so callbacks' `on_*_batch_end` hooks and the
-            progress bar see one update per call.
+        steps_per_execution: Steps per compiled call, or "auto": the model's
+            `compile(steps_per_execution=k)` when `k > 1`, else about 10
+            calls per epoch, at most 512 steps each (an integer that differs
+            from such a `k` is refused: see `with_model_steps`). Only each
+            call's logs come back to Python, so callbacks' `on_*_batch_end`
+            hooks and the progress bar see one update per call.
         jit_compile: XLA for the step: True, False, or "auto" (on for GPUs;
             on CPUs only for models without convolutions, which XLA's CPU
             backend runs far slower inside loops).
@@ -63,3 +65,36 @@ class FitOptions:
         _as_int(self, "steps_per_execution")
         if not isinstance(self.sync_check, bool):
             _as_int(self, "sync_check")
+
+
+def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
+    """`options` with the model's `compile(steps_per_execution=k)` applied.
+
+    Precedence: `FitOptions(steps_per_execution="auto")` (the default) takes
+    the model's `k` when it is above 1 (Keras' default of 1 cannot be told
+    from an explicit 1, so it leaves "auto": pass `FitOptions(steps_per_execution=1)`
+    for one step per call); an explicit `FitOptions` value equal to `k`, or
+    with a model compiled with 1, is used as it is; a different one is refused.
+
+    Raises:
+        ValueError: When `FitOptions.steps_per_execution` and the model's
+            compiled `steps_per_execution` (above 1) disagree.
+    """
+    compiled = getattr(model, "steps_per_execution", 1)
+    if not (_errors.is_integer(compiled) and compiled > 1):
+        return options
+    spe = options.steps_per_execution
+    if isinstance(spe, str):
+        return dataclasses.replace(options, steps_per_execution=int(compiled))
+    if spe != compiled:
+        raise ValueError(
+            _errors.message(
+                "`FitOptions.steps_per_execution` and the model's compiled "
+                "`steps_per_execution` must agree (both set the steps per compiled call).",
+                f"FitOptions.steps_per_execution={spe}, "
+                f"model.compile(steps_per_execution={compiled})",
+                "Set one of them: leave `FitOptions.steps_per_execution` as \"auto\" to use "
+                "the model's, or compile the model with `steps_per_execution=1`.",
+            )
+        )
+    return options

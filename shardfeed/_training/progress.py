@@ -60,10 +60,12 @@ class Progress(keras.callbacks.Callback):
     def _update(self, batch: int, logs: dict | None, finalize: bool = False) -> None:
         if self._bar is None:
             return
-        values = self._values(batch + 1, logs)
+        # Hooks carry Keras' step counter, which a short last call overshoots.
+        done = batch + 1 if self._bar.target is None else min(batch + 1, self._bar.target)
+        values = self._values(done, logs)
         # Logs are already running means over the epoch: show them as they are.
         self._bar.stateful_metrics.update(name for name, _ in values)
-        self._bar.update(batch + 1, values=values, finalize=finalize)
+        self._bar.update(done, values=values, finalize=finalize)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.verbose:

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._data.plan import ShardPlan
 
 logger = logging.getLogger("shardfeed")
 
@@ -46,29 +47,32 @@ class Cursor:
     data_step: int
 
 
-def start_cursor(
-    initial_epoch: int, initial_step: int, steps_per_epoch: int | None, data_steps: int
-) -> Cursor:
-    """The cursor of a fresh `fit`: the order continues across fit epochs as
-    Keras' does when `steps_per_epoch` is shorter than the data."""
-    if steps_per_epoch is None:
-        return Cursor(initial_epoch, initial_step, initial_epoch, initial_step)
-    done = initial_epoch * steps_per_epoch + initial_step
-    return Cursor(initial_epoch, initial_step, done // data_steps, done % data_steps)
+def epoch_span(epoch: int, steps_per_epoch: int | None, data_steps: int) -> tuple[int, int, int]:
+    """Fit epoch `epoch`'s place in the data: `(data_epoch, start, stop)`, the
+    steps `[start, stop)` of pass `data_epoch` over the data.
+
+    As Keras' epoch iterator on finite data: a fit epoch takes up to
+    `steps_per_epoch` steps of the current pass and ends when the pass runs
+    out (Keras warns "Your input ran out of data"); the next epoch starts the
+    next pass. A pass of `data_steps` steps thus holds
+    `ceil(data_steps / steps_per_epoch)` fit epochs (one without
+    `steps_per_epoch`, or when it is at least `data_steps`).
+
+    Example:
+        >>> [epoch_span(e, 5, 12) for e in range(4)]
+        [(0, 0, 5), (0, 5, 10), (0, 10, 12), (1, 0, 5)]
+    """
+    if steps_per_epoch is None or steps_per_epoch >= data_steps:
+        return epoch, 0, data_steps
+    per_pass = -(-data_steps // steps_per_epoch)
+    start = (epoch % per_pass) * steps_per_epoch
+    return epoch // per_pass, start, min(start + steps_per_epoch, data_steps)
 
 
-def segments(cursor: Cursor, epoch_steps: int, data_steps: int) -> list[tuple[int, int, int]]:
-    """What is left of the current fit epoch: `(data_epoch, start, stop)` step
-    ranges of passes over the data (a fit epoch may span two passes)."""
-    out = []
-    step, data_epoch, data_step = cursor.step, cursor.data_epoch, cursor.data_step
-    while step < epoch_steps:
-        if data_step >= data_steps:
-            data_epoch, data_step = data_epoch + 1, 0
-        n = min(epoch_steps - step, data_steps - data_step)
-        out.append((data_epoch, data_step, data_step + n))
-        step, data_step = step + n, data_step + n
-    return out
+def cursor_at(epoch: int, step: int, steps_per_epoch: int | None, data_steps: int) -> Cursor:
+    """The cursor with `step` steps of fit epoch `epoch` done."""
+    data_epoch, start, _ = epoch_span(epoch, steps_per_epoch, data_steps)
+    return Cursor(epoch, step, data_epoch, start + step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +188,10 @@ def order_is_global(dataset: ShardedResidentDataset) -> bool:
     return dataset.shuffle is False and dataset.plan.num_replicas == 1
 
 
-def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
-    """Checks that `state` can resume on `dataset` and keeps its global batch.
+def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> ShardPlan:
+    """Checks that `state` can resume on `dataset`; returns the training plan
+    that keeps its global batch (the dataset's own, or one for another
+    per-replica batch: the dataset is not changed).
 
     Raises:
         ValueError: For a different dataset, a mid-epoch resume on another
@@ -241,7 +247,7 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
             )
         )
     if plan.global_batch_size == g:
-        return
+        return plan
     if g % m:
         divisors = [d for d in range(1, g + 1) if g % d == 0]
         raise ValueError(
@@ -273,18 +279,18 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> None:
             g // m,
             g,
         )
-    dataset.replan_training(g // m)
+    return dataset.training_plan(g // m)
 
 
 def capture(
     cursor: Cursor,
-    totals: list[float],
+    totals: tuple[float, int],
     dataset: ShardedResidentDataset,
+    plan: ShardPlan,
     steps_per_epoch: int | None,
     metrics: list[Any],
 ) -> ResumeState:
-    """The resume state of a fit standing at `cursor` (see `ResumeState`)."""
-    plan = dataset.plan
+    """The resume state of a fit standing at `cursor` on `plan` (see `ResumeState`)."""
     return ResumeState(
         cursor=dataclasses.replace(cursor),
         seed=dataset.seed,

@@ -192,7 +192,16 @@ def byte_view(out: np.ndarray) -> memoryview:
 class RawArray(FileArray):
     """Rows stored as raw C-order bytes from `offset` on (a .npy file or a stored
     .npz member). Each read opens the file, seeks and `readinto`s the output, so
-    the leaf keeps no state and nothing is buffered twice."""
+    the leaf keeps no state and nothing is buffered twice -- unless a caller
+    handed it an open file (`read_from`), which it then reads instead of the path."""
+
+    _handles = ("_file",)
+    _file: Any = None
+
+    def read_from(self, file: Any) -> None:
+        """Reads rows from `file` (opened and checked by the caller: a manifest's
+        shard file, opened without following links) instead of opening the path."""
+        self._file = file
 
     def __init__(
         self, path: str, offset: int, shape: tuple[int, ...], file_dtype: np.dtype, source: str
@@ -206,21 +215,27 @@ class RawArray(FileArray):
         self._row_bytes = math.prod(shape[1:]) * file_dtype.itemsize
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        view = byte_view(out)
-        with open(self.path, "rb", buffering=0) as f:
-            f.seek(self.offset + start * self._row_bytes)
-            filled = 0
-            while filled < len(view):
-                n = f.readinto(view[filled:])
-                if not n:
-                    check_size(
-                        self.source,
-                        self.offset + stop * self._row_bytes,
-                        self.offset + start * self._row_bytes + filled,
-                    )
-                filled += n
+        if self._file is not None:
+            self._fill(self._file, start, stop, out)
+        else:
+            with open(self.path, "rb", buffering=0) as f:
+                self._fill(f, start, stop, out)
         if self._swap:
             out.byteswap(inplace=True)
+
+    def _fill(self, f: Any, start: int, stop: int, out: np.ndarray) -> None:
+        view = byte_view(out)
+        f.seek(self.offset + start * self._row_bytes)
+        filled = 0
+        while filled < len(view):
+            n = f.readinto(view[filled:])
+            if not n:
+                check_size(
+                    self.source,
+                    self.offset + stop * self._row_bytes,
+                    self.offset + start * self._row_bytes + filled,
+                )
+            filled += n
 
 
 

@@ -28,10 +28,12 @@ file format's own checks.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,7 @@ class _ShardFile(FileArray):
     the files holding the rows it reads.
     """
 
-    _handles = ("_inner",)
+    _handles = ("_file", "_inner")
 
     def __init__(
         self,
@@ -69,6 +71,8 @@ class _ShardFile(FileArray):
         dtype: np.dtype,
         sha256: str,
         verify: bool,
+        resolved: str,
+        identity: tuple[int, int] | None,
     ) -> None:
         self.path = path
         self.file_format = file_format
@@ -77,13 +81,43 @@ class _ShardFile(FileArray):
         self.dtype = dtype
         self.sha256 = sha256
         self.verify = verify
+        self.resolved = resolved
+        self.identity = identity
         self.source = path if file_format == "npy" else f"{path}[{column!r}]"
+        self._file: Any = None
         self._inner: FileArray | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Another process may read another copy of the directory: it takes
+        # the file's identity again, when it first opens it.
+        return {**super().__getstate__(), "identity": None}
+
+    def _open_checked(self) -> Any:
+        """The shard file, opened without following links, and the very file
+        (device and inode) that was checked when the manifest was read: a
+        file swapped afterwards (for a symlink, or another file) is refused."""
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        expected = self.identity
+        try:
+            if expected is None:
+                expected = _identity(os.lstat(self.resolved))
+            fd = os.open(self.resolved, flags)
+        except OSError as err:
+            raise _replaced(self.path, f"cannot be opened without following links ({err})") from err
+        f = _ShardHandle(fd, "rb")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or _identity(status) != expected:
+            f.close()
+            raise _replaced(
+                self.path,
+                f"(device, inode)={_identity(status)}, checked (device, inode)={expected}",
+            )
+        return f
+
     def _open(self) -> FileArray:
+        f = self._file = self._open_checked()
         if self.verify:
-            with open(self.path, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
             if digest != self.sha256:
                 raise ValueError(
                     _errors.message(
@@ -93,10 +127,14 @@ class _ShardFile(FileArray):
                         "(or split again). Pass `verify=False` only to skip the check.",
                     )
                 )
+        # Rows are read from this open file, never by path again.
         if self.file_format == "npy":
-            inner = _npy.npy(self.path)
+            inner: Any = _npy.from_file(f, self.path)
+            inner.read_from(f)
         else:
             inner = _parquet.parquet(self.path, self.column)
+            f.seek(0)
+            inner._file = _parquet.open_parquet(f)
         if inner.shape != self.shape or inner.dtype != self.dtype:
             raise ValueError(
                 _errors.message(
@@ -114,6 +152,32 @@ class _ShardFile(FileArray):
         self._inner._read_into(start, stop, out)
 
 
+class _ShardHandle(io.FileIO):
+    """An open shard file that a leaf keeps between reads."""
+
+    def __del__(self) -> None:
+        # A leaf dropped without `close()` closes its file with it, quietly
+        # (leaves are dropped like arrays, not closed like files).
+        self.close()
+
+
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return (status.st_dev, status.st_ino)
+
+
+def _replaced(path: str, problem: str) -> ValueError:
+    return ValueError(
+        _errors.message(
+            "A shard file must be the file `files.manifest()` checked: it is opened "
+            "without following links, and must be the same file (device and inode).",
+            f"{path} {problem}",
+            "The split directory changed after the manifest was read (a file was "
+            "replaced, or swapped for a symlink); copy it again, then call "
+            "`files.manifest()` again.",
+        )
+    )
+
+
 def _manifest_error(path: Path, problem: str) -> ValueError:
     return ValueError(
         _errors.message(
@@ -123,6 +187,17 @@ def _manifest_error(path: Path, problem: str) -> ValueError:
             "Split the data again with `shardfeed split`, or pass the manifest's path.",
         )
     )
+
+
+class _NotInteger(Exception):
+    """A manifest count that is not a JSON integer (becomes `_manifest_error`)."""
+
+
+def _integer(path: Path, where: str, value: Any) -> int:
+    """A count from the manifest: a JSON integer (int() would accept 1000.9 and `true`)."""
+    if not _errors.is_integer(value):
+        raise _NotInteger(f"{where}={value!r} (needs an integer)")
+    return int(value)
 
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -145,9 +220,10 @@ def _check_entry(path: Path, where: str, entry: Any) -> None:
     raise _manifest_error(path, problem)
 
 
-def _confined(path: Path, root: str, where: str, name: str) -> Path:
-    """The shard file `name` under the manifest's directory `root` (a realpath),
-    refusing absolute paths and any that resolve (`..`, symlinks) outside it."""
+def _confined(path: Path, root: str, where: str, name: str) -> tuple[Path, str]:
+    """The shard file `name` under the manifest's directory `root` (a realpath)
+    and its resolved path, refusing absolute paths and any that resolve (`..`,
+    symlinks) outside it."""
     resolved = os.path.realpath(os.path.join(root, name))
     if os.path.isabs(name) or os.path.commonpath([root, resolved]) != root:
         raise ValueError(
@@ -159,7 +235,7 @@ def _confined(path: Path, root: str, where: str, name: str) -> Path:
                 "name, or split the data again with `shardfeed split`.",
             )
         )
-    return path.parent / name
+    return path.parent / name, resolved
 
 
 def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArray]:
@@ -215,12 +291,27 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
         )
     try:
         file_format = data["file_format"]
-        num_rows = int(data["num_rows"])
+        num_rows = _integer(path, "num_rows", data["num_rows"])
         arrays = {
-            name: (np.dtype(spec["dtype"]), tuple(int(d) for d in spec["row_shape"]))
+            name: (
+                np.dtype(spec["dtype"]),
+                tuple(
+                    _integer(path, f"arrays[{name!r}].row_shape[{i}]", d)
+                    for i, d in enumerate(spec["row_shape"])
+                ),
+            )
             for name, spec in data["arrays"].items()
         }
-        shards = [(int(s["row_start"]), int(s["row_stop"]), s["files"]) for s in data["shards"]]
+        shards = [
+            (
+                _integer(path, f"shards[{i}].row_start", s["row_start"]),
+                _integer(path, f"shards[{i}].row_stop", s["row_stop"]),
+                s["files"],
+            )
+            for i, s in enumerate(data["shards"])
+        ]
+    except _NotInteger as err:
+        raise _manifest_error(path, str(err)) from None
     except (KeyError, TypeError, ValueError) as err:
         raise _manifest_error(path, f"missing or malformed field {err}") from err
     if file_format not in FILE_FORMATS:
@@ -253,8 +344,12 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
             _check_entry(path, where, entry)
             # Checked before the file is looked at, so a manifest cannot make
             # shardfeed open, hash or even stat a file outside its directory.
-            file_path = _confined(path, root, where, entry["path"])
-            if not file_path.is_file():
+            file_path, resolved = _confined(path, root, where, entry["path"])
+            try:
+                status = os.lstat(resolved)  # links resolved: the file itself
+            except OSError:
+                status = None
+            if status is None or not stat.S_ISREG(status.st_mode):
                 raise FileNotFoundError(
                     _errors.message(
                         "Every shard file the manifest lists must exist.",
@@ -271,7 +366,7 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
                     f"{where}.bytes={entry['bytes']} is less than its {stop - start} rows of "
                     f"{dtype.str}{list(row_shape)} take ({data_bytes} bytes)",
                 )
-            size = file_path.stat().st_size
+            size = status.st_size
             if size != entry["bytes"]:
                 raise ValueError(
                     _errors.message(
@@ -289,6 +384,8 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
                     dtype,
                     entry["sha256"],
                     verify,
+                    resolved,
+                    _identity(status),
                 )
             )
         leaves[name] = concat(parts, source=f"{path}[{name!r}]")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.formats.base import FileArray, PathLike, RawArray, check_size, existing
+from shardfeed._data.formats.base import PathLike, RawArray, check_size, existing
 from shardfeed._data.validate import check_array
 
 
@@ -68,7 +68,7 @@ def check_header(
         )
 
 
-def npy(path: PathLike) -> FileArray:
+def npy(path: PathLike) -> RawArray:
     """A lazy leaf over a `.npy` file; each read is one positioned file read.
 
     Only the header is read here. Rows are read on demand, one range at a
@@ -93,9 +93,15 @@ def npy(path: PathLike) -> FileArray:
     """
     path = existing(path)
     with open(path, "rb") as f:
-        shape, fortran_order, dtype = read_header(f, path)
-        offset = f.tell()
-        size = os.fstat(f.fileno()).st_size
+        return from_file(f, path)
+
+
+def from_file(f: Any, path: str) -> RawArray:
+    """`npy` for a file the caller opened (and keeps open, e.g. to read from it)."""
+    f.seek(0)
+    shape, fortran_order, dtype = read_header(f, path)
+    offset = f.tell()
+    size = os.fstat(f.fileno()).st_size
     check_header(path, shape, dtype, fortran_order)
     # Python ints: a hostile header's shape product cannot wrap around (NumPy's
     # int64 product of (2**40, 2**40) is 0), so it is caught here as a size mismatch.

@@ -56,7 +56,7 @@ class _ParquetArray(FileArray):
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         if self._file is None:
-            self._file = _open_parquet(self.path)
+            self._file = open_parquet(self.path)
         group = bisect.bisect_right(self._group_starts, start) - 1
         row, pos = start, 0
         while row < stop:
@@ -172,7 +172,8 @@ def _damaged_page(source: str, group: int, err: BaseException) -> str:
     )
 
 
-def _open_parquet(path: str) -> Any:
+def open_parquet(path: Any) -> Any:
+    """A `pq.ParquetFile` over a path or an open binary file."""
     import pyarrow.parquet as pq
 
     # Pages written with a CRC-32 (`write_page_checksum=True`, as `shardfeed
@@ -240,7 +241,7 @@ def parquet_columns(path: PathLike, columns: Sequence[str]) -> dict[str, FileArr
             )
         )
     try:
-        file = _open_parquet(path)
+        file = open_parquet(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise ValueError(
             _errors.message(
