@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment as _augment
 from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
@@ -144,6 +145,8 @@ class ShardedResidentDataset:
         if transform is None:  # the blocks will see the stored rows: check them now
             _augment.check_columns(augment, self.columns)
         self.world: World = current_world(strategy)
+        if (load_options or LoadOptions()).check_agreement:
+            _agreement.check_agreement(self.columns, self.world)
         self.shuffle = shuffle
         self.seed = None if seed is None else int(seed)
         self.transform = transform

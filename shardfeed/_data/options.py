@@ -54,6 +54,12 @@ class LoadOptions:
             exchange mixes across replicas, in (0, 1]. 1 (default): the exact
             global order; below 1: a partial mix, then a local shuffle
             (see docs/data.md).
+        check_agreement: With several workers, check before loading that every
+            worker passed the same rows (row count, columns, and a hash of a
+            few seeded rows; docs/data.md "Several workers"): a mismatch
+            raises on every rank. Costs two tiny all-gathers and a few row
+            reads; False skips it (e.g. when each host holds only its own
+            files).
 
     Example:
         >>> LoadOptions(chunk_bytes=16 * 1024**2, check_finite=True)
@@ -67,6 +73,7 @@ class LoadOptions:
     stream_chunk_bytes: int = 256 * MIB
     exchange_buffer_bytes: int = 256 * MIB
     exchange_fraction: float = 1.0
+    check_agreement: bool = True
 
     def __post_init__(self) -> None:
         _require(
@@ -108,6 +115,13 @@ class LoadOptions:
             "`exchange_fraction` must be a number in (0, 1].",
             f"exchange_fraction={self.exchange_fraction!r}",
             "Use 1 for the exact global order, or e.g. 0.25 to mix a quarter of the rows.",
+        )
+        _require(
+            isinstance(self.check_agreement, bool),
+            "`check_agreement` must be True or False.",
+            f"check_agreement={self.check_agreement!r}",
+            "Leave it True (the default) to check that every worker passed the same "
+            "rows, or pass False to skip the check.",
         )
         object.__setattr__(self, "exchange_fraction", float(self.exchange_fraction))
         for name in ("chunk_bytes", "device_memory_bytes", "stream_chunk_bytes",

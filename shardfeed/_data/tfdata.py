@@ -48,6 +48,8 @@ class _ShardedColumn(FileArray):
     shared by every column), so `x` and `y` come from the same elements.
     """
 
+    agreement_rows = "none"  # a row of another worker's shard costs a pass through it
+
     _handles = ()
 
     def __init__(

@@ -37,6 +37,8 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute.world import current_world
+from shardfeed._training import saving as _saving
 from shardfeed._training.epochs import FitRun
 from shardfeed._training.resume import ResumeState
 
@@ -119,8 +121,12 @@ class ResumableBackup(keras.callbacks.Callback):
     def _save(self) -> None:
         self._saved_at_steps = self._run.steps_run
         state = self._run.capture()  # every rank: metric reads may be collectives
-        if not self._is_chief:
-            return
+        # The chief writes; every rank learns whether it could (else the others
+        # would fail later in a collective the chief never joins).
+        world = current_world(self.model.distribute_strategy)
+        _saving.write_on_chief(world, self.backup_dir, lambda: self._write(state))
+
+    def _write(self, state: ResumeState) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
         # Two names in turn: the file the current state names is never overwritten.
         name = "ckpt-1.weights.h5" if self._weights_file == "ckpt-0.weights.h5" else (

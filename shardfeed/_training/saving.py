@@ -4,20 +4,64 @@ Owns `save_model`. Every worker holds the same weights, so one file is
 enough; when every rank calls `model.save(path)` on a shared path, the
 writes interleave and the file is corrupt (`BadZipFile: Bad CRC-32`). Here
 the chief writes a temporary file next to `path` and renames it into place
-(readers never see half a file), then every worker passes `world.barrier()`,
-so after `save_model` returns the file is complete on every rank.
+(readers never see half a file), then every worker waits for the chief's
+status (`write_on_chief`: ok, or what went wrong), so after `save_model`
+returns the file is complete on every rank, and a failed write raises
+`ChiefWriteError` on every rank instead of leaving the others in a
+collective the chief never joins.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 
 from shardfeed._common import errors as _errors
-from shardfeed._distribute.world import current_world
+from shardfeed._distribute.world import World, current_world
+
+
+class ChiefWriteError(RuntimeError):
+    """The chief (rank 0) could not write a file every rank waits for.
+
+    Raised on every rank by `save_model` and by `BackupAndRestore` under
+    `shardfeed.fit` when several workers run; on the chief, the original
+    error is its `__cause__`.
+    """
+
+
+def write_on_chief(world: World, path: str | os.PathLike[str], write: Callable[[], None]) -> None:
+    """Runs `write` on the chief, then tells every rank how it went.
+
+    A collective: every rank calls it at the same point, and it returns only
+    when the chief's write is done (it is the barrier after the write). With
+    one worker, `write`'s own error is raised unchanged.
+
+    Raises:
+        ChiefWriteError: On every rank, when the chief's `write` raised
+            (e.g. "rank 0 could not write PATH: NotADirectoryError: ...").
+    """
+    if world.world_size == 1:
+        write()
+        return
+    failure: BaseException | None = None
+    status = b""
+    if world.is_chief:
+        try:
+            write()
+        except Exception as err:  # shared with every rank, re-raised below
+            failure = err
+            status = f"{type(err).__name__}: {err}".encode()
+    chief_status = world.all_gather_bytes(status)[0].decode(errors="replace")
+    if chief_status:
+        raise ChiefWriteError(
+            f"rank 0 could not write {os.fspath(path)}: {chief_status}. Every rank stops "
+            "here; fix the path on the chief (it must be writable there, and on a "
+            "filesystem every worker sees when they read it back)."
+        ) from failure
 
 
 def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: Any) -> None:
@@ -35,7 +79,10 @@ def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: A
 
     Raises:
         TypeError: If `model` is not a Keras model.
-        ValueError: As `model.save`, e.g. for a path without `.keras` / `.h5`.
+        ValueError: For a path without `.keras` / `.h5`; with one worker, as
+            `model.save`.
+        ChiefWriteError: With several workers, on every rank, when the chief
+            could not write the file (its error in the message).
 
     Example:
         >>> shardfeed.fit(model, ds, epochs=3)
@@ -61,13 +108,14 @@ def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: A
                 "chief (`if world.is_chief: model.save_weights(...)`), then `world.barrier()`.",
             )
         )
-    world = current_world(model.distribute_strategy)
-    if world.is_chief:
-        # The same suffix: `model.save` picks the format from it.
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
+    # The same suffix: `model.save` picks the format from it.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
+
+    def write() -> None:
         try:
             model.save(str(partial), **kwargs)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
-    world.barrier()
+
+    write_on_chief(current_world(model.distribute_strategy), path, write)

@@ -120,6 +120,8 @@ class _DeflatedNpzArray(FileArray):
     is a `ValueError` naming the archive and the member.
     """
 
+    agreement_rows = "leading"  # a deflate stream is cheap to read only from its start
+
     _handles = ("_zip", "_stream")
 
     def __init__(

@@ -1,0 +1,168 @@
+"""Ranks that pass different rows, and a chief that cannot write, on 2 workers.
+
+The agreement check (`_data/agreement.py`): each worker hashes the same few
+seeded rows of its full arrays and the workers compare them, with the row
+count and each column's shape and dtype, before anything is uploaded. 1,000
+rows on rank 0 and 1,037 on rank 1, or the same rows permuted per rank (an
+unseeded shuffle before the split), raise the same error on both ranks, in
+`fit`, `evaluate` and `predict`; the same rows pass. A chief that cannot
+write (`save_model`, `BackupAndRestore`) raises "rank 0 could not write ..."
+on both ranks (`_training/saving.py` `write_on_chief`). Every run is bounded
+by the launcher's and the test's timeouts: no rank may hang.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
+
+from shardfeed import LoadOptions, ShardedResidentDataset, files
+from shardfeed._data import agreement
+from shardfeed._data.sources import columns_from_arrays
+
+WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
+# Set-up (two TensorFlow workers) takes ~15 s here; a hang would take TIMEOUT_S.
+BOUNDED_S = 120
+
+
+def _outcomes(tmp_path, *args, engine="multiworker"):
+    out = tmp_path / "res"
+    start = time.monotonic()
+    _run(_launch(2, str(WORKER), *args, "--out", str(out), engine=engine), ROOT)
+    assert time.monotonic() - start < BOUNDED_S
+    return [Path(f"{out}.rank{r}.txt").read_text() for r in range(2)]
+
+
+# -- one process: the fingerprint and the words --------------------------------
+
+
+def _prints(*arrays):
+    return [agreement.fingerprint(columns_from_arrays(x)) for x in arrays]
+
+
+def test_sampled_rows_are_a_function_of_the_row_count_alone():
+    assert agreement.sample_rows(1000) == agreement.sample_rows(1000)
+    assert agreement.sample_rows(1000) != agreement.sample_rows(1037)
+    assert len(agreement.sample_rows(1000)) == agreement.SAMPLE_ROWS
+    assert agreement.sample_rows(5) == [0, 1, 2, 3, 4]  # fewer rows than samples: all
+    assert agreement.sample_rows(1000, "leading") == list(range(agreement.SAMPLE_ROWS))
+    assert agreement.sample_rows(1000, "none") == []
+
+
+def test_differences_are_named_with_the_ranks():
+    x = np.arange(4000, dtype="float32").reshape(1000, 4)
+    other = np.arange(4148, dtype="float32").reshape(1037, 4)
+    diff = agreement._first_difference
+    assert diff(_prints(x, x)) is None
+    assert diff(_prints(x, other)) == "rank 1 has 1037 rows, rank 0 has 1000"
+    assert diff(_prints(x, x.astype("float64"))) == (
+        "column x: rank 1 has row dtype <f8, rank 0 has <f4"
+    )
+    assert diff(_prints(x, x.reshape(1000, 2, 2))) == (
+        "column x: rank 1 has row shape [2, 2], rank 0 has [4]"
+    )
+    assert diff(_prints({"a": x}, {"b": x})) == "rank 1 has columns x['b'], rank 0 has x['a']"
+    permuted = x[np.random.default_rng(3).permutation(1000)]
+    message = diff(_prints(x, x, permuted))
+    rows = ", ".join(str(r) for r in agreement.sample_rows(1000)[:6])
+    assert message == (
+        f"column x: rows {rows}, ... differ between ranks 0 and 2 (16 of the 16 rows "
+        "compared): the arrays were shuffled or loaded differently per rank"
+    )
+
+
+def test_sources_that_stream_are_sampled_from_their_start_or_not_at_all(tmp_path):
+    x = np.arange(400, dtype="float32").reshape(100, 4)
+    np.savez_compressed(tmp_path / "c.npz", x=x)
+    np.save(tmp_path / "a.npy", x)
+    deflated = files.npz(tmp_path / "c.npz", "x")
+    assert agreement._access(files.npy(tmp_path / "a.npy")) == "any"
+    assert agreement._access(deflated) == "leading"
+    assert agreement._access(files.concat([files.npy(tmp_path / "a.npy"), deflated])) == (
+        "leading"
+    )
+    pipeline = ShardedResidentDataset.from_tf_dataset(
+        tf.data.Dataset.from_tensor_slices(x), per_replica_batch_size=10, shuffle=False
+    )
+    assert agreement._access(pipeline.columns.columns[0].data) == "none"
+    # The same rows give the same fingerprint from an array and from files.
+    assert _prints(x) == [agreement.fingerprint(columns_from_arrays(files.npy(tmp_path / "a.npy")))]
+
+
+def test_check_agreement_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"check_agreement=1"):
+        LoadOptions(check_agreement=1)  # type: ignore[arg-type]
+
+
+# -- two workers ---------------------------------------------------------------
+
+
+def _assert_both_refuse(outcomes, difference):
+    for outcome in outcomes:
+        assert outcome.startswith("ValueError: Every worker must build the dataset from the "
+                                  "same rows in the same order"), outcome
+        assert f"Received: {difference}" in outcome, outcome
+        assert "seed the shuffle or split before building it" in outcome
+        assert "LoadOptions(check_agreement=False)" in outcome
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+@pytest.mark.parametrize("call", ["predict", "evaluate", "fit"])
+def test_two_workers_with_other_row_counts_both_raise(call, tmp_path):
+    _assert_both_refuse(
+        _outcomes(tmp_path, "data", "rows", call), "rank 1 has 1037 rows, rank 0 has 1000"
+    )
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+def test_two_workers_with_rows_permuted_per_rank_both_raise(tmp_path):
+    outcomes = _outcomes(tmp_path, "data", "permuted", "fit")
+    _assert_both_refuse(outcomes, "column x: rows ")
+    assert "differ between ranks 0 and 1" in outcomes[0]
+    assert "the arrays were shuffled or loaded differently per rank" in outcomes[0]
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+def test_two_workers_with_the_same_rows_pass(tmp_path):
+    assert _outcomes(tmp_path, "data", "same", "fit") == ["ok", "ok"]
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+@pytest.mark.horovod
+@NO_HOROVOD
+def test_horovod_ranks_with_other_row_counts_both_raise(tmp_path):
+    _assert_both_refuse(
+        _outcomes(tmp_path, "data", "rows", "predict", engine="horovod"),
+        "rank 1 has 1037 rows, rank 0 has 1000",
+    )
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("what", "engine"),
+    [
+        ("save_model", "multiworker"),
+        ("backup", "multiworker"),
+        pytest.param("save_model", "horovod", marks=[pytest.mark.horovod, NO_HOROVOD]),
+    ],
+)
+def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, engine, tmp_path):
+    # We run as root, so permissions stop nothing: a regular file as the parent does.
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    path = blocker / ("model.keras" if what == "save_model" else "backup")
+    outcomes = _outcomes(tmp_path, "save", what, str(path), engine=engine)
+    for outcome in outcomes:
+        assert outcome.startswith(f"ChiefWriteError: rank 0 could not write {path}: "), outcome
+        assert "NotADirectoryError" in outcome, outcome
+
