@@ -42,16 +42,8 @@ def circle(rows, seed):
 
 def main(argv=None):
     args = parse_args(argv)
-    import tensorflow as tf
-
-    if args.cpu_devices > 1:
-        # shardfeed: only to try several devices on a CPU-only machine.
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices
-        )
-
     import keras
+    import tensorflow as tf
 
     import shardfeed
 
@@ -104,7 +96,8 @@ def main(argv=None):
             self.radius_error.update_state(tf.abs(tf.norm(fake, axis=1) - 1.0))
             return {m.name: m.result() for m in self.metrics}
 
-    world = shardfeed.init()  # shardfeed: picks the engine from how we were started
+    # shardfeed: picks the engine from how we were started; --cpu-devices N splits a CPU.
+    world = shardfeed.init(cpu_devices=args.cpu_devices or None)
     with world.scope():  # shardfeed: model and data live on the engine's devices
         keras.utils.set_random_seed(args.seed)
         discriminator = keras.Sequential(

@@ -44,11 +44,8 @@ parser.add_argument("--cpu-devices", type=int, default=0)  # shardfeed: Mirrored
 parser.add_argument("--checkpoint-dir", default="./training_checkpoints")  # shardfeed
 args = parser.parse_args()  # shardfeed
 
-if args.cpu_devices > 1:  # shardfeed: split the CPU into logical devices to try Mirrored
-    cpu = tf.config.list_physical_devices("CPU")[0]  # shardfeed
-    tf.config.set_logical_device_configuration(  # shardfeed
-        cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)  # shardfeed
-world = shardfeed.init()  # shardfeed: Mirrored on local devices, MWMS under `shardfeed launch`
+# shardfeed: Mirrored on local devices (--cpu-devices N: N logical CPUs), MWMS under `shardfeed launch`
+world = shardfeed.init(cpu_devices=args.cpu_devices or None)  # shardfeed
 
 print(tf.__version__)
 

@@ -49,11 +49,8 @@ args = parser.parse_args()  # shardfeed
 
 def main():
     # Horovod: initialize Horovod.
-    if args.cpu_devices > 1:  # shardfeed: split the CPU into logical devices to try Mirrored
-        cpu = tf.config.list_physical_devices("CPU")[0]  # shardfeed
-        tf.config.set_logical_device_configuration(  # shardfeed
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)  # shardfeed
-    world = shardfeed.init()  # shardfeed: Horovod under horovodrun, else tf.distribute
+    # shardfeed: Horovod under horovodrun, else tf.distribute (--cpu-devices N: N logical CPUs)
+    world = shardfeed.init(cpu_devices=args.cpu_devices or None)  # shardfeed
     strategy = world.strategy  # shardfeed: the default strategy under Horovod
     if world.backend == "horovod":  # shardfeed: Horovod only where it runs
         import horovod.tensorflow as hvd  # shardfeed
