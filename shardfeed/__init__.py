@@ -22,13 +22,13 @@ _EXPORTS = {
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._data.dataset",
     "World": "shardfeed._distribute.world",
-    "evaluate": "shardfeed._training.api",
+    "evaluate": "shardfeed._training.evaluation",
     "fit": "shardfeed._training.api",
     "init": "shardfeed._distribute.initialize",
     "memory_plan": "shardfeed._data.memplan",
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
-    "predict": "shardfeed._training.api",
+    "predict": "shardfeed._training.evaluation",
     "save_model": "shardfeed._training.saving",
 }
 
@@ -46,10 +46,10 @@ if _typing.TYPE_CHECKING:
     from shardfeed._data.plan import plan_shards as plan_shards
     from shardfeed._distribute.initialize import init as init
     from shardfeed._distribute.world import World as World
-    from shardfeed._training.api import evaluate as evaluate
     from shardfeed._training.api import fit as fit
-    from shardfeed._training.api import predict as predict
     from shardfeed._training.callbacks import on_chief as on_chief
+    from shardfeed._training.evaluation import evaluate as evaluate
+    from shardfeed._training.evaluation import predict as predict
     from shardfeed._training.options import FitOptions as FitOptions
     from shardfeed._training.saving import save_model as save_model
 

@@ -18,9 +18,10 @@ from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop import Loop, Traces
+from shardfeed._training.loop import Loop
 from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
+from shardfeed._training.traces import Traces
 
 # Compiled loops per dataset, keyed per model and options so repeated
 # fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its

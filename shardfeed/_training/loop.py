@@ -39,12 +39,10 @@ dropping a dataset frees its rows at once.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import itertools
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -58,8 +56,10 @@ from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
+from shardfeed._training.calls import EpochCalls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
+from shardfeed._training.traces import Traces
 
 _CONV_LAYERS = (
     keras.layers.Conv1D,
@@ -94,68 +94,6 @@ def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
 def auto_steps_per_execution(steps: int) -> int:
     """About ten calls per epoch, between 1 and 512 steps per call."""
     return max(1, min(512, math.ceil(steps / 10)))
-
-
-class Traces:
-    """The compiled calls shared by every `Loop` whose traces are interchangeable.
-
-    A trace depends on the model, its compile, the options, the class weights,
-    the strategy and the kind of batch the dataset gathers (column dtypes and
-    row shapes, structure, transform, augment), not on which dataset holds the
-    rows: they arrive as handle arguments. `evaluate(model, x, y)` builds a new
-    dataset, and so a new `Loop`, on every call; sharing one `Traces` among
-    such loops (`compiled.loop_for` keys them) keeps TensorFlow from tracing
-    every call again, and from warning about it.
-
-    Each compiled function runs the method of the loop it is `bound` to; a
-    trace made with one loop is right for all loops sharing the `Traces`. It
-    holds no loop between calls, so no model or dataset is kept alive by it.
-    """
-
-    def __init__(self, engine: Engine, whole_loop_jit: bool) -> None:
-        self._loop: Loop | None = None
-        with engine.scope():
-            self.loss_sum = tf.Variable(
-                0.0,
-                trainable=False,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-        jit = whole_loop_jit
-        self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
-        self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
-        self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
-        # The partial last step's row counts differ per replica, so it is its
-        # own call: with one replica they are Python ints (static shapes, XLA
-        # as the loop), with several they are per-replica tensors (no XLA).
-        self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
-        self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
-        self.predict_partial = tf.function(self._calling("_predict_partial"), jit_compile=jit)
-
-    def _calling(self, method: str) -> Callable[..., Any]:
-        """A new function per `Traces` calling the bound loop's `method`.
-
-        TensorFlow counts traces (and warns of retracing) per Python function,
-        and every instance of a method shares its function: with methods, the
-        first trace of each new model would count as a retrace of the last."""
-
-        def call(*args: Any) -> Any:
-            if self._loop is None:
-                raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-            return self._loop._calls[method](*args)  # ours, or the model's own step
-
-        call.__name__ = call.__qualname__ = f"Loop.{method}"
-        return call
-
-    @contextlib.contextmanager
-    def bound(self, loop: Loop) -> Iterator[None]:
-        """Runs the compiled functions with `loop`'s methods inside the block
-        (nested blocks, e.g. an `evaluate` in a callback, restore the outer)."""
-        outer, self._loop = self._loop, loop
-        try:
-            yield
-        finally:
-            self._loop = outer
 
 
 class Loop:
@@ -507,138 +445,3 @@ class Loop:
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
             for i in range(self.engine.world.replicas_in_process)
         ]
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One call of an epoch, as Keras' epoch iterator yields it.
-
-    Attributes:
-        begin_step, end_step: The step counter for the batch hooks, Keras'
-            own: call `j` runs from `j * k` to `j * k + k - 1` (`k` steps per
-            call), also when the epoch's last call has fewer steps.
-        stop: The (data) step after the last one this call runs.
-        pieces: The compiled calls it takes: `[start, stop)` data steps (more
-            than one where the partial last step or a streamed chunk's first
-            step falls inside it).
-    """
-
-    begin_step: int
-    end_step: int
-    stop: int
-    pieces: tuple[tuple[int, int], ...]
-
-
-class EpochCalls:
-    """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
-    `run` that executes one, holding the epoch open until `close`."""
-
-    def __init__(
-        self,
-        loop: Loop,
-        order: ResidentEpoch,
-        plan: ShardPlan,
-        epoch: int,
-        training: bool,
-        first: int,
-        last: int,
-        step_offset: int,
-        totals: tuple[float, int],
-    ) -> None:
-        self._loop, self._order, self._plan = loop, order, plan
-        self._epoch, self._training = epoch, training
-        self._handles = loop._handles(order)
-        self._replicas = _augmenting.replica_ids(loop.engine)
-        self.totals = totals  # the epoch's running (loss sum, rows)
-        self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
-        self.calls = _calls(
-            first, last, step_offset, self.steps_per_call,
-            plan.full_steps_per_epoch if plan.has_partial_step else None,
-            order.call_bounds,
-        )
-
-    def __iter__(self) -> Iterator[Call]:
-        return iter(self.calls)
-
-    def __enter__(self) -> EpochCalls:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._order.close()
-        self._loop._open = None
-
-    def logs(self) -> dict[str, Any]:
-        """The epoch's logs so far (empty before its first step)."""
-        loss_sum, rows = self.totals
-        return self._loop.logs(loss_sum / rows) if rows else {}
-
-    def run(self, call: Call) -> dict[str, Any]:
-        """Runs `call`; returns the epoch's logs after it: our exact loss and
-        the compiled metrics, or what the model's own step returned."""
-        value: Any = None
-        with self._loop.traces.bound(self._loop):
-            for start, stop in call.pieces:
-                value, rows = self._run_piece(start, stop)
-                if not self._loop.model_steps.own(self._training):
-                    self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
-        if self._loop.model_steps.own(self._training):
-            return self._loop._own.logs(value)
-        return self.logs()
-
-    def _run_piece(self, start: int, stop: int) -> tuple[Any, int]:
-        loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
-        handles, replicas = self._handles, self._replicas
-        if plan.has_partial_step and start == plan.full_steps_per_epoch:
-            last_step = loop.engine.distribute([idx[0] for idx in order.indices(start, start + 1)])
-            real_rows = sum(plan.last_step_rows)
-            if self._training:
-                all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = loop._train_partial_fn(
-                    handles, last_step, loop._real_rows(plan), all_rows,
-                    _augmenting.position(epoch, start), replicas,
-                )
-            else:
-                value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
-            return value, real_rows
-        indices = loop._slices(order, start, stop)
-        if self._training:
-            where = _augmenting.position(epoch, start)
-            value = loop._train_chunk_fn(handles, indices, where, replicas)
-        else:
-            value = loop._test_chunk_fn(handles, indices)
-        return value, (stop - start) * plan.global_batch_size
-
-
-def _calls(
-    first: int,
-    last: int,
-    step_offset: int,
-    k: int,
-    partial_step: int | None,
-    bounds: list[int] | None,
-) -> list[Call]:
-    """The calls over data steps `[first, last)`: Keras' grid of `k` steps
-    counted from `step_offset`, each cut into compiled pieces at the partial
-    last step (its own compiled call) and at streamed chunks' first steps.
-
-    Example:
-        >>> [(c.begin_step, c.end_step) for c in _calls(0, 7, 0, 3, 6, None)]
-        [(0, 2), (3, 5), (6, 8)]
-    """
-    out = []
-    cell = (first - step_offset) // k
-    while step_offset + cell * k < last:
-        begin = step_offset + cell * k
-        a, b = max(begin, first), min(begin + k, last)
-        cuts = {a, b, *(x for x in (bounds or ()) if a < x < b)}
-        if partial_step is not None and a < partial_step < b:
-            cuts.add(partial_step)
-        edges = sorted(cuts)
-        out.append(
-            Call(a - step_offset, begin - step_offset + k - 1, b, tuple(itertools.pairwise(edges)))
-        )
-        cell += 1
-    return out

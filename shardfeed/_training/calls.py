@@ -1,0 +1,158 @@
+"""An epoch's calls, as Keras' epoch iterator yields them.
+
+Owns the grid of calls (`Call`: Keras' step counter for the batch hooks and
+the compiled pieces each call runs) and `EpochCalls`, the iterable that
+`Loop.epoch` returns and whose `run` executes one call on the open epoch,
+keeping the epoch's running (loss sum, rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from shardfeed._data.epoch import ResidentEpoch
+from shardfeed._data.plan import ShardPlan
+from shardfeed._training import augmenting as _augmenting
+
+if TYPE_CHECKING:
+    from shardfeed._training.loop import Loop
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of an epoch, as Keras' epoch iterator yields it.
+
+    Attributes:
+        begin_step, end_step: The step counter for the batch hooks, Keras'
+            own: call `j` runs from `j * k` to `j * k + k - 1` (`k` steps per
+            call), also when the epoch's last call has fewer steps.
+        stop: The (data) step after the last one this call runs.
+        pieces: The compiled calls it takes: `[start, stop)` data steps (more
+            than one where the partial last step or a streamed chunk's first
+            step falls inside it).
+    """
+
+    begin_step: int
+    end_step: int
+    stop: int
+    pieces: tuple[tuple[int, int], ...]
+
+
+class EpochCalls:
+    """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
+    `run` that executes one, holding the epoch open until `close`."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        order: ResidentEpoch,
+        plan: ShardPlan,
+        epoch: int,
+        training: bool,
+        first: int,
+        last: int,
+        step_offset: int,
+        totals: tuple[float, int],
+    ) -> None:
+        self._loop, self._order, self._plan = loop, order, plan
+        self._epoch, self._training = epoch, training
+        self._handles = loop._handles(order)
+        self._replicas = _augmenting.replica_ids(loop.engine)
+        self.totals = totals  # the epoch's running (loss sum, rows)
+        self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
+        self.calls = _calls(
+            first, last, step_offset, self.steps_per_call,
+            plan.full_steps_per_epoch if plan.has_partial_step else None,
+            order.call_bounds,
+        )
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(self.calls)
+
+    def __enter__(self) -> EpochCalls:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._order.close()
+        self._loop._open = None
+
+    def logs(self) -> dict[str, Any]:
+        """The epoch's logs so far (empty before its first step)."""
+        loss_sum, rows = self.totals
+        return self._loop.logs(loss_sum / rows) if rows else {}
+
+    def run(self, call: Call) -> dict[str, Any]:
+        """Runs `call`; returns the epoch's logs after it: our exact loss and
+        the compiled metrics, or what the model's own step returned."""
+        value: Any = None
+        with self._loop.traces.bound(self._loop):
+            for start, stop in call.pieces:
+                value, rows = self._run_piece(start, stop)
+                if not self._loop.model_steps.own(self._training):
+                    self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        if self._loop.model_steps.own(self._training):
+            return self._loop._own.logs(value)
+        return self.logs()
+
+    def _run_piece(self, start: int, stop: int) -> tuple[Any, int]:
+        loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
+        handles, replicas = self._handles, self._replicas
+        if plan.has_partial_step and start == plan.full_steps_per_epoch:
+            last_step = loop.engine.distribute([idx[0] for idx in order.indices(start, start + 1)])
+            real_rows = sum(plan.last_step_rows)
+            if self._training:
+                all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
+                value = loop._train_partial_fn(
+                    handles, last_step, loop._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, start), replicas,
+                )
+            else:
+                value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
+            return value, real_rows
+        indices = loop._slices(order, start, stop)
+        if self._training:
+            where = _augmenting.position(epoch, start)
+            value = loop._train_chunk_fn(handles, indices, where, replicas)
+        else:
+            value = loop._test_chunk_fn(handles, indices)
+        return value, (stop - start) * plan.global_batch_size
+
+
+def _calls(
+    first: int,
+    last: int,
+    step_offset: int,
+    k: int,
+    partial_step: int | None,
+    bounds: list[int] | None,
+) -> list[Call]:
+    """The calls over data steps `[first, last)`: Keras' grid of `k` steps
+    counted from `step_offset`, each cut into compiled pieces at the partial
+    last step (its own compiled call) and at streamed chunks' first steps.
+
+    Example:
+        >>> [(c.begin_step, c.end_step) for c in _calls(0, 7, 0, 3, 6, None)]
+        [(0, 2), (3, 5), (6, 8)]
+    """
+    out = []
+    cell = (first - step_offset) // k
+    while step_offset + cell * k < last:
+        begin = step_offset + cell * k
+        a, b = max(begin, first), min(begin + k, last)
+        cuts = {a, b, *(x for x in (bounds or ()) if a < x < b)}
+        if partial_step is not None and a < partial_step < b:
+            cuts.add(partial_step)
+        edges = sorted(cuts)
+        out.append(
+            Call(a - step_offset, begin - step_offset + k - 1, b, tuple(itertools.pairwise(edges)))
+        )
+        cell += 1
+    return out

@@ -1,0 +1,82 @@
+"""The compiled calls of a loop, shared by loops whose traces are interchangeable.
+
+Owns the `tf.function`s (`train_chunk`, `test_chunk`, ... and their partial
+last steps) and which `Loop` they run for (`Traces.bound`), so that
+`evaluate(model, x, y)`, which builds a new dataset and loop on every call,
+does not trace again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from shardfeed._distribute.engine import Engine
+
+if TYPE_CHECKING:
+    from shardfeed._training.loop import Loop
+
+
+class Traces:
+    """The compiled calls shared by every `Loop` whose traces are interchangeable.
+
+    A trace depends on the model, its compile, the options, the class weights,
+    the strategy and the kind of batch the dataset gathers (column dtypes and
+    row shapes, structure, transform, augment), not on which dataset holds the
+    rows: they arrive as handle arguments. `evaluate(model, x, y)` builds a new
+    dataset, and so a new `Loop`, on every call; sharing one `Traces` among
+    such loops (`compiled.loop_for` keys them) keeps TensorFlow from tracing
+    every call again, and from warning about it.
+
+    Each compiled function runs the method of the loop it is `bound` to; a
+    trace made with one loop is right for all loops sharing the `Traces`. It
+    holds no loop between calls, so no model or dataset is kept alive by it.
+    """
+
+    def __init__(self, engine: Engine, whole_loop_jit: bool) -> None:
+        self._loop: Loop | None = None
+        with engine.scope():
+            self.loss_sum = tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+        jit = whole_loop_jit
+        self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
+        self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
+        self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
+        # The partial last step's row counts differ per replica, so it is its
+        # own call: with one replica they are Python ints (static shapes, XLA
+        # as the loop), with several they are per-replica tensors (no XLA).
+        self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
+        self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
+        self.predict_partial = tf.function(self._calling("_predict_partial"), jit_compile=jit)
+
+    def _calling(self, method: str) -> Callable[..., Any]:
+        """A new function per `Traces` calling the bound loop's `method`.
+
+        TensorFlow counts traces (and warns of retracing) per Python function,
+        and every instance of a method shares its function: with methods, the
+        first trace of each new model would count as a retrace of the last."""
+
+        def call(*args: Any) -> Any:
+            if self._loop is None:
+                raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+            return self._loop._calls[method](*args)  # ours, or the model's own step
+
+        call.__name__ = call.__qualname__ = f"Loop.{method}"
+        return call
+
+    @contextlib.contextmanager
+    def bound(self, loop: Loop) -> Iterator[None]:
+        """Runs the compiled functions with `loop`'s methods inside the block
+        (nested blocks, e.g. an `evaluate` in a callback, restore the outer)."""
+        outer, self._loop = self._loop, loop
+        try:
+            yield
+        finally:
+            self._loop = outer
