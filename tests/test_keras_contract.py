@@ -630,3 +630,60 @@ def test_two_workers_do_not_retrace(tmp_path):
     results = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in (0, 1)]
     assert results[0] == results[1]  # the same global numbers on both ranks
     assert len(results[0]["f1"]) == 2 and len(results[0]["f1"][0]) == 1  # one class
+
+
+# -- XLA under jit_compile="auto" on a CPU ------------------------------------
+
+
+class _PyFunctionLayer(keras.layers.Layer):
+    """An op with no XLA kernel inside `call` (as a `tf.summary` write is)."""
+
+    def call(self, x):
+        return tf.ensure_shape(tf.py_function(lambda t: t, [x], tf.float32), x.shape)
+
+
+def test_an_op_without_an_xla_kernel_is_refused_with_the_fix_under_auto():
+    # "auto" turns XLA on for this convolution-free model on a CPU (Keras' "auto"
+    # does not); TensorFlow's "Detected unsupported operations" named no fix.
+    model = keras.Sequential([keras.Input((4,)), _PyFunctionLayer(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False)
+    with pytest.raises(ValueError) as info:
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert str(info.value) == (
+        "With XLA every op of the model needs an XLA kernel (`FitOptions(jit_compile="
+        '"auto")` turns XLA on for models without convolutions, also on CPUs, where '
+        "Keras' \"auto\" is off). Received: jit_compile='auto', ops without an XLA "
+        "kernel: ['EagerPyFunc']. Pass `options=shardfeed.FitOptions(jit_compile=False)`."
+    )
+    # The fix it names works, and trains as Keras does.
+    history = shardfeed.fit(
+        model, ds, epochs=1, verbose=0, options=shardfeed.FitOptions(jit_compile=False)
+    )
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_run_eagerly_is_refused_and_the_named_fix_runs_eagerly():
+    # Was silently ignored: the compiled loop ran anyway.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False)
+    with pytest.raises(ValueError) as info:
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert str(info.value) == (
+        "shardfeed runs the model's steps inside compiled calls; `run_eagerly=True` is not "
+        "supported. Received: model.run_eagerly=True. Compile without `run_eagerly`; to "
+        "debug a step eagerly, call `tf.config.run_functions_eagerly(True)` and pass "
+        "`options=shardfeed.FitOptions(jit_compile=False)`."
+    )
+    model.compile("sgd", "mse")
+    tf.config.run_functions_eagerly(True)
+    try:
+        history = shardfeed.fit(
+            model, ds, epochs=1, verbose=0, options=shardfeed.FitOptions(jit_compile=False)
+        )
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert np.isfinite(history.history["loss"][0])

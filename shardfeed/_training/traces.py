@@ -9,11 +9,13 @@ does not trace again.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from shardfeed._common import errors as _errors
 from shardfeed._distribute.engine import Engine
 
 if TYPE_CHECKING:
@@ -74,9 +76,43 @@ class Traces:
     @contextlib.contextmanager
     def bound(self, loop: Loop) -> Iterator[None]:
         """Runs the compiled functions with `loop`'s methods inside the block
-        (nested blocks, e.g. an `evaluate` in a callback, restore the outer)."""
+        (nested blocks, e.g. an `evaluate` in a callback, restore the outer).
+
+        Raises:
+            ValueError: When XLA cannot compile an op of the model (instead of
+                TensorFlow's "Detected unsupported operations"), naming the
+                ops and the fix.
+        """
         outer, self._loop = self._loop, loop
         try:
             yield
+        except tf.errors.InvalidArgumentError as err:
+            refusal = _xla_refusal(err, loop)
+            if refusal is None:
+                raise
+            raise refusal from err
         finally:
             self._loop = outer
+
+
+def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: Loop) -> ValueError | None:
+    """`err` explained when it is XLA refusing an op it has no kernel for.
+
+    `FitOptions(jit_compile="auto")` turns XLA on for models without
+    convolutions also on CPUs (faster there, docs/performance.md), where
+    Keras' "auto" is off: an op without an XLA kernel (`tf.py_function`, a
+    `tf.summary` write in `call`) then fails to compile, before any step ran.
+    """
+    text = str(err)
+    if not loop.jit_compile or "unsupported operations" not in text or "_JIT" not in text:
+        return None
+    ops = sorted(set(re.findall(r"No registered '(\w+)' OpKernel", text)))
+    return ValueError(
+        _errors.message(
+            "With XLA every op of the model needs an XLA kernel (`FitOptions(jit_compile="
+            '"auto")` turns XLA on for models without convolutions, also on CPUs, where '
+            "Keras' \"auto\" is off).",
+            f"jit_compile={loop.options.jit_compile!r}, ops without an XLA kernel: {ops}",
+            "Pass `options=shardfeed.FitOptions(jit_compile=False)`.",
+        )
+    )

@@ -42,13 +42,15 @@ def _xfail(reason: str, *cases: str) -> None:
         EXPECTED[case] = ("xfail", reason)
 
 
-# Not an issue 15 item and no helper owns it (reported to the lead): under
-# FitOptions(jit_compile="auto") shardfeed turns XLA on for CPU models without
-# convolutions, and `tf.summary` ops have no XLA kernel; Keras' "auto" is off
-# on CPU, so plain `model.fit` runs this model.
+# Under FitOptions(jit_compile="auto") shardfeed turns XLA on for CPU models
+# without convolutions, and `tf.summary` ops have no XLA kernel; Keras' "auto" is
+# off on CPU, so plain `model.fit` runs this model. shardfeed refuses it with the
+# fix (tests/test_keras_contract.py pins the message); a strict xfail, so a
+# fallback that makes it pass must delete this entry.
 _xfail(
-    "finding, unassigned: jit_compile='auto' uses XLA on CPU, where a layer's "
-    "tf.summary write has no XLA kernel (Keras' 'auto' is off on CPU)",
+    "documented difference (docs/keras.md, `compile(jit_compile=...)` row): "
+    "jit_compile='auto' uses XLA on CPU, where a layer's tf.summary write has no XLA "
+    "kernel; refused with the fix, FitOptions(jit_compile=False) (Keras' 'auto' is off on CPU)",
     "TestTensorBoardV2::test_custom_summary",
 )
 
