@@ -475,8 +475,11 @@ class ShardedResidentDataset:
             the rows that replica holds; `[inf, -inf, 0]` if it holds none.
         """
         column = self.columns.y
-        for key in target:
-            column = column[key]
+        try:
+            for key in target:
+                column = column[key]
+        except (KeyError, IndexError, TypeError):
+            column = None
         if not isinstance(column, int):
             raise ValueError(
                 _errors.message(
@@ -619,8 +622,8 @@ class ShardedResidentDataset:
             return None if t is None else tf.TensorSpec((None, *t.shape[1:]), t.dtype)
 
         def column_spec(i: int) -> tf.TensorSpec:
-            # Named as in messages (`y['kind']`): what `label_stats` reads.
-            return tf.TensorSpec((None, *columns[i].row_shape), columns[i].dtype, columns[i].name)
+            # Targets from the columns: nothing to gather.
+            return tf.TensorSpec((None, *columns[i].row_shape), columns[i].dtype)
 
         def specs(structure: Any) -> Any:
             return None if structure is None else keras.tree.map_structure(column_spec, structure)

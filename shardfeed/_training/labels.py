@@ -50,8 +50,8 @@ def _at(
 
 def _sparse_label_columns(
     model: keras.Model, dataset: ShardedResidentDataset
-) -> list[tuple[tf.TensorSpec, tuple[Any, ...], int, int | None]]:
-    """`(label spec, its place in y, number of classes, ignore_class)` for each
+) -> list[tuple[tuple[Any, ...], int, int | None]]:
+    """`(the label's place in y, number of classes, ignore_class)` for each
     sparse categorical
     crossentropy in the model's compiled loss whose labels and output can be
     matched (single output, or outputs and labels keyed alike).
@@ -64,7 +64,7 @@ def _sparse_label_columns(
     spec = dataset.element_spec
     if not flat_losses or spec.y is None:
         return []
-    found: list[tuple[tf.TensorSpec, tuple[Any, ...], int, int | None]] = []
+    found: list[tuple[tuple[Any, ...], int, int | None]] = []
     outputs = None
     for path, loss, *_ in flat_losses:
         # Keras' (private) LossFunctionWrapper keeps the function as `fn`.
@@ -83,7 +83,7 @@ def _sparse_label_columns(
             dtype = label.dtype
             if dtype.is_bool or dtype.is_integer or dtype.is_floating:
                 ignore = getattr(loss, "_fn_kwargs", {}).get("ignore_class")
-                found.append((label, target, int(classes), ignore))
+                found.append((target, int(classes), ignore))
     return found
 
 
@@ -109,10 +109,11 @@ def check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, nam
     if checked.get(model) == compile_loss:
         return
     engine = engine_for(dataset.world)
-    for label, target, classes, ignore in _sparse_label_columns(model, dataset):
+    for target, classes, ignore in _sparse_label_columns(model, dataset):
         stats = engine.all_gather([s.reshape(1, 3) for s in dataset.label_stats(target, ignore)])
         low, high, fractional = stats[:, 0].min(), stats[:, 1].max(), stats[:, 2].any()
-        where = f"{label.name} of `{name}`"
+        # Named as the data layer names columns (`y['kind']`).
+        where = "y" + "".join(f"[{key!r}]" for key in target) + f" of `{name}`"
         span = f"labels span {_label(low)} to {_label(high)}"
         if low < 0 or high >= classes:
             bad = _label(low if low < 0 else high)
