@@ -137,9 +137,11 @@ class ResumableBackup(keras.callbacks.Callback):
             problem = f"{err.msg}: line {err.lineno} column {err.colno} (char {err.pos})"
             raise _file_error(path, "must be JSON", problem) from None
         if not isinstance(saved, dict) or set(saved) != {"weights", "state"}:
-            keys = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            got = f"fields={sorted(saved)}" if isinstance(saved, dict) else (
+                f"type={type(saved).__name__}"
+            )
             raise _file_error(
-                path, 'must be a JSON object with the fields "weights" and "state"', f"{keys}"
+                path, 'must be a JSON object with the fields "weights" and "state"', got
             )
         weights = saved["weights"]
         if weights not in WEIGHTS_FILES:

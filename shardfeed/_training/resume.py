@@ -126,7 +126,7 @@ class ResumeState:
         """
         where = "state"
         if not isinstance(data, dict):
-            raise state_error(source, "must be a JSON object", f"{where}={_short(data)}")
+            raise state_error(source, "`state` must be a JSON object", f"{where}={_short(data)}")
         if data.get("format") != FORMAT:
             raise ValueError(
                 _errors.message(
@@ -138,7 +138,9 @@ class ResumeState:
         _check_fields(source, where, data, {*_FIELDS, "format"})
         cursor = data["cursor"]
         if not isinstance(cursor, dict):
-            raise state_error(source, "must be a JSON object", f"{where}.cursor={_short(cursor)}")
+            raise state_error(
+                source, "`cursor` must be a JSON object", f"{where}.cursor={_short(cursor)}"
+            )
         _check_fields(source, f"{where}.cursor", cursor, set(_CURSOR_FIELDS))
         for name in _CURSOR_FIELDS:
             _count(source, f"{where}.cursor.{name}", cursor[name], 0)
@@ -148,7 +150,8 @@ class ResumeState:
         if global_batch % num_replicas:
             raise state_error(
                 source,
-                "must be a multiple of `num_replicas` (replicas x per-replica batch)",
+                "`global_batch_size` must be a multiple of `num_replicas` (replicas x "
+                "per-replica batch)",
                 f"{where}.global_batch_size={global_batch}, {where}.num_replicas={num_replicas}",
             )
         if data["steps_per_epoch"] is not None:
@@ -158,12 +161,14 @@ class ResumeState:
         shuffle = data["shuffle"]
         if not (shuffle is True or shuffle is False or shuffle == "local"):
             raise state_error(
-                source, 'must be true, false or "local"', f"{where}.shuffle={_short(shuffle)}"
+                source,
+                '`shuffle` must be true, false or "local"',
+                f"{where}.shuffle={_short(shuffle)}",
             )
         if data["placement"] not in ("replicate", "shard"):
             raise state_error(
                 source,
-                'must be "replicate" or "shard"',
+                '`placement` must be "replicate" or "shard"',
                 f"{where}.placement={_short(data['placement'])}",
             )
         loss_rows = _count(source, f"{where}.loss_rows", data["loss_rows"], 0)
@@ -171,30 +176,30 @@ class ResumeState:
         if not _is_number(loss_sum) or not math.isfinite(loss_sum):
             raise state_error(
                 source,
-                "must be a finite number (the epoch's running loss: a run whose loss was "
-                "not finite cannot be continued)",
+                "`loss_sum` must be a finite number (the epoch's running loss: a run whose "
+                "loss was not finite cannot be continued)",
                 f"{where}.loss_sum={_short(loss_sum)}",
             )
         if loss_rows == 0 and loss_sum != 0:
             raise state_error(
                 source,
-                "must be 0 when no rows were counted (`loss_rows=0`)",
+                "`loss_sum` must be 0 when no rows were counted (`loss_rows=0`)",
                 f"{where}.loss_sum={loss_sum!r}, {where}.loss_rows=0",
             )
         # A loss is a mean of per-row losses; none is above float32's largest value.
         if abs(loss_sum) > loss_rows * _LARGEST_ROW_LOSS:
             raise state_error(
                 source,
-                f"must be at most {_LARGEST_ROW_LOSS:.3g} per row in size (float32's "
-                "largest value)",
+                f"`loss_sum` must be at most float32's largest value ({_LARGEST_ROW_LOSS:.3g}) "
+                "per counted row in magnitude",
                 f"{where}.loss_sum={loss_sum!r}, {where}.loss_rows={loss_rows}",
             )
         metrics = data["metrics"]
         if not isinstance(metrics, list) or not all(_finite_values(m) for m in metrics):
             raise state_error(
                 source,
-                "must be a list of the metric variables' values (finite numbers or nested "
-                "lists of them)",
+                "`metrics` must be a list of the metric variables' values (finite numbers or "
+                "nested lists of them)",
                 f"{where}.metrics={_short(metrics)}",
             )
         values = {k: v for k, v in data.items() if k != "format"}
@@ -225,11 +230,11 @@ FIX = (
 
 
 def state_error(source: str, constraint: str, received: str, fix: str = FIX) -> ValueError:
-    """The error for a resume state field: `received` is `name=value`; the
-    constraint is said of the field(s) named there."""
+    """The error for a resume state's field: `constraint` starts with the
+    field's name, `received` is `name=value` (the JSON path in the file)."""
     return ValueError(
         _errors.message(
-            f"A shardfeed resume state field {constraint}.", f"{source}: {received}", fix
+            f"A shardfeed resume state's {constraint}.", f"{source}: {received}", fix
         )
     )
 
@@ -244,7 +249,7 @@ def _check_fields(source: str, where: str, data: dict[str, Any], expected: set[s
     unknown = [k for k in sorted(data) if k not in expected]
     if missing or unknown:
         parts = [f"missing {where}.{k}" for k in missing]
-        parts += [f"unknown {where}.{_short(k)}" for k in unknown]
+        parts += [f"unknown {where}.{k}" for k in unknown]
         raise ValueError(
             _errors.message(
                 "A shardfeed resume state must have exactly the fields shardfeed writes.",
@@ -256,7 +261,10 @@ def _check_fields(source: str, where: str, data: dict[str, Any], expected: set[s
 
 def _count(source: str, where: str, value: Any, low: int) -> int:
     if not (_errors.is_integer(value) and value >= low):
-        raise state_error(source, f"must be an integer >= {low}", f"{where}={_short(value)}")
+        field = where.removeprefix("state.")
+        raise state_error(
+            source, f"`{field}` must be an integer >= {low}", f"{where}={_short(value)}"
+        )
     return int(value)
 
 
@@ -315,8 +323,8 @@ def restore_metrics(
         if array.dtype == object or array.shape != tuple(v.shape):
             raise state_error(
                 source,
-                f"must hold each metric variable's value in its shape ({v.path!r}: "
-                f"{tuple(v.shape)})",
+                f"`metrics[{i}]` must hold the value of metric variable {v.path!r}, of "
+                f"shape {tuple(v.shape)}",
                 f"state.metrics[{i}]={_short(value)}",
             )
         arrays.append(array.astype(v.dtype))
@@ -456,7 +464,7 @@ def check_run(state: ResumeState, drop_remainder: bool, steps_per_epoch: int | N
     except ValueError as err:
         raise state_error(
             source,
-            "must describe a world that trains on the data",
+            "`num_replicas` and `global_batch_size` must give a training plan for `num_rows`",
             f"state.num_rows={state.num_rows}, state.num_replicas={state.num_replicas}, "
             f"state.global_batch_size={state.global_batch_size} ({err})",
         ) from None
@@ -491,8 +499,9 @@ def check_run(state: ResumeState, drop_remainder: bool, steps_per_epoch: int | N
     ):
         raise state_error(
             source,
-            f"`loss_rows` must count the rows of the {cursor.step} step(s) done "
-            f"(({cursor.step - 1} * {g}, {cursor.step} * {g}]), or be 0",
+            f"`loss_rows` must be the rows of the {cursor.step} step(s) done "
+            f"({(cursor.step - 1) * g + 1} to {cursor.step * g} with a global batch of {g}; "
+            "0 under a model's own `train_step`)",
             f"state.loss_rows={state.loss_rows}, state.cursor.step={cursor.step}, "
             f"state.global_batch_size={g}",
         )
