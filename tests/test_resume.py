@@ -736,3 +736,31 @@ def test_steps_per_epoch_that_gives_the_same_epochs_is_honoured(interrupted, tmp
     assert hist.params["steps"] == 100
     assert warned == 2
     _assert_every_row_once(hist)
+
+
+@pytest.mark.parametrize("swap", ["another file", "a symlink"])
+def test_weights_swapped_after_the_check_are_not_loaded(interrupted, tmp_path, swap):
+    """The weights file is checked when the backup is read and loaded from
+    that very file (device and inode) without following links: one replaced
+    in between (here by a callback that runs first) is refused."""
+    backup = _backup_copy(interrupted, tmp_path)
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+
+    def replace(logs=None):
+        shutil.copy(weights, tmp_path / "other.weights.h5")
+        weights.unlink()
+        if swap == "a symlink":
+            weights.symlink_to(tmp_path / "other.weights.h5")
+        else:
+            shutil.move(tmp_path / "other.weights.h5", weights)
+
+    first = keras.callbacks.LambdaCallback(on_train_begin=replace)
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [first, keras.callbacks.BackupAndRestore(str(backup))])
+    text = str(err.value).replace(str(backup), "BACKUP")
+    assert text.startswith(
+        "A shardfeed backup's shardfeed_state.json must name the weights file that was "
+        "checked. Received: BACKUP/shardfeed_state.json: BACKUP/ckpt-0.weights.h5 "
+    )
+    assert ("cannot be opened without following links" in text) == (swap == "a symlink")
+    assert text.endswith(FIX)

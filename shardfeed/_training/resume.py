@@ -116,8 +116,8 @@ class ResumeState:
     @classmethod
     def from_dict(cls, data: Any, source: str = "the resume state") -> ResumeState:
         """The state in `data` (`to_dict`'s form), each field checked for its
-        type and range (`check_state` then checks it against the dataset and
-        the run).
+        type and range (`adapt` and `check_run` then check it against the
+        dataset and the run).
 
         Raises:
             ValueError: Naming `source` and the field, for a wrong format
@@ -173,7 +173,7 @@ class ResumeState:
             )
         loss_rows = _count(source, f"{where}.loss_rows", data["loss_rows"], 0)
         loss_sum = data["loss_sum"]
-        if not _is_number(loss_sum) or not math.isfinite(loss_sum):
+        if not _is_number(loss_sum) or not _is_finite(loss_sum):
             raise state_error(
                 source,
                 "`loss_sum` must be a finite number (the epoch's running loss: a run whose "
@@ -260,11 +260,13 @@ def _check_fields(source: str, where: str, data: dict[str, Any], expected: set[s
 
 
 def _count(source: str, where: str, value: Any, low: int) -> int:
+    field = where.removeprefix("state.")
     if not (_errors.is_integer(value) and value >= low):
-        field = where.removeprefix("state.")
         raise state_error(
             source, f"`{field}` must be an integer >= {low}", f"{where}={_short(value)}"
         )
+    if value >= 2**63:  # counts are int64 in the compiled loop
+        raise state_error(source, f"`{field}` must be below 2**63", f"{where}={_short(value)}")
     return int(value)
 
 
@@ -272,10 +274,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
 def _finite_values(value: Any) -> bool:
     if isinstance(value, list):
         return all(_finite_values(v) for v in value)
-    return isinstance(value, int | float) and math.isfinite(value)  # bools too (bool variables)
+    return isinstance(value, int | float) and _is_finite(value)  # bools too (bool variables)
 
 
 def _metric_variables(model: keras.Model) -> list[Any]:
