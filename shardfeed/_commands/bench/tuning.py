@@ -79,6 +79,9 @@ def probe_keras_settings(
         >>> probe_keras_settings(WORKLOADS["W2"], x, y, ref, args)["configs"][0]["ms_per_step"]
         0.41
     """
+    import keras
+
+    backend = keras.backend.backend()  # tensorflow for `tuned`, jax for `jax-tuned`
     steps = min(math.ceil(len(x) / BATCH_SIZE), PROBE_MAX_STEPS)
     x, y = x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE]
     data = None if on_numpy else tf_data(x, y, workload)
@@ -112,7 +115,7 @@ def probe_keras_settings(
                     "stopped_after_s": timer.stopped_after_s,
                 }
             )
-            print(f"  {workload.name} probe {config_text(configs[-1])}", flush=True)
+            print(f"  {workload.name} probe ({backend}) {config_text(configs[-1])}", flush=True)
             del model
             gc.collect()
     return {"steps_per_epoch": steps, "configs": configs, "note": _probe_note(configs)}

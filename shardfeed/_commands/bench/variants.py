@@ -252,15 +252,19 @@ class _OtherBackend(Variant):
         return reply["seconds"], reply["loss"]
 
     def close(self) -> None:
-        if self._proc is not None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()  # end of requests: the worker exits
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
             try:
-                self._proc.wait(timeout=60)
+                proc.stdin.close()  # end of requests: the worker exits
+            except BrokenPipeError:
+                pass  # it has exited already
+            try:
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
@@ -275,13 +279,11 @@ class _OtherBackend(Variant):
         except BrokenPipeError:
             line = ""
         if not line:
-            code = proc.wait()
-            self._proc = None
             self.close()
             raise RuntimeError(
                 f"The {self.name} variant's worker process ({WORKER_MODULE}, "
-                f"KERAS_BACKEND={self.backend}) exited with status {code} before replying to "
-                f"{message}; its traceback is on stderr above."
+                f"KERAS_BACKEND={self.backend}) exited with status {proc.returncode} before "
+                f"replying to {message}; its traceback is on stderr above."
             )
         reply: dict[str, Any] = json.loads(line)
         return reply
