@@ -17,10 +17,10 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -224,12 +224,17 @@ class _OtherBackend(Variant):
         self._dir = tempfile.TemporaryDirectory(prefix="shardfeed-bench-")
         weights = os.path.join(self._dir.name, "reference.npz")
         np.savez(weights, *self.reference.get_weights())
+        # This checkout's shardfeed, also when the worker's Python has another.
+        here = str(Path(__file__).resolve().parents[3])
+        path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE],
+            [self.args.jax_python, "-m", WORKER_MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # the replies only: the worker prints to stderr
             text=True,
-            env=dict(os.environ, KERAS_BACKEND=self.backend),
+            env=dict(
+                os.environ, KERAS_BACKEND=self.backend, PYTHONPATH=os.pathsep.join([*path, here])
+            ),
         )
         reply = self._request(
             {
