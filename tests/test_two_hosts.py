@@ -78,10 +78,16 @@ shardfeed.fit(model, train, epochs=100000, callbacks=[Mark()], verbose=0)
 
 
 def _run_workers(
-    two: hosts.TwoHosts, tmp_path: Path, argv_for_rank, during=None
+    two: hosts.TwoHosts, tmp_path: Path, argv_for_rank, during=None, tf_config=True
 ) -> list[tuple[int, str]]:
+    """Runs `argv_for_rank(i)` on host i, each with its TF_CONFIG (unless `tf_config`
+    is False: a launcher that writes them); returns (exit code, output) per host."""
     addresses = [f"{address}:{PORT}" for address in two.addresses]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDFEED_", "OMPI_", "PMI"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "TF_CONFIG"))
+    }
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), SHARDFEED_STARTUP_TIMEOUT_S="60")
     workers = []
     try:
@@ -90,7 +96,7 @@ def _run_workers(
             workers.append(
                 subprocess.Popen(
                     two.argv(rank, argv_for_rank(rank)),
-                    env={**env, "TF_CONFIG": json.dumps(config)},
+                    env={**env, "TF_CONFIG": json.dumps(config)} if tf_config else env,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 )
             )
@@ -131,6 +137,59 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     assert results[0][1].count(exposure) == 1, results[0][1][-3000:]
     assert f"worker 1 at 10.231.0.2:{PORT}" in results[0][1]
     assert exposure not in results[1][1]
+
+
+LAUNCH = [sys.executable, "-m", "shardfeed._commands.cli", "launch"]
+
+
+def _launch_on(host: int, *options: str) -> list[str]:
+    """`shardfeed launch -n 2 --hosts <both> --host-index <host> ...` (one worker per host)."""
+    both = ",".join(hosts.ADDRESSES)
+    return [*LAUNCH, "-n", "2", "--hosts", both, "--host-index", str(host), *options]
+
+
+def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path):
+    """The same `shardfeed launch --hosts ... --host-index I` on each host: each starts
+    its rank with the whole cluster's TF_CONFIG; each launcher says once what is exposed."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    results = _run_workers(
+        two,
+        tmp_path,
+        lambda host: _launch_on(host, "--port-base", str(PORT), "--grace-s", "5",
+                                "--timeout-s", str(TIMEOUT_S - 10), str(script),
+                                str(tmp_path / "l")),
+        tf_config=False,
+    )
+    for rc, output in results:
+        assert rc == 0, output[-3000:]
+    _assert_same_weights(tmp_path / "l")
+    exposure = "servers listen on every interface"
+    for host, (_, output) in enumerate(results):
+        # Once per host, from its launcher (the chief worker leaves it to its launcher).
+        assert output.count(exposure) == 1, output[-3000:]
+        assert (
+            "shardfeed launch: this multi-host job's TensorFlow servers listen on every "
+            f"interface of their hosts (port of each: worker 0 at 10.231.0.1:{PORT}, worker 1 "
+            f"at 10.231.0.2:{PORT})"
+        ) in output
+
+
+def test_shardfeed_launch_names_the_right_host_index(two, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text("raise SystemExit('never started')\n")
+    result = subprocess.run(
+        two.argv(0, _launch_on(1, str(script))),
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        "`--host-index` is this host's position in `--hosts`. Received: hosts=10.231.0.1,"
+        "10.231.0.2, host_index=1: entry 1 (10.231.0.2) is not an address of this host; entry 0 "
+        "(10.231.0.1) is. Run with `--host-index 0` here"
+    ) in result.stderr
+    assert "never started" not in result.stderr
 
 
 @pytest.mark.slow
