@@ -1037,7 +1037,8 @@ def test_multihost_port_in_use_is_named_before_anything_starts(script, capsys):
 
 
 def test_multihost_refuses_loopback_and_unresolvable_hosts(script):
-    with pytest.raises(ValueError, match=r"never by a loopback address\. .*\(loopback: 127\.0\.0\.1\)"):
+    loopback = r"never by a loopback address\. .*\(loopback: 127\.0\.0\.1\)"
+    with pytest.raises(ValueError, match=loopback):
         _launch.run(script, num_workers=2, hosts="127.0.0.1,10.231.0.2", host_index=1,
                     system=FakeSystem().system)
     with pytest.raises(ValueError, match=r"'no-such-host\.invalid' does not resolve"):

@@ -165,7 +165,7 @@ def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path)
         assert rc == 0, output[-3000:]
     _assert_same_weights(tmp_path / "l")
     exposure = "servers listen on every interface"
-    for host, (_, output) in enumerate(results):
+    for _, output in results:
         # Once per host, from its launcher (the chief worker leaves it to its launcher).
         assert output.count(exposure) == 1, output[-3000:]
         assert (

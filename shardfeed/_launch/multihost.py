@@ -156,22 +156,20 @@ def parse_hosts(
     return HostLayout(tuple(names), per_host, int(port_base))
 
 
-def _local_ipv4s(host: str) -> tuple[list[str], list[str]]:
-    """`host`'s IPv4 addresses that are this machine's, and those that are not."""
+def _is_this_machine(host: str) -> bool:
+    """Whether `host` resolves to an IPv4 address one of this machine's interfaces holds."""
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror:
-        return [], []
-    local, other = [], []
-    for ip in sorted({str(info[4][0]) for info in infos}):
+        return False
+    for ip in {str(info[4][0]) for info in infos}:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
-                probe.bind((ip, 0))  # binds only to an address one of our interfaces holds
+                probe.bind((ip, 0))  # only an address of our own interfaces binds
             except OSError:
-                other.append(ip)
-            else:
-                local.append(ip)
-    return local, other
+                continue
+            return True
+    return False
 
 
 def _is_loopback(host: str) -> bool:
@@ -209,7 +207,7 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
         f"{received}; seen from {socket.gethostname()}: {'; '.join(problems)}",
         "Use IPv4 addresses in `--hosts`, or make the names resolve (DNS or /etc/hosts).",
     )
-    mine = [i for i, host in enumerate(layout.hosts) if _local_ipv4s(host)[0]]
+    mine = [i for i, host in enumerate(layout.hosts) if _is_this_machine(host)]
     if mine and host_index not in mine:
         _require(
             False,
