@@ -223,6 +223,15 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
 
 
 MPI_BIN = Path(sys.executable).parent
+_LAUNCHER_VARIABLES = ("SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG", "SLURM", "HOROVOD")
+
+
+def _recipe_env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables, plus what a recipe run needs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARIABLES)}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", SHARDFEED_STARTUP_TIMEOUT_S="60")
+    env.update(extra)
+    return env
 
 
 @pytest.mark.slow
@@ -241,14 +250,8 @@ def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path
     script.write_text(WORKER)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{address} slots=1\n" for address in two.addresses))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG"))
-    }
-    env.update(
-        PATH=f"{MPI_BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(REPO), LD_LIBRARY_PATH="",
-        TF_CPP_MIN_LOG_LEVEL="2", SHARDFEED_STARTUP_TIMEOUT_S="60",
+    env = _recipe_env(
+        PATH=f"{MPI_BIN}{os.pathsep}{os.environ['PATH']}", LD_LIBRARY_PATH="",
         HOSTFILE=str(hostfile), NUM_WORKERS="2", PYTHON=sys.executable, SCRIPT=str(script),
         NETWORK_INTERFACE=two.interface,
         PRTE_MCA_plm_ssh_agent=two.ssh_stand_in(str(tmp_path / "ssh")),
@@ -264,3 +267,33 @@ def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path
     assert result.returncode == 0, output[-3000:]
     _assert_same_weights(tmp_path / "m")
     assert f"worker 1 at {two.addresses[1]}:" in output  # the chief's exposure line
+
+
+
+
+@pytest.mark.slow
+def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path):
+    """launch/slurm.sbatch as written, run as sbatch runs it (on the first node, with the
+    allocation's variables: 2 nodes, 1 task each), with a stand-in for srun that starts the
+    step's tasks on both hosts. Each task builds its TF_CONFIG from SLURM's variables:
+    node names from SLURM_STEP_NODELIST, which both hosts resolve, ports from 8888."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    two.srun_stand_in(str(bin_dir / "srun"))
+    env = _recipe_env(
+        **two.sbatch_environment(tasks_per_node=1),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        VENV=str(Path(sys.executable).parent.parent), SCRIPT=str(script),
+    )
+    result = subprocess.run(
+        two.argv(0, ["bash", str(REPO / "launch" / "slurm.sbatch"), str(tmp_path / "s")]),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    _assert_same_weights(tmp_path / "s")
+    # The chief names what the job exposes: SLURM's node names, SHARDFEED_PORT_BASE's port.
+    assert output.count("servers listen on every interface") == 1, output[-3000:]
+    assert "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
