@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 ADDRESSES = ("10.231.0.1", "10.231.0.2")
 NODES = ("sfnode1", "sfnode2")  # the hosts' names, as SLURM's node list gives them
 INTERFACE = "sfnet"  # each host's end of the veth pair, renamed to one name as on a cluster
+# `sh -c _AS_HOST NAME PROGRAM...`: set the host name (in a UTS namespace), become PROGRAM.
+_AS_HOST = 'hostname "$0" && exec "$@"'
 
 # What `srun` does for a job step, on the allocation the sbatch environment
 # describes (SLURM_JOB_NODELIST "sfnode[1-2]", SLURM_NTASKS_PER_NODE): one task
@@ -65,7 +67,11 @@ for node_id, node in enumerate(nodes):
         env = {**os.environ, **step, "SLURM_PROCID": str(node_id * per_node + local_id),
                "SLURM_LOCALID": str(local_id), "SLURM_NODEID": str(node_id),
                "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node}
-        tasks.append(subprocess.Popen(["ip", "netns", "exec", NAMESPACES[node], *args], env=env))
+        tasks.append(subprocess.Popen(
+            ["ip", "netns", "exec", NAMESPACES[node], "unshare", "--uts", "sh", "-c", AS_HOST,
+             node, *args],
+            env=env,
+        ))
 def forward(signum, frame):
     for task in tasks:
         if task.poll() is None:
@@ -95,21 +101,34 @@ class TwoHosts:
     interface: str = INTERFACE
 
     def argv(self, host: int, program: Sequence[str]) -> list[str]:
-        """`program` run inside host `host`'s namespace."""
-        return ["ip", "netns", "exec", self.namespaces[host], *program]
+        """`program` run on host `host`: in its network namespace, under its own host
+        name (a UTS namespace: programs that compare host names, as Gloo does to take
+        loopback to a peer on the same host, see two hosts)."""
+        return [
+            "ip", "netns", "exec", self.namespaces[host], "unshare", "--uts",
+            "sh", "-c", _AS_HOST, NODES[host], *program,
+        ]
 
     def ssh_stand_in(self, path: str) -> str:
-        """Writes an `ssh` stand-in at `path`: `AGENT [options] HOST COMMAND` runs
-        COMMAND (one shell string, as ssh takes it) inside HOST's namespace."""
+        """Writes an `ssh` stand-in at `path`: `ssh [options] HOST [options] COMMAND` runs
+        COMMAND (one shell string, as ssh takes it) inside HOST's namespace. Options may
+        come after HOST, as OpenSSH allows (horovodrun puts `-o ConnectTimeout=..` there)."""
         cases = "".join(
-            f"        {address}) ns={namespace}; shift; break;;\n"
-            for address, namespace in zip(self.addresses, self.namespaces, strict=True)
+            f"        {address}) ns={namespace}; node={node};;\n"
+            for address, namespace, node in zip(
+                self.addresses, self.namespaces, NODES, strict=True
+            )
         )
         with open(path, "w") as f:
             f.write(
-                "#!/bin/bash\nwhile [ $# -gt 0 ]; do\n    case \"$1\" in\n"
-                f"{cases}        *) shift;;\n    esac\ndone\n"
-                'exec ip netns exec "$ns" sh -c "$*"\n'
+                "#!/bin/bash\nns=\nwhile [ $# -gt 0 ]; do\n    case \"$1\" in\n"
+                "        -[oplieFJ]) shift 2; continue;;\n        -*|\"\") shift; continue;;\n"
+                '    esac\n    [ -n "$ns" ] && break\n    case "$1" in\n'
+                f"{cases}"
+                '        *) echo "ssh stand-in: unknown host $1" >&2; exit 255;;\n'
+                "    esac\n    shift\ndone\n"
+                f'exec ip netns exec "$ns" unshare --uts sh -c \'{_AS_HOST}\' "$node" '
+                'sh -c "$*"\n'
             )
         os.chmod(path, 0o755)
         return path
@@ -120,7 +139,7 @@ class TwoHosts:
         with open(path, "w") as f:
             f.write(
                 f"#!{sys.executable}\nNODES = {NODES!r}\nNAMESPACE_LIST = {self.namespaces!r}\n"
-                f"ADDRESS_LIST = {self.addresses!r}\n{_SRUN}"
+                f"ADDRESS_LIST = {self.addresses!r}\nAS_HOST = {_AS_HOST!r}\n{_SRUN}"
             )
         os.chmod(path, 0o755)
         return path

@@ -297,3 +297,35 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
     # The chief names what the job exposes: SLURM's node names, SHARDFEED_PORT_BASE's port.
     assert output.count("servers listen on every interface") == 1, output[-3000:]
     assert "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.skipif(
+    not (MPI_BIN / "horovodrun").exists(),
+    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); the "
+    "Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
+)
+def test_horovodrun_recipe_with_gloo_across_two_hosts_trains_to_the_same_weights(two, tmp_path):
+    """launch/horovodrun-multihost.sh as written with CONTROLLER=--gloo, run on host 0;
+    horovodrun reaches host 1 through a stand-in for ssh (first on PATH). With Gloo the
+    ranks carry HOROVOD_RANK, so `shardfeed.init()`'s "auto" picks Horovod."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    two.ssh_stand_in(str(bin_dir / "ssh"))
+    env = _recipe_env(
+        PATH=f"{bin_dir}{os.pathsep}{MPI_BIN}{os.pathsep}{os.environ['PATH']}",
+        HOSTS=",".join(f"{address}:1" for address in two.addresses), NUM_WORKERS="2",
+        PYTHON=sys.executable, SCRIPT=str(script), CONTROLLER="--gloo",
+    )
+    result = subprocess.run(
+        two.argv(0, ["bash", str(REPO / "launch" / "horovodrun-multihost.sh"),
+                     str(tmp_path / "h")]),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    _assert_same_weights(tmp_path / "h")
+    assert "servers listen on every interface" not in output  # Horovod runs no TF server
