@@ -150,19 +150,28 @@ def _launch_on(host: int, *options: str) -> list[str]:
 
 def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path):
     """The same `shardfeed launch --hosts ... --host-index I` on each host: each starts
-    its rank with the whole cluster's TF_CONFIG; each launcher says once what is exposed."""
+    its rank with the whole cluster's TF_CONFIG; each launcher says once what is exposed.
+    Host 0 types the command; host 1 runs launch/multihost-launch.sh as written, which
+    must be the same command."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    results = _run_workers(
-        two,
-        tmp_path,
-        lambda host: _launch_on(host, "--port-base", str(PORT), "--grace-s", "5",
-                                "--timeout-s", str(TIMEOUT_S - 10), str(script),
-                                str(tmp_path / "l")),
-        tf_config=False,
-    )
-    for rc, output in results:
-        assert rc == 0, output[-3000:]
+    recipe_env = {
+        "HOSTS": ",".join(hosts.ADDRESSES), "NUM_WORKERS": "2", "PORT_BASE": str(PORT),
+        "SCRIPT": str(script), "STARTUP_TIMEOUT_S": "60", "GRACE_S": "5",
+        "SHARDFEED": " ".join(LAUNCH[:-1]),
+    }
+
+    def on_host(host):
+        if host == 0:
+            return _launch_on(host, "--port-base", str(PORT), "--grace-s", "5",
+                              "--timeout-s", str(TIMEOUT_S - 10), str(script),
+                              str(tmp_path / "l"))
+        assignments = [f"{k}={v}" for k, v in {**recipe_env, "HOST_INDEX": "1"}.items()]
+        recipe = str(REPO / "launch" / "multihost-launch.sh")
+        return ["env", *assignments, "bash", recipe, str(tmp_path / "l")]
+
+    results = _run_workers(two, tmp_path, on_host, tf_config=False)
+    assert [rc for rc, _ in results] == [0, 0], "\n---\n".join(o[-3000:] for _, o in results)
     _assert_same_weights(tmp_path / "l")
     exposure = "servers listen on every interface"
     for _, output in results:
