@@ -3,10 +3,14 @@
 A hand-written TF_CONFIG names each worker by its host's private address, as
 on a real cluster (same port on both hosts); the two train one tiny model
 together and must end with the same weights. The same through
-launch/mpirun-hostfile.sh (with a stand-in for ssh), and a link cut
-mid-training, named on both sides. The chief, and only the chief,
-says what the job exposes. Every process has a timeout and is reaped; the
-namespaces are deleted afterwards.
+`shardfeed launch --hosts ... --host-index I` on each host (and
+launch/multihost-launch.sh), and through the recipes as written:
+launch/mpirun-hostfile.sh and launch/horovodrun-multihost.sh (Gloo) with a
+stand-in for ssh, launch/slurm.sbatch with a stand-in for srun. A link cut
+mid-training is named on both sides. The chief (or, under `shardfeed
+launch`, each host's launcher), and only it, says what the job exposes.
+Every process has a timeout and is reaped; the namespaces are deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -148,6 +152,7 @@ def _launch_on(host: int, *options: str) -> list[str]:
     return [*LAUNCH, "-n", "2", "--hosts", both, "--host-index", str(host), *options]
 
 
+@pytest.mark.slow
 def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path):
     """The same `shardfeed launch --hosts ... --host-index I` on each host: each starts
     its rank with the whole cluster's TF_CONFIG; each launcher says once what is exposed.
