@@ -5,7 +5,7 @@ on a real cluster (same port on both hosts); the two train one tiny model
 together and must end with the same weights. The same through
 `shardfeed launch --hosts ... --host-index I` on each host (and
 launch/multihost-launch.sh), and through the recipes as written:
-launch/mpirun-hostfile.sh and launch/horovodrun-multihost.sh (Gloo) with a
+launch/mpirun-hostfile.sh and launch/horovodrun-multihost.sh (Gloo, MPI) with a
 stand-in for ssh, launch/slurm.sbatch with a stand-in for srun. A link cut
 mid-training is named on both sides. The chief (or, under `shardfeed
 launch`, each host's launcher), and only it, says what the job exposes.
@@ -323,19 +323,33 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
     reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); the "
     "Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
 )
-def test_horovodrun_recipe_with_gloo_across_two_hosts_trains_to_the_same_weights(two, tmp_path):
-    """launch/horovodrun-multihost.sh as written with CONTROLLER=--gloo, run on host 0;
-    horovodrun reaches host 1 through a stand-in for ssh (first on PATH). With Gloo the
-    ranks carry HOROVOD_RANK, so `shardfeed.init()`'s "auto" picks Horovod."""
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(
+    two, tmp_path, controller
+):
+    """launch/horovodrun-multihost.sh as written, with CONTROLLER=--gloo or --mpi, run
+    on host 0; horovodrun reaches host 1 through a stand-in for ssh (first on PATH).
+    With Gloo the ranks carry HOROVOD_RANK, so `shardfeed.init()`'s "auto" picks
+    Horovod; under MPI they carry only mpirun's variables, so the script asks for
+    Horovod (what the recipe says)."""
+    if controller == "--mpi" and not (MPI_BIN / "mpirun").exists():
+        pytest.skip("Horovod's MPI controller needs an mpirun next to the interpreter")
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    engine = '"horovod"' if controller == "--mpi" else ""
+    script.write_text(WORKER.replace("shardfeed.init()", f"shardfeed.init({engine})"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     two.ssh_stand_in(str(bin_dir / "ssh"))
+    mpi = {
+        # One machine underneath: keep Open MPI off shared memory and on the veth.
+        "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_coll": "basic,libnbc,self",
+        "OMPI_MCA_btl_tcp_if_include": two.interface, "LD_LIBRARY_PATH": "",
+    }
     env = _recipe_env(
         PATH=f"{bin_dir}{os.pathsep}{MPI_BIN}{os.pathsep}{os.environ['PATH']}",
         HOSTS=",".join(f"{address}:1" for address in two.addresses), NUM_WORKERS="2",
-        PYTHON=sys.executable, SCRIPT=str(script), CONTROLLER="--gloo",
+        PYTHON=sys.executable, SCRIPT=str(script), CONTROLLER=controller,
+        **(mpi if controller == "--mpi" else {}),
     )
     result = subprocess.run(
         two.argv(0, ["bash", str(REPO / "launch" / "horovodrun-multihost.sh"),
