@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         required=True,
         metavar="N",
-        help="number of worker processes",
+        help="number of worker processes (with --hosts: of all hosts together)",
     )
     parser.add_argument(
         "--engine",
@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="S",
         help="multiworker: stop when workers that reached shardfeed.init() waited S seconds "
-        "for the others, naming the missing ranks ('none': wait forever; default: 300)",
+        "for the others, naming the missing ranks ('none': wait forever; default: 300); with "
+        "--hosts also how long each worker waits for the other hosts' workers",
     )
     parser.add_argument(
         "--isolate-network",
