@@ -133,10 +133,6 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     assert exposure not in results[1][1]
 
 
-@pytest.mark.skip(
-    reason="in the full suite `ip -n NS link set NS down` failed (the veth end is named "
-    "'sfnet'); passes alone; to fix next session"
-)
 @pytest.mark.slow
 def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
     script = tmp_path / "endless.py"
@@ -150,7 +146,7 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
             assert time.monotonic() < deadline, "no epoch finished"
             time.sleep(0.2)
         subprocess.run(
-            ["ip", "-n", two.namespaces[1], "link", "set", two.namespaces[1], "down"],
+            ["ip", "-n", two.namespaces[1], "link", "set", two.interface, "down"],
             check=True, timeout=30,
         )
 
