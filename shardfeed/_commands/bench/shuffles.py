@@ -62,8 +62,9 @@ def _worker(args: argparse.Namespace) -> int:
     x, y = make_data(w2, args.rows, seed=0)
     results = []
     for placement, shuffle, buffer_bytes in SHUFFLES:
-        options = shardfeed.LoadOptions(
-            **({} if buffer_bytes is None else {"exchange_buffer_bytes": buffer_bytes})
+        options = (
+            shardfeed.LoadOptions() if buffer_bytes is None
+            else shardfeed.LoadOptions(exchange_buffer_bytes=buffer_bytes)
         )
         with world.scope():
             keras.utils.set_random_seed(0)
