@@ -452,6 +452,33 @@ class ShardedResidentDataset:
             self.seed if self.augment is not None else None,
         )
 
+    @property
+    def order_is_global(self) -> bool:
+        """Whether step `s` of a training epoch takes the same global rows on
+        any number of replicas: `placement="replicate"`, or sharded rows with
+        `shuffle=True` and the full exchange, or one replica holding every row.
+
+        Not with `shuffle="local"` (one order per replica), `shuffle=False`
+        over several replicas (rows per replica depend on their number), a
+        partial exchange (it mixes the rows each replica happened to hold) or
+        streaming (chunks are shuffled per replica).
+        """
+        if self.is_streaming:
+            return False
+        if self.plan.placement == "replicate":
+            return True
+        if self.shuffle is True:
+            return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
+        return self.shuffle is False and self.plan.num_replicas == 1
+
+    @property
+    def order_is_replayable(self) -> bool:
+        """Whether epoch `e`'s order depends only on `(seed, e)` and the plan,
+        so a restarted process draws it again. False for a partial exchange
+        (`exchange_fraction < 1`), which mixes what each replica held after
+        the epochs before, and a restart reloads the shards as first loaded."""
+        return self.exchange is None or self.load_options.exchange_fraction == 1
+
     # -- label ranges (checked by the Keras surface) -----------------------------
 
     def label_stats(

@@ -77,8 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
         default=list(VARIANTS),
-        help="comma-separated, from numpy,tfdata,tuned,shardfeed,floor,streaming "
-        "(or a-f; default: all)",
+        help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming "
+        "(or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,streaming, g jax, h jax-tuned; "
+        "default: all). jax and jax-tuned run Keras on JAX in a worker process each, "
+        "skipped with the reason when JAX does not import",
     )
     parser.add_argument(
         "--epochs",

@@ -7,6 +7,7 @@ versions for the report's header; it times and trains nothing.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import os
 import platform
 from pathlib import Path
@@ -35,12 +36,22 @@ def _ram_gib() -> float | None:
     return None
 
 
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version, without importing it (None if absent)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on.
 
     Returns:
         CPU model, core counts, RAM, load average, OS, Python, TensorFlow,
-        Keras and NumPy versions, devices and the date (UTC).
+        Keras, NumPy and JAX versions (JAX: None when not installed; the
+        `jax` variants import it in their worker processes), devices and the
+        date (UTC).
 
     Example:
         >>> machine_info()["cpu_count"]
@@ -70,6 +81,7 @@ def machine_info() -> dict[str, Any]:
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "numpy": np.__version__,
+        "jax": _version("jax"),
         "devices": [d.name for d in tf.config.list_logical_devices()],
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
