@@ -41,10 +41,9 @@ import keras
 from shardfeed._common import checked_open as _checked_open
 from shardfeed._common import errors as _errors
 from shardfeed._distribute.world import current_world
-from shardfeed._training import resume as _resume
 from shardfeed._training import saving as _saving
 from shardfeed._training.epochs import FitRun
-from shardfeed._training.resume import ResumeState
+from shardfeed._training.resume_state import FIX, ResumeState
 
 STATE_FILE = "shardfeed_state.json"
 WEIGHTS_FILES = ("ckpt-0.weights.h5", "ckpt-1.weights.h5")  # written in turn
@@ -55,7 +54,7 @@ def _file_error(path: str, constraint: str, received: str) -> ValueError:
         _errors.message(
             f"A shardfeed backup's {STATE_FILE} {constraint}.",
             f"{path}: {received}",
-            _resume.FIX,
+            FIX,
         )
     )
 
