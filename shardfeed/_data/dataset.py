@@ -195,7 +195,7 @@ class ShardedResidentDataset:
         )
         needed = _memory.device_bytes(
             self.eval_plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
-            staged,
+            staged + _memory.call_rows_bytes(self.eval_plan, row_bytes),
         )
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes
@@ -697,6 +697,14 @@ class ShardedResidentDataset:
             `sample_weight` are None when the dataset has none or
             `with_targets` is False.
         """
+        x, y, sw = self.gather_rows(handles, indices, with_targets)
+        return Batch(self.transformed(x), y, sw)
+
+    def gather_rows(
+        self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor, with_targets: bool = True
+    ) -> Batch:
+        """`gather` without `transform`: the rows as they are held (the
+        compiled loop gathers a call's rows at once, then transforms each step's)."""
         cols = self.columns
         dtypes = [tf.as_dtype(column.dtype) for column in cols.columns]
 
@@ -713,8 +721,10 @@ class ShardedResidentDataset:
             )
 
         x = take(cols.x)
-        if self.transform is not None:
-            x = self.transform(x)
         if not with_targets:
             return Batch(x, None, None)
         return Batch(x, take(cols.y), take(cols.sample_weight))
+
+    def transformed(self, x: Any) -> Any:
+        """`transform(x)`, or `x` without one."""
+        return x if self.transform is None else self.transform(x)

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import memory as _memory
 from shardfeed._data.augment import step_seed
 from shardfeed._data.order import Order
 from shardfeed._data.plan import ShardPlan
@@ -274,6 +275,23 @@ class ResidentEpoch:
         """One replica's `Batch` at slots `index_row`, inside a compiled call
         (`transform` applied, no augmentation: see `augmented`)."""
         return self._dataset.gather(handles, index_row, with_targets)
+
+    @property
+    def steps_per_gather(self) -> int:
+        """Steps whose rows `gather_rows` may take at once within the device
+        memory the dataset counted for it (`memory.call_rows_bytes`)."""
+        row_bytes = self._dataset.columns.row_bytes
+        return _memory.call_rows_steps(self.per_replica_batch_size, row_bytes)
+
+    def gather_rows(self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor) -> Batch:
+        """The rows at slots `indices` as they are held, without `transform`
+        (`transformed` applies it to one step's `x`): a compiled call may
+        gather many steps' rows at once, then transform step by step."""
+        return self._dataset.gather_rows(handles, indices)
+
+    def transformed(self, x: Any) -> Any:
+        """The dataset's `transform(x)` (`x` without one)."""
+        return self._dataset.transformed(x)
 
     def slot_rows(self, local: int) -> np.ndarray:
         """Global row of each slot of local replica `local`, step by step;

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import host as _host
-from shardfeed._common.units import GIB
+from shardfeed._common.units import GIB, MIB
 from shardfeed._data.plan import ShardPlan
 
 # `free_bytes`' source for the host's available RAM: every device read this way shares it.
@@ -109,6 +109,42 @@ def device_bytes(
             needed[device] = needed.get(device, 0) + (stop - start) * row_bytes
         needed[device] += staging_bytes
     return needed
+
+
+# The most device bytes per replica a compiled call of one replica gathers
+# at once: one gather per column for many steps, then contiguous rows per
+# step, instead of one gather per column per step inside XLA (on CPU, XLA's
+# gather cost W2 ~50 us of ~150 per step: docs/performance.md).
+CALL_ROWS_BYTES = 32 * MIB
+
+
+def call_rows_steps(per_replica_batch_size: int, row_bytes: int) -> int:
+    """Steps whose rows one gather of a compiled call takes: as many as fit
+    `CALL_ROWS_BYTES`, at least one.
+
+    Example:
+        >>> call_rows_steps(256, 132)  # W2's rows: 32 + 1 float32
+        992
+    """
+    return max(1, CALL_ROWS_BYTES // max(1, per_replica_batch_size * row_bytes))
+
+
+def call_rows_bytes(plan: ShardPlan, row_bytes: int) -> int:
+    """Device bytes a single replica's compiled calls hold for rows gathered
+    up front (`call_rows_steps` steps, at most an epoch's); 0 with several
+    replicas, whose calls gather step by step.
+
+    Example:
+        >>> from shardfeed._data.plan import plan_shards
+        >>> one, two = plan_shards(1000, 1, 100), plan_shards(1000, 2, 100)
+        >>> call_rows_bytes(one, 8), call_rows_bytes(two, 8)
+        (8000, 0)
+    """
+    if plan.num_replicas != 1:
+        return 0
+    b = plan.per_replica_batch_size
+    steps = min(call_rows_steps(b, row_bytes), plan.steps_per_epoch)
+    return steps * b * row_bytes
 
 
 def usable_bytes(free_bytes: int | None, memory_fraction: float, sharing: int = 1) -> int | None:

@@ -241,7 +241,8 @@ class _Setup:
         # Bytes per device as the dataset counts them, one device per replica.
         replicas = range(num_replicas)
         on_device = _memory.device_bytes(
-            plan, replicas, [str(r) for r in replicas], row_bytes, staged
+            plan, replicas, [str(r) for r in replicas], row_bytes,
+            staged + _memory.call_rows_bytes(plan, row_bytes),
         )
         host_bytes: dict[int, int] = {}
         for replica in replicas:

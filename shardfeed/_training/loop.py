@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.epoch import ResidentEpoch, open_epoch
+from shardfeed._data.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
@@ -69,6 +69,17 @@ _CONV_LAYERS = (
     keras.layers.SeparableConv2D,
     keras.layers.Conv2DTranspose,
 )
+
+
+def _map_leaves(fn: Callable[[Any], Any], batch: Batch) -> Batch:
+    """`fn` on every tensor of `batch` (None fields and leaves stay None)."""
+
+    def over(structure: Any) -> Any:
+        if structure is None:
+            return None
+        return keras.tree.map_structure(lambda t: None if t is None else fn(t), structure)
+
+    return Batch(*(over(field) for field in batch))
 
 
 def _has_conv(model: keras.Model) -> bool:
@@ -145,6 +156,8 @@ class Loop:
         # What each compiled call of `traces` runs for this loop.
         self._calls: dict[str, Callable[..., Any]] = {
             "_train_chunk": own.train_chunk if steps.train else self._train_chunk,
+            "_train_gathered": self._train_gathered,
+            "_train_rows": self._train_rows,
             "_test_chunk": own.test_chunk if steps.test else self._test_chunk,
             "_predict_chunk": own.predict_chunk if steps.predict else self._predict_chunk,
             "_train_partial": own.train_partial if steps.train else self._train_partial,
@@ -152,7 +165,12 @@ class Loop:
             "_predict_partial": own.predict_partial,
         }
         traced = self.traces
-        self._train_chunk_fn = traced.train_chunk
+        # Our own step on one replica under XLA gathers a call's rows up front
+        # (`_train_gathered`); otherwise each step gathers its batch.
+        self.gathers_per_call = self.whole_loop_jit and not steps.train
+        self._train_chunk_fn = (
+            traced.train_gathered if self.gathers_per_call else traced.train_chunk
+        )
         self._test_chunk_fn = traced.test_chunk
         self._predict_chunk_fn = traced.predict_chunk
         self._train_partial_fn = traced.train_partial
@@ -171,9 +189,7 @@ class Loop:
         return self.engine.distribute(order.handles())
 
     def _gather(self, handles, indices, with_targets: bool = True):
-        if self._open is None:
-            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
-        return self._open.gather(handles, indices, with_targets)
+        return self._open_epoch().gather(handles, indices, with_targets)
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -258,6 +274,41 @@ class Loop:
         for i in tf.range(steps):
             self.engine.run(replica, (handles, indices, i, replicas))
         return self.engine.read_sum(self._loss_sum)
+
+    def _train_gathered(self, handles, indices, where, replicas):
+        # One replica (no `engine.run`): the rows of up to `call_rows_steps`
+        # steps in one gather per column (TensorFlow's kernel, outside XLA;
+        # the memory plan counts them: `ResidentEpoch.steps_per_gather`), then the XLA
+        # step loop over them. Same steps, same rows, same order as `_train_chunk`.
+        steps, batch = indices.shape[:2]
+        per_gather = self._open_epoch().steps_per_gather
+        self._loss_sum.assign(0.0)
+        for a in range(0, steps, per_gather):
+            b = min(steps, a + per_gather)
+            rows = self._open_epoch().gather_rows(handles, tf.reshape(indices[a:b], [-1]))
+            by_step = _map_leaves(lambda t, n=b - a: tf.reshape(t, [n, batch, *t.shape[1:]]), rows)
+            offset = tf.constant([0, a], tf.int64)
+            self.traces.train_rows(by_step, where + offset, replicas)
+        return self._loss_sum.read_value()
+
+    def _train_rows(self, rows, where, replicas):
+        # The XLA step loop of `_train_gathered`: step i reads rows[i].
+        steps, batch = keras.tree.flatten(rows.x)[0].shape[:2]
+        epoch = self._open_epoch()
+        for i in tf.range(steps):
+            x, y, sw = _map_leaves(lambda t, i=i: t[i], rows)
+            x = epoch.transformed(x)
+            if self.class_weights is not None:
+                sw = self.class_weights.weights(y)
+            x = _augmenting.augmented(self.dataset, x, where, i, replicas)
+            total = self.train_step(x, y, sw)
+            self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
+        return tf.zeros([])
+
+    def _open_epoch(self) -> ResidentEpoch:
+        if self._open is None:
+            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
+        return self._open
 
     def _test_chunk(self, handles, indices):
         def replica(handles, indices):

@@ -49,6 +49,11 @@ class Traces:
             )
         jit = whole_loop_jit
         self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
+        # One replica under XLA: the call gathers its steps' rows with
+        # TensorFlow's kernel, then the XLA step loop reads them contiguously
+        # (XLA's gather on CPU costs more than the rest of a small step's input).
+        self.train_gathered = tf.function(self._calling("_train_gathered"))
+        self.train_rows = tf.function(self._calling("_train_rows"), jit_compile=True)
         self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
         self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
         # The partial last step's row counts differ per replica, so it is its
