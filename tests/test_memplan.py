@@ -560,10 +560,12 @@ def test_cli_table_for_shape_specs_that_do_not_fit(capsys):
 
 def test_cli_memory_fraction_and_placement(capsys):
     argv = ["--num-workers=1", "--per-replica-batch-size=10", "x=1000x1000:uint8"]
-    # 1,000,000 B on one device: fits in 1.25 MB x 0.8, not in 1 MB x 0.8.
-    assert _plan_cli(capsys, *argv, "--device-memory=1.25MB")[0] == 0
-    assert _plan_cli(capsys, *argv, "--device-memory=1MB")[0] == 1
-    assert _plan_cli(capsys, *argv, "--device-memory=1MB", "--memory-fraction=1")[0] == 0
+    # 1,000,000 B of rows on one device, and as much again for the rows one
+    # replica's compiled calls gather at once (the whole epoch's, under 32 MiB):
+    # fits in 2.5 MB x 0.8, not in 2 MB x 0.8.
+    assert _plan_cli(capsys, *argv, "--device-memory=2.5MB")[0] == 0
+    assert _plan_cli(capsys, *argv, "--device-memory=2MB")[0] == 1
+    assert _plan_cli(capsys, *argv, "--device-memory=2MB", "--memory-fraction=1")[0] == 0
     code, out, _ = _plan_cli(
         capsys, "--num-workers=2", "--per-replica-batch-size=10", "--placement=replicate",
         "--device-memory=1MB", "x=1000x500:uint8",
@@ -798,3 +800,25 @@ def test_advice_when_no_count_of_workers_fits_the_staging(monkeypatch):
     )
     assert _memory_plan(data, num_workers=2, per_replica_batch_size=256, shuffle="local",
                         device_memory_bytes=40 * 2**20).advice()[-1].startswith("Stream the")
+
+
+def test_one_replica_counts_the_rows_its_calls_gather_at_once():
+    # One replica's compiled calls gather their steps' rows in one go, at most
+    # 32 MiB (whole steps), at most an epoch's: the plan and the dataset count them.
+    step_bytes = 256 * ROW_BYTES
+    steps = _memory.CALL_ROWS_BYTES // step_bytes
+    big = memory_plan(_data(10**6), num_workers=1, per_replica_batch_size=256,
+                      device_memory_bytes=64 * GIB)  # fmt: skip
+    assert big.ranks[0].needed_bytes == 10**6 * ROW_BYTES + steps * step_bytes
+    assert steps * step_bytes <= _memory.CALL_ROWS_BYTES < (steps + 1) * step_bytes
+    small = memory_plan(_data(1000), num_workers=1, per_replica_batch_size=256,
+                        device_memory_bytes=GIB)  # fmt: skip
+    assert small.ranks[0].needed_bytes == 1000 * ROW_BYTES + 4 * step_bytes  # 4 steps
+    # Several replicas gather step by step: nothing more.
+    two = memory_plan(_data(1000), num_workers=2, per_replica_batch_size=256,
+                      device_memory_bytes=GIB)  # fmt: skip
+    assert [r.needed_bytes for r in two.ranks] == [500 * ROW_BYTES] * 2
+    x = np.zeros((1000, 32), np.float32)
+    y = np.zeros(1000, np.int64)
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
+    assert ds.memory_reports[0].needed_bytes == small.ranks[0].needed_bytes

@@ -14,6 +14,7 @@ import re
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras import layers
 
 import shardfeed
@@ -501,3 +502,51 @@ def test_a_model_with_its_own_rescaling_needs_no_transform():
         model.evaluate(images, labels, verbose=0),
         rtol=1e-5,
     )
+
+
+def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS):
+    """Two epochs under XLA on one replica, the call's rows gathered at once
+    (`per_call`, the default) or step by step inside XLA (the former path)."""
+    from shardfeed._training.compiled import loop_for
+
+    x, y = _data(rows)
+    if class_weight is not None:
+        y = (y > 0).astype("int32")
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=3, augment=augment)
+    options = FitOptions(jit_compile=True, steps_per_execution=3)
+    loop = loop_for(model, ds, options)
+    assert loop.gathers_per_call
+    if not per_call:
+        loop._train_chunk_fn = loop.traces.train_chunk
+    hist = shardfeed.fit(
+        model, ds, epochs=2, verbose=0, options=options, class_weight=class_weight
+    )
+    return model.get_weights(), hist.history
+
+
+def _jitter(x, seed):
+    return x + 0.01 * tf.random.stateless_normal(tf.shape(x), seed)
+
+
+@pytest.mark.parametrize(
+    "case", ["plain", "augment", "class_weight", "one_step_per_gather"]
+)
+def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
+    # 1050 rows, batch 100: 10 full steps and a partial one, calls of 3 steps
+    # (the last full call has 1); shuffled, so every step reads scattered rows.
+    kwargs = {"rows": 1050}
+    if case in ("augment", "one_step_per_gather"):
+        kwargs["augment"] = _jitter  # seeded per step: the steps' offsets must agree
+    if case == "class_weight":
+        kwargs["class_weight"] = {0: 0.5, 1: 2.0}
+    if case == "one_step_per_gather":
+        # A buffer of one step's rows: each call gathers step by step, in pieces.
+        from shardfeed._data import memory
+
+        monkeypatch.setattr(memory, "CALL_ROWS_BYTES", 100 * 9 * 4)
+    new_weights, new_history = _fit_gathering(True, **kwargs)
+    old_weights, old_history = _fit_gathering(False, **kwargs)
+    for a, b in zip(new_weights, old_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert new_history == old_history
