@@ -21,6 +21,11 @@ from typing import Any
 import tensorflow as tf
 
 
+def dense(grad: Any) -> Any:
+    """`grad` as a dense tensor when it is an `IndexedSlices` (duplicate rows summed)."""
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
 def _packable(grad: tf.IndexedSlices, variable: Any) -> bool:
     rows = variable.shape[0]
     return (
@@ -51,7 +56,7 @@ def summed(
     """
     out = list(grads)
     if sparse_as_dense:
-        out = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in out]
+        out = [dense(g) for g in out]
     dense = [i for i, g in enumerate(out) if g is not None and not isinstance(g, tf.IndexedSlices)]
     sparse = [i for i, g in enumerate(out) if isinstance(g, tf.IndexedSlices)]
     packed = [i for i in sparse if _packable(out[i], variables[i])]

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._distribute import alltoall as _alltoall
+from shardfeed._distribute import gradients as _gradients
 from shardfeed._distribute.metrics import metric_results
 from shardfeed._distribute.world import World
 
@@ -80,8 +81,7 @@ class HorovodEngine:
         sparse allreduce) unless `sparse_as_dense` densifies it first, as
         `hvd.DistributedOptimizer(sparse_as_dense=True)` does."""
         if sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]
+            grads = [_gradients.dense(g) for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         reduced = hvd.grouped_allreduce([grads[i] for i in present], op=hvd.Sum)
         out = list(grads)

@@ -32,11 +32,14 @@ class FitOptions:
             all replicas; a clear error names the first diverged variable):
             True (default) at the end of each epoch, an integer k also after
             every k-th compiled call, or False (never).
-        sparse_as_dense: With more than one replica, densify sparse gradients
-            (`tf.IndexedSlices`, e.g. an `Embedding`'s) and all-reduce the
-            whole table, as Horovod's `DistributedOptimizer(sparse_as_dense=True)`.
-            False (default): each step all-gathers only the rows touched,
-            all sparse gradients in one exchange.
+        sparse_as_dense: Densify sparse gradients (`tf.IndexedSlices`, e.g.
+            an `Embedding`'s) before they cross replicas and reach the
+            optimizer, which all-reduces whole tables, as Horovod's
+            `DistributedOptimizer(sparse_as_dense=True)`. False (default):
+            each step all-gathers only the rows touched, all sparse gradients
+            in one exchange. Not only speed: Keras' Adam squares an
+            `IndexedSlices`' values before summing rows a batch repeats, so
+            results differ from the sparse path when ids repeat in a step.
 
     Example:
         >>> FitOptions(steps_per_execution=64, jit_compile=False)

@@ -14,6 +14,7 @@ duration of a trace.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,29 +119,66 @@ def recorded() -> Iterator[list[tuple[Any, list[Any]]]]:
         yield unbuilt
 
 
-@contextlib.contextmanager
-def exchanged(sparse_as_dense: bool) -> Iterator[None]:
-    """Inside the block a Keras optimizer's `apply` in the replica context
-    of a strategy with several replicas sums its gradients with
-    `gradients.summed` (one exchange per step, `IndexedSlices` kept sparse
-    unless `sparse_as_dense`) instead of Keras' `all_reduce` of each.
-    Elsewhere (one replica, cross-replica context) Keras' own sum runs."""
-    keras_sum = vars(TFOptimizer)["_all_reduce_sum_gradients"]
+class _Exchange:
+    """Keras' `_all_reduce_sum_gradients` replaced while any block of
+    `exchanged` is open. MirroredStrategy traces each replica in its own
+    thread, and the blocks of two replicas overlap: the patch is counted,
+    installed by the first and removed by the last; each thread's option is
+    its own."""
 
-    def exchanged_sum(optimizer, grads_and_vars):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.keras_sum: Any = None
+        self.local = threading.local()
+
+    def summed(self, optimizer: Any, grads_and_vars: Any) -> list[Any]:
+        pairs = list(grads_and_vars)
+        if getattr(self.local, "sparse_as_dense", False):
+            # Also with one replica: the optimizer sees what replicas sum.
+            pairs = [(_gradients.dense(g), v) for g, v in pairs]
         ctx = tf.distribute.get_replica_context()
         if ctx is None or ctx.num_replicas_in_sync == 1:
-            return keras_sum(optimizer, grads_and_vars)
-        pairs = list(grads_and_vars)
+            return self.keras_sum(optimizer, pairs)
         variables = [v for _, v in pairs]
-        grads = _gradients.summed(ctx, [g for g, _ in pairs], variables, sparse_as_dense)
+        grads = _gradients.summed(ctx, [g for g, _ in pairs], variables)
         return list(zip(grads, variables, strict=True))
 
-    TFOptimizer._all_reduce_sum_gradients = exchanged_sum  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        TFOptimizer._all_reduce_sum_gradients = keras_sum  # type: ignore[method-assign]
+    @contextlib.contextmanager
+    def opened(self, sparse_as_dense: bool) -> Iterator[None]:
+        outer = getattr(self.local, "sparse_as_dense", None)
+        self.local.sparse_as_dense = sparse_as_dense
+        with self.lock:
+            if self.depth == 0:
+                self.keras_sum = vars(TFOptimizer)["_all_reduce_sum_gradients"]
+                exchange = self
+
+                def exchanged_sum(optimizer, grads_and_vars):
+                    return exchange.summed(optimizer, grads_and_vars)
+
+                TFOptimizer._all_reduce_sum_gradients = exchanged_sum  # type: ignore[method-assign]
+            self.depth += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.depth -= 1
+                if self.depth == 0:
+                    TFOptimizer._all_reduce_sum_gradients = self.keras_sum  # type: ignore[method-assign]
+            self.local.sparse_as_dense = outer
+
+
+_EXCHANGE = _Exchange()
+
+
+def exchanged(sparse_as_dense: bool) -> contextlib.AbstractContextManager[None]:
+    """Inside the block a Keras optimizer's `apply` in the replica context
+    of a strategy with several replicas sums its gradients with
+    `gradients.summed` (one exchange per step, `IndexedSlices` kept sparse)
+    instead of Keras' `all_reduce` of each; elsewhere (one replica,
+    cross-replica context) Keras' own sum runs. `sparse_as_dense`: every
+    `IndexedSlices` is densified first, with any number of replicas."""
+    return _EXCHANGE.opened(sparse_as_dense)
 
 
 @contextlib.contextmanager
