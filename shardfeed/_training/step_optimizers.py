@@ -156,7 +156,7 @@ class _Exchange:
                 def exchanged_sum(optimizer, grads_and_vars):
                     return exchange.summed(optimizer, grads_and_vars)
 
-                TFOptimizer._all_reduce_sum_gradients = exchanged_sum  # type: ignore[method-assign]
+                TFOptimizer._all_reduce_sum_gradients = exchanged_sum
             self.depth += 1
         try:
             yield
@@ -164,7 +164,7 @@ class _Exchange:
             with self.lock:
                 self.depth -= 1
                 if self.depth == 0:
-                    TFOptimizer._all_reduce_sum_gradients = self.keras_sum  # type: ignore[method-assign]
+                    TFOptimizer._all_reduce_sum_gradients = self.keras_sum
             self.local.sparse_as_dense = outer
 
 
