@@ -45,7 +45,7 @@ class Engine(Protocol):
     def local_results(self, value: Any) -> list[Any]: ...
     def sum_across_replicas(self, value: Any) -> Any: ...
     def read_sum(self, variable: tf.Variable) -> Any: ...
-    def reduce_gradients(self, grads: list[Any]) -> list[Any]: ...
+    def reduce_gradients(self, grads: list[Any], sparse_as_dense: bool = False) -> list[Any]: ...
     def metric_results(self, model: keras.Model) -> dict[str, Any]: ...
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]: ...
@@ -66,8 +66,9 @@ def engine_for(world: World) -> Engine:
 class StrategyEngine:
     """Runs replicas through a `tf.distribute` strategy.
 
-    Under a strategy the Keras optimizer's `apply` already sums gradients
-    across replicas (`all_reduce(SUM)`), so `reduce_gradients` adds nothing.
+    Under a strategy the Keras optimizer's `apply` sums gradients across
+    replicas (in the loop's step, with `gradients.summed`: one exchange,
+    `IndexedSlices` kept sparse), so `reduce_gradients` adds nothing.
     Metric variables created in the strategy's scope are sync-on-read with
     SUM aggregation: read outside `strategy.run` they are reduced over every
     replica of every worker (a collective under MultiWorkerMirroredStrategy,
@@ -134,7 +135,8 @@ class StrategyEngine:
         """Reads a sync-on-read SUM variable: the sum over every replica."""
         return variable.read_value()
 
-    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+    def reduce_gradients(self, grads: list[Any], sparse_as_dense: bool = False) -> list[Any]:
+        del sparse_as_dense  # the optimizer's sum reads it (`step_optimizers.exchanged`)
         return grads
 
     def metric_results(self, model: keras.Model) -> dict[str, Any]:

@@ -11,7 +11,8 @@ docs/engines.md). Instead this engine:
   does not accept Keras 3 variables, horovod #4290);
 - allreduces (SUM) the gradients the loop computed with a plain
   `tf.GradientTape`, outside any XLA cluster (Horovod has no XLA kernels on
-  CPU builds), before `optimizer.apply`;
+  CPU builds), before `optimizer.apply`; an `Embedding`'s `IndexedSlices`
+  are all-gathered as they are unless `FitOptions(sparse_as_dense=True)`;
 - reads metrics as global values by summing their state across ranks.
 """
 
@@ -26,6 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._distribute import gradients as _gradients
 from shardfeed._distribute.metrics import metric_results
 from shardfeed._distribute.world import World
 
@@ -73,7 +75,12 @@ class HorovodEngine:
     def read_sum(self, variable: tf.Variable) -> Any:
         return hvd.allreduce(variable.read_value(), op=hvd.Sum)
 
-    def reduce_gradients(self, grads: list[Any]) -> list[Any]:
+    def reduce_gradients(self, grads: list[Any], sparse_as_dense: bool = False) -> list[Any]:
+        """Sums over ranks; an `IndexedSlices` is all-gathered (Horovod's
+        sparse allreduce) unless `sparse_as_dense` densifies it first, as
+        `hvd.DistributedOptimizer(sparse_as_dense=True)` does."""
+        if sparse_as_dense:
+            grads = [_gradients.dense(g) for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]
         reduced = hvd.grouped_allreduce([grads[i] for i in present], op=hvd.Sum)
         out = list(grads)

@@ -56,6 +56,7 @@ from shardfeed._distribute.engine import Engine
 from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
+from shardfeed._training import step_optimizers as _step_optimizers
 from shardfeed._training.calls import EpochCalls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
@@ -236,8 +237,11 @@ class Loop:
         batch's loss sum (`(data_loss + reg) * rows`). The bench's floor runs
         exactly this on a fixed batch."""
         total, y_pred, grads = self._fb(x, y, sw, real_rows, all_rows)
-        grads = self.engine.reduce_gradients(grads)
-        self.model.optimizer.apply(grads, self.model.trainable_variables)
+        sparse_as_dense = self.options.sparse_as_dense
+        grads = self.engine.reduce_gradients(grads, sparse_as_dense)
+        # Under a strategy the optimizer sums them: one exchange per step.
+        with _step_optimizers.exchanged(sparse_as_dense):
+            self.model.optimizer.apply(grads, self.model.trainable_variables)
         self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 

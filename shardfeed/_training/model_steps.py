@@ -111,7 +111,7 @@ class ModelStepCalls:
     # -- in the compiled calls -------------------------------------------------
 
     def _train(self, data: Any) -> Any:
-        with _step_optimizers.synchronised(self.engine):
+        with _step_optimizers.synchronised(self.engine, self.loop.options.sparse_as_dense):
             return _averageable(self.model.train_step(data))
 
     def train_chunk(self, handles, indices, where, replicas):

@@ -1,23 +1,29 @@
 """The optimizers a model's own `train_step` applies, while the step is traced.
 
-Owns the two things shardfeed must change about a Keras optimizer's `apply`
-while it traces a user's step, and nothing else: recording which unbuilt
+Owns the three things shardfeed must change about a Keras optimizer's
+`apply` while it traces a step, and nothing else: recording which unbuilt
 optimizers the step would update (so they are built before the multi-step
-loop), and, under Horovod, averaging the gradients over ranks first (Keras'
-step calls `self.optimizer.apply`, which knows no Horovod). `apply` is
-patched on Keras' optimizer classes only for the duration of a trace.
+loop); under Horovod, averaging the gradients over ranks first (Keras'
+step calls `self.optimizer.apply`, which knows no Horovod); under a
+strategy with several replicas, summing them in one exchange per step that
+keeps `IndexedSlices` sparse (`_distribute/gradients.py`) instead of Keras'
+`all_reduce` of each. Keras' optimizer classes are patched only for the
+duration of a trace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute import gradients as _gradients
 
 _NO_OPTIMIZER_UPDATE = (
     "Under Horovod, a `train_step` must update the weights through a Keras "
@@ -33,8 +39,9 @@ class _HorovodApply:
     calls `self.optimizer.apply`, which knows no Horovod). Only the outermost
     `apply` reduces: a `LossScaleOptimizer` calls its inner optimizer's."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sparse_as_dense: bool) -> None:
         self.engine = engine
+        self.sparse_as_dense = sparse_as_dense
         self.depth = 0
         self.reduced = 0
 
@@ -55,7 +62,7 @@ class _HorovodApply:
         # The mean over ranks, as `hvd.DistributedOptimizer`: without a
         # strategy Keras does not divide a step's loss by the replica count.
         n = self.engine.num_replicas_in_sync
-        summed = self.engine.reduce_gradients(grads)
+        summed = self.engine.reduce_gradients(grads, self.sparse_as_dense)
         return [
             None if g is None
             else tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
@@ -112,14 +119,78 @@ def recorded() -> Iterator[list[tuple[Any, list[Any]]]]:
         yield unbuilt
 
 
+class _Exchange:
+    """Keras' `_all_reduce_sum_gradients` replaced while any block of
+    `exchanged` is open. MirroredStrategy traces each replica in its own
+    thread, and the blocks of two replicas overlap: the patch is counted,
+    installed by the first and removed by the last; each thread's option is
+    its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.keras_sum: Any = None
+        self.local = threading.local()
+
+    def summed(self, optimizer: Any, grads_and_vars: Any) -> list[Any]:
+        pairs = list(grads_and_vars)
+        if getattr(self.local, "sparse_as_dense", False):
+            # Also with one replica: the optimizer sees what replicas sum.
+            pairs = [(_gradients.dense(g), v) for g, v in pairs]
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or ctx.num_replicas_in_sync == 1:
+            return self.keras_sum(optimizer, pairs)
+        variables = [v for _, v in pairs]
+        grads = _gradients.summed(ctx, [g for g, _ in pairs], variables)
+        return list(zip(grads, variables, strict=True))
+
+    @contextlib.contextmanager
+    def opened(self, sparse_as_dense: bool) -> Iterator[None]:
+        outer = getattr(self.local, "sparse_as_dense", None)
+        self.local.sparse_as_dense = sparse_as_dense
+        with self.lock:
+            if self.depth == 0:
+                self.keras_sum = vars(TFOptimizer)["_all_reduce_sum_gradients"]
+                exchange = self
+
+                def exchanged_sum(optimizer, grads_and_vars):
+                    return exchange.summed(optimizer, grads_and_vars)
+
+                TFOptimizer._all_reduce_sum_gradients = exchanged_sum
+            self.depth += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.depth -= 1
+                if self.depth == 0:
+                    TFOptimizer._all_reduce_sum_gradients = self.keras_sum
+            self.local.sparse_as_dense = outer
+
+
+_EXCHANGE = _Exchange()
+
+
+def exchanged(sparse_as_dense: bool) -> contextlib.AbstractContextManager[None]:
+    """Inside the block a Keras optimizer's `apply` in the replica context
+    of a strategy with several replicas sums its gradients with
+    `gradients.summed` (one exchange per step, `IndexedSlices` kept sparse)
+    instead of Keras' `all_reduce` of each; elsewhere (one replica,
+    cross-replica context) Keras' own sum runs. `sparse_as_dense`: every
+    `IndexedSlices` is densified first, with any number of replicas."""
+    return _EXCHANGE.opened(sparse_as_dense)
+
+
 @contextlib.contextmanager
-def synchronised(engine: Any) -> Iterator[None]:
-    """Under Horovod: gradients applied by a Keras optimizer inside the block
-    are averaged over ranks first; a block that applies none raises."""
+def synchronised(engine: Any, sparse_as_dense: bool = False) -> Iterator[None]:
+    """Gradients applied by a Keras optimizer inside the block are summed
+    over every replica in one exchange (`exchanged`); under Horovod they are
+    averaged over ranks first, and a block that applies none raises."""
     if engine.name != "horovod":
-        yield
+        with exchanged(sparse_as_dense):
+            yield
         return
-    hook = _HorovodApply(engine)
+    hook = _HorovodApply(engine, sparse_as_dense)
     with _patched_apply(hook.wrap):
         yield
     if hook.reduced == 0:

@@ -1,4 +1,4 @@
-"""The benchmark workloads W1-W4: their data, models, losses and inputs.
+"""The benchmark workloads W1-W5: their data, models, losses and inputs.
 
 Separation of concerns: this module owns what is trained -- deterministic
 synthetic data, the seeded models, the loss and optimizer, the `transform`
@@ -31,12 +31,14 @@ class Workload:
         rows: Rows at `--rows-scale 1`.
         description: One line for the report.
         input_note: How the inputs reach the model, per variant family.
+        batch_size: The global batch of one step.
     """
 
     name: str
     rows: int
     description: str
     input_note: str
+    batch_size: int = BATCH_SIZE
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -78,6 +80,54 @@ WORKLOADS: dict[str, Workload] = {
     ),
 }
 
+# W5 (issue 17): Keras' collaborative-filtering example, whose gradients are
+# `IndexedSlices`. Not in `WORKLOADS` yet: the variants still read
+# `BATCH_SIZE`, not `Workload.batch_size`.
+EMBEDDING_USERS, EMBEDDING_ITEMS, EMBEDDING_WIDTH = 610, 9_724, 50
+W5 = Workload(
+    "W5",
+    100_000,
+    f"100,000 ratings of {EMBEDDING_USERS:,} users x {EMBEDDING_ITEMS:,} movies (int32 id "
+    f"pairs), two Embedding towers of width {EMBEDDING_WIDTH} with biases, dot product, "
+    "sigmoid, binary cross-entropy (Keras' collaborative-filtering example)",
+    "int32 (user, movie) rows as they are; the gradients are IndexedSlices.",
+    batch_size=64,
+)
+
+
+def _ratings(rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """W5: (user, movie) id pairs, ratings in [0, 1] from a rank-8 teacher."""
+    users = rng.integers(0, EMBEDDING_USERS, rows)
+    items = rng.integers(0, EMBEDDING_ITEMS, rows)
+    u = rng.standard_normal((EMBEDDING_USERS, 8), dtype=np.float32) / np.float32(math.sqrt(8))
+    m = rng.standard_normal((EMBEDDING_ITEMS, 8), dtype=np.float32)
+    score = np.sum(u[users] * m[items], axis=1, keepdims=True)
+    y = np.clip(1 / (1 + np.exp(-score)) + 0.05 * rng.standard_normal(score.shape), 0, 1)
+    return np.stack([users, items], 1).astype(np.int32), y.astype(np.float32)
+
+
+def _embedding_towers(seed: int) -> Any:
+    """W5's model: Keras' `RecommenderNet` as a functional model."""
+    import keras
+    from keras import layers
+
+    def embedding(rows: int, width: int, offset: int) -> Any:
+        init = keras.initializers.HeNormal(seed=seed * 100 + offset)
+        return layers.Embedding(rows, width, embeddings_initializer=init)
+
+    ids = keras.Input((2,), dtype="int32")
+    user, item = ids[:, 0], ids[:, 1]
+    dot = layers.Dot(axes=1)(
+        [
+            embedding(EMBEDDING_USERS, EMBEDDING_WIDTH, 0)(user),
+            embedding(EMBEDDING_ITEMS, EMBEDDING_WIDTH, 1)(item),
+        ]
+    )
+    logit = layers.Add()(
+        [dot, embedding(EMBEDDING_USERS, 1, 2)(user), embedding(EMBEDDING_ITEMS, 1, 3)(item)]
+    )
+    return keras.Model(ids, layers.Activation("sigmoid")(logit))
+
 
 def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic, learnable synthetic data for a workload.
@@ -100,6 +150,8 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
         ((1000, 32), (1000, 1))
     """
     rng = np.random.default_rng(seed)
+    if workload.name == "W5":
+        return _ratings(rows, rng)
     if workload.name == "W1":
         x = rng.standard_normal((rows, 784), dtype=np.float32)
         teacher = rng.standard_normal((784, 10), dtype=np.float32)
@@ -167,6 +219,8 @@ def build_model(
     import keras
     from keras import layers
 
+    if workload.name == "W5":
+        return _embedding_towers(seed)
     seeds = iter(range(seed * 100, seed * 100 + 100))
 
     def dense(units: int, activation: str | None = None) -> Any:
@@ -209,9 +263,12 @@ def build_model(
 
 
 def loss_for(workload: Workload) -> Any:
-    """The workload's Keras loss: MSE for W2, sparse softmax cross-entropy otherwise."""
+    """The workload's Keras loss: MSE for W2, binary cross-entropy for W5,
+    sparse softmax cross-entropy otherwise."""
     import keras
 
+    if workload.name == "W5":
+        return keras.losses.BinaryCrossentropy()
     if workload.name == "W2":
         return keras.losses.MeanSquaredError()
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -1,0 +1,186 @@
+"""Sparse gradients (an `Embedding`'s `tf.IndexedSlices`) across replicas.
+
+The proof: under MirroredStrategy an embedding model's step sends every
+sparse gradient in one all-gather (its length, then one packed vector: two
+collectives per step, where TensorFlow's own all-reduce of `IndexedSlices`
+sends three per gradient) and no dense all-reduce of a table; the packed sum
+equals the dense sum also when replicas touch different numbers of rows;
+2 replicas end with the weights of 1 replica with the global batch (a
+partial last step included), and so does `FitOptions(sparse_as_dense=True)`,
+which all-reduces the densified table instead.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from _helpers import mirrored_strategy
+from keras import layers
+
+import shardfeed
+from shardfeed import FitOptions, ShardedResidentDataset
+from shardfeed._distribute import gradients as _gradients
+from shardfeed._training import compiled as _compiled
+
+pytestmark = pytest.mark.multi_device
+
+USERS, ITEMS, WIDTH = 61, 97, 5
+
+
+def _ratings(rows, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.stack([rng.integers(0, USERS, rows), rng.integers(0, ITEMS, rows)], 1)
+    y = rng.uniform(0, 1, (rows, 1))
+    return x.astype("int32"), y.astype("float32")
+
+
+def _towers(with_dense=False):
+    """Keras' collaborative-filtering model at a small scale: user and item
+    embeddings and biases, a dot product, a sigmoid (`with_dense`: a Dense
+    head too, so dense and sparse gradients cross in the same step)."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((2,), dtype="int32")
+    user, item = ids[:, 0], ids[:, 1]
+    dot = layers.Dot(axes=1)(
+        [layers.Embedding(USERS, WIDTH)(user), layers.Embedding(ITEMS, WIDTH)(item)]
+    )
+    logit = layers.Add()([dot, layers.Embedding(USERS, 1)(user), layers.Embedding(ITEMS, 1)(item)])
+    if with_dense:
+        logit = layers.Dense(1)(logit)
+    model = keras.Model(ids, layers.Activation("sigmoid")(logit))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    return model
+
+
+def _train_chunk_ops(dataset):
+    """(op type, input shapes) of every op in the traced training call's step loop."""
+    (loop,) = _compiled._LOOPS[dataset].values()
+    graph = loop.traces.train_chunk._list_all_concrete_functions()[0].graph
+    found = []
+
+    def visit(g):
+        for op in g.get_operations():
+            found.append((op.type, [tuple(t.shape.as_list()) for t in op.inputs if t.shape.rank]))
+        for fn in getattr(g, "_functions", {}).values():
+            if hasattr(fn, "graph"):
+                visit(fn.graph)
+
+    visit(graph)
+    return found
+
+
+def _fit_two_replicas(options, rows=256, with_dense=False):
+    x, y = _ratings(rows)
+    with mirrored_strategy(2).scope():
+        model = _towers(with_dense)
+        dataset = ShardedResidentDataset(
+            x, y, per_replica_batch_size=16, shuffle=False, placement="replicate"
+        )
+    history = shardfeed.fit(model, dataset, epochs=2, verbose=0, options=options)
+    return model, dataset, history
+
+
+def test_embedding_gradients_cross_sparse_in_one_all_gather():
+    _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=False))
+    ops = _train_chunk_ops(dataset)
+    per_step = [t for t, _ in ops if t.startswith("Collective")]
+    # Two replicas, each: the vector's length, then the vector (four sparse
+    # gradients; TensorFlow's per-gradient all-reduce needed 3 each).
+    assert sorted(per_step) == ["CollectiveGatherV2"] * 4
+    tables = {(USERS, WIDTH), (ITEMS, WIDTH), (USERS, 1), (ITEMS, 1)}
+    assert not [
+        (t, s) for t, s in ops if t.startswith("CollectiveReduce") and tables & set(s)
+    ]
+
+
+def test_sparse_as_dense_all_reduces_the_tables():
+    _, dataset, _ = _fit_two_replicas(
+        FitOptions(steps_per_execution=4, jit_compile=False, sparse_as_dense=True)
+    )
+    ops = _train_chunk_ops(dataset)
+    assert not [t for t, _ in ops if t == "CollectiveGatherV2"]
+    # One all-reduce per replica: TensorFlow packs the four densified tables.
+    table_words = (USERS + ITEMS) * (WIDTH + 1)
+    reduced = [shapes for t, shapes in ops if t.startswith("CollectiveReduce")]
+    assert reduced == [[(table_words,)]] * 2
+
+
+@pytest.mark.parametrize("with_dense", [False, True])
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_two_replicas_equal_one_with_the_global_batch(with_dense, sparse_as_dense, jit_compile):
+    rows = 250  # 7 full global steps of 32 and a partial one of 26 rows
+    x, y = _ratings(rows)
+    options = FitOptions(
+        steps_per_execution=3, jit_compile=jit_compile, sparse_as_dense=sparse_as_dense
+    )
+    reference = _towers(with_dense)
+    ref_history = shardfeed.fit(
+        reference,
+        ShardedResidentDataset(x, y, per_replica_batch_size=32, shuffle=False),
+        epochs=2,
+        verbose=0,
+        options=options,
+    )
+    model, _, history = _fit_two_replicas(options, rows, with_dense)
+    for a, b in zip(reference.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+
+
+def test_packed_sum_equals_the_dense_sum_when_replicas_touch_different_rows():
+    strategy = mirrored_strategy(2)
+    table = tf.zeros([ITEMS, 3])
+    with strategy.scope():
+        variable = tf.Variable(table)
+    rng = np.random.default_rng(1)
+    # Replica 0 touches 5 rows (one twice), replica 1 two: a partial last step.
+    rows = [np.array([4, 9, 4, 0, 96]), np.array([9, 50])]
+    values = [rng.normal(size=(len(r), 3)).astype("float32") for r in rows]
+    dense = tf.Variable(tf.ones([2, 2]))
+
+    def step(ctx_values, ctx_rows):
+        ctx = tf.distribute.get_replica_context()
+        grad = tf.IndexedSlices(ctx_values, ctx_rows, tf.constant([ITEMS, 3], tf.int64))
+        summed = _gradients.summed(ctx, [grad, None, tf.ones([2, 2])], [variable, None, dense])
+        assert isinstance(summed[0], tf.IndexedSlices) and summed[1] is None
+        return tf.convert_to_tensor(summed[0]), summed[2]
+
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (
+            tf.constant(values[ctx.replica_id_in_sync_group]),
+            tf.constant(rows[ctx.replica_id_in_sync_group], tf.int64),
+        )
+    )
+    sparse_sum, dense_sum = tf.function(
+        lambda v: strategy.run(step, args=v)
+    )(per_replica)
+    expected = np.zeros([ITEMS, 3], "float32")
+    for r, v in zip(rows, values, strict=True):
+        np.add.at(expected, r, v)
+    for local in strategy.experimental_local_results(sparse_sum):
+        np.testing.assert_allclose(local.numpy(), expected, rtol=1e-6)
+    for local in strategy.experimental_local_results(dense_sum):
+        np.testing.assert_array_equal(local.numpy(), np.full([2, 2], 2.0))
+
+
+def test_sparse_as_dense_must_be_a_bool():
+    with pytest.raises(ValueError) as err:
+        FitOptions(sparse_as_dense=1)
+    assert str(err.value) == (
+        "`sparse_as_dense` must be True or False. Received: sparse_as_dense=1. "
+        "Use False (sparse gradients stay sparse) or True (densified, as Horovod's option)."
+    )
+
+
+def test_keras_optimizer_is_restored_after_replicas_traced_in_threads():
+    """MirroredStrategy traces each replica in its own thread; their blocks
+    overlap, and an unbalanced patch once leaked one run's `sparse_as_dense`
+    into the next model's trace."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    keras_sum = TFOptimizer._all_reduce_sum_gradients
+    _fit_two_replicas(FitOptions(steps_per_execution=4, sparse_as_dense=True), rows=64)
+    assert TFOptimizer._all_reduce_sum_gradients is keras_sum
