@@ -131,8 +131,9 @@ def call_rows_steps(per_replica_batch_size: int, row_bytes: int) -> int:
 
 def call_rows_bytes(plan: ShardPlan, row_bytes: int) -> int:
     """Device bytes a single replica's compiled calls hold for rows gathered
-    up front (`call_rows_steps` steps, at most an epoch's); 0 with several
-    replicas, whose calls gather step by step.
+    up front (`call_rows_steps` steps, at most an epoch's), counted in the
+    resident fit; 0 with several replicas, whose calls gather step by step
+    (as do streamed rows').
 
     Example:
         >>> from shardfeed._data.plan import plan_shards

@@ -23,7 +23,11 @@ tensor makes XLA recompile per chunk, so each call receives its own
 `[k, per_replica_batch_size]` slice of the epoch's index matrix and loops
 over the static `k`. With one replica and no communication the whole loop is
 one XLA cluster; otherwise only forward/backward is (strategies' merge calls
-and Horovod's CPU ops cannot be compiled).
+and Horovod's CPU ops cannot be compiled). That one-replica training call
+first gathers its steps' rows with TensorFlow's kernel, one gather per
+column (`_train_gathered`, up to `ResidentEpoch.steps_per_gather` steps at
+a time), and its XLA loop reads them contiguously: XLA's own gather cost
+more than the rest of W2's input per step (docs/performance.md).
 
 Memory. A traced training function outlives its `tf.function`: Keras'
 optimizer all-reduces gradients through `ReplicaContext.all_reduce`, whose
@@ -167,8 +171,12 @@ class Loop:
         }
         traced = self.traces
         # Our own step on one replica under XLA gathers a call's rows up front
-        # (`_train_gathered`); otherwise each step gathers its batch.
-        self.gathers_per_call = self.whole_loop_jit and not steps.train
+        # (`_train_gathered`; the memory counted for it is the resident
+        # dataset's: a streamed one's ring slots take the memory there);
+        # otherwise each step gathers its batch.
+        self.gathers_per_call = (
+            self.whole_loop_jit and not steps.train and not dataset.is_streaming
+        )
         self._train_chunk_fn = (
             traced.train_gathered if self.gathers_per_call else traced.train_chunk
         )
