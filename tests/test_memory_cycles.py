@@ -20,7 +20,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -178,7 +177,8 @@ def test_a_dropped_model_keeps_no_weights_alive(replicas, jit_compile):
     def fit_a_new_model():
         with scope():
             keras.utils.set_random_seed(0)
-            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+            layers = [keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+            model = keras.Sequential(layers)
             model.compile(optimizer="adam", loss="mse")
             dataset = ShardedResidentDataset(x, y, per_replica_batch_size=32, shuffle=False)
         options = FitOptions(jit_compile=jit_compile, steps_per_execution=2)
