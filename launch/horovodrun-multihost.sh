@@ -13,8 +13,11 @@
 #     ranks carry only mpirun's variables (no HOROVOD_RANK), so "auto" would
 #     pick MultiWorkerMirrored; call `shardfeed.init("horovod")` (for
 #     examples/train.py pass `--engine horovod`); with `--gloo` "auto" works;
-#   - add `--gloo` or `--mpi` to choose Horovod's controller (by default it
-#     uses MPI when Horovod was built with it);
+#   - CONTROLLER: Horovod's controller, `--gloo` or `--mpi` (empty: horovodrun
+#     picks MPI when Horovod was built with it, else Gloo); with `--gloo`
+#     no MPI is needed on the hosts;
+#   - NETWORK_INTERFACE: the interface the hosts reach each other on (e.g.
+#     eth0); empty: horovodrun probes every host for interfaces they share;
 #   - BINDING_ARGS: mpirun's process binding (MPI controller only); the
 #     default spells it as both Open MPI 4 and 5 accept.
 # Needs passwordless ssh from this host to the others.
@@ -32,7 +35,16 @@ SCRIPT=${SCRIPT:-examples/train.py}
 # none", exit 66). The double-dash spelling works with Open MPI 4 and 5;
 # horovodrun ignores it for MPICH, Intel MPI and --gloo.
 BINDING_ARGS=${BINDING_ARGS:---bind-to none --map-by slot}
+CONTROLLER=${CONTROLLER:-}
+NETWORK_INTERFACE=${NETWORK_INTERFACE:-}
+
+flags=(-np "$NUM_WORKERS" -H "$HOSTS" --binding-args="$BINDING_ARGS")
+if [ -n "$CONTROLLER" ]; then
+    flags+=("$CONTROLLER")
+fi
+if [ -n "$NETWORK_INTERFACE" ]; then
+    flags+=(--network-interface "$NETWORK_INTERFACE")
+fi
 
 # horovodrun prefixes every output line with the rank itself.
-exec horovodrun -np "$NUM_WORKERS" -H "$HOSTS" --binding-args="$BINDING_ARGS" \
-    "$PYTHON" "$SCRIPT" "$@"
+exec horovodrun "${flags[@]}" "$PYTHON" "$SCRIPT" "$@"

@@ -81,6 +81,8 @@ def main() -> int:
         "reads_at_load": np.array(loaded, dtype=np.int64).reshape(-1, 2),
         "reads_after_fit": np.array(len(reads) - len(loaded)),
         "exchanges": np.array(len(ds.exchange.reports) if ds.exchange else 0),
+        "rounds": np.array([r.rounds for r in ds.exchange.reports] if ds.exchange else []),
+        "traces": np.array([r.traces for r in ds.exchange.reports] if ds.exchange else []),
     }
     ids = np.arange(rows)
     for drop in (False, True):

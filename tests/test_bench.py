@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -18,10 +20,17 @@ from shardfeed._commands.bench import variants as _variants
 from shardfeed._commands.bench import workloads as _workloads
 from shardfeed._commands.cli import build_parser, main
 
+# The variants that run in the bench's own process; the Keras-on-JAX ones
+# (worker processes) have their own tests below.
+IN_PROCESS = [v for v in _variants.VARIANTS if v not in _variants.OTHER_BACKENDS]
+KERAS_ON_JAX = {"jax": "Keras on JAX, model.fit(numpy)", "jax-tuned": "Keras on JAX, "
+                "model.fit(numpy, tuned)"}
+
 
 @pytest.mark.slow
 def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
     argv = ["bench", "--workloads", "W2,W3", "--rows-scale", "0.0005", "--epochs", "1"]
+    argv += ["--variants", ",".join(IN_PROCESS)]
     assert main([*argv, "--out", str(tmp_path)]) == 0
 
     report = json.loads((tmp_path / "bench.json").read_text())
@@ -31,7 +40,7 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
     for workload in report["workloads"].values():
         assert workload["rows"] == _workloads.MIN_ROWS  # 0.0005 x rows is below two batches
         variants = workload["variants"]
-        assert list(variants) == list(_variants.VARIANTS)
+        assert list(variants) == IN_PROCESS
         for name, result in variants.items():
             assert len(result["epoch_s"]) == 1 and result["epoch_s"][0] > 0, name
             for key in (
@@ -62,10 +71,99 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
     assert markdown in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
+    """`jax` and `jax-tuned` train (the loss falls) in processes that run Keras on
+    JAX without TensorFlow, and their rows come out beside the floor's."""
+    python = os.environ.get("SHARDFEED_JAX_PYTHON")
+    if not python:
+        pytest.skip("no Keras-on-JAX venv: set SHARDFEED_JAX_PYTHON (.ci/setup makes .venv-jax)")
+    jax_version = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('jax'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    argv = ["bench", "--workloads", "W2", "--variants", "jax,jax-tuned,floor"]
+    argv += ["--rows-scale", "0.002", "--epochs", "2", "--out", str(tmp_path)]
+    argv += ["--jax-python", python]
+    assert main(argv) == 0
+
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["machine"]["jax"] == jax_version
+    variants = report["workloads"]["W2"]["variants"]
+    assert list(variants) == ["jax", "jax-tuned", "floor"]
+    for name, label in KERAS_ON_JAX.items():
+        result = variants[name]
+        assert result["label"] == label
+        assert len(result["epoch_s"]) == 2 and min(result["epoch_s"]) > 0, name
+        assert result["ratio_to_floor"] > 0 and result["warmup_s"] > 0, name
+        assert result["final_loss"] < 0.9 * result["first_epoch_loss"], name  # it trained
+        assert result["backend"] == "jax", name
+        assert result["backend_version"] == jax_version, name
+        assert result["tensorflow_imported"] is False, name
+    assert variants["jax"]["settings"] == {"steps_per_execution": 1, "jit_compile": True}
+    probe = variants["jax-tuned"]["probe"]
+    assert len(probe["configs"]) == len(_tuning.PROBE_SPE) * len(_tuning.PROBE_JIT)
+    best = min((c for c in probe["configs"] if c["ms_per_step"]), key=lambda c: c["ms_per_step"])
+    assert variants["jax-tuned"]["settings"] == {
+        "steps_per_execution": best["steps_per_execution"],
+        "jit_compile": best["jit_compile"],
+    }
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| Keras on JAX, model.fit(numpy) | spe=1, jit=True | " in markdown
+    assert "Tuning probe of Keras on JAX, model.fit(numpy, tuned) (3 epochs of 8 steps" in markdown
+    assert "W2 probe (jax) steps_per_execution=32" in capfd.readouterr().err  # the worker's
+
+
+def _fail_import_of_jax(tmp_path, monkeypatch, body: str) -> None:
+    """Puts a `jax` package that runs `body` on import first on the worker
+    processes' path: the import itself fails there, as without JAX."""
+    package = tmp_path / "path" / "jax"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(body)
+    entries = [str(tmp_path / "path"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(e for e in entries if e))
+
+
+def test_bench_says_why_keras_on_jax_is_skipped_when_jax_does_not_import(tmp_path, monkeypatch):
+    _fail_import_of_jax(tmp_path, monkeypatch, "raise ImportError('No module named jax (test)')")
+    argv = ["bench", "--workloads", "W2", "--variants", "jax,jax-tuned,floor"]
+    argv += ["--rows-scale", "0.0005", "--epochs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+
+    variants = json.loads((tmp_path / "bench.json").read_text())["workloads"]["W2"]["variants"]
+    reason = (
+        "jax is not importable in the worker process (ImportError: No module named jax "
+        '(test)); install it: pip install "shardfeed[jax]" (CPU JAX)'
+    )
+    for name, label in KERAS_ON_JAX.items():
+        assert variants[name] == {"label": label, "skipped": reason}
+    assert variants["floor"]["ratio_to_floor"] == 1.0  # the others still ran
+    markdown = (tmp_path / "bench.md").read_text()
+    assert f"| Keras on JAX, model.fit(numpy) | skipped: {reason} ||||||||" in markdown
+
+
+def test_bench_stops_with_the_status_of_a_worker_process_that_dies(tmp_path, monkeypatch):
+    _fail_import_of_jax(tmp_path, monkeypatch, "import os\nos._exit(3)")
+    argv = ["bench", "--workloads", "W2", "--variants", "jax,floor"]
+    argv += ["--rows-scale", "0.0005", "--epochs", "1", "--out", str(tmp_path)]
+    with pytest.raises(RuntimeError, match=r"The jax variant's worker process \(shardfeed"
+                       r"\._commands\.bench\.backend_worker, KERAS_BACKEND=jax\) exited with "
+                       r"status 3 before replying"):
+        main(argv)
+
+
 def test_bench_flags_accept_letters_and_reject_unknown_names(capsys):
     parser, _ = build_parser()
     args = parser.parse_args(["bench", "--variants", "a,shardfeed,e", "--workloads", "w3"])
     assert args.variants == ["numpy", "shardfeed", "floor"]
+    issue = parser.parse_args(["bench", "--variants", "numpy,tuned,jax,jax-tuned,shardfeed,floor"])
+    assert issue.variants == ["numpy", "tuned", "jax", "jax-tuned", "shardfeed", "floor"]
+    assert parser.parse_args(["bench", "--variants", "g,h,f"]).variants == [
+        "jax",
+        "jax-tuned",
+        "streaming",
+    ]
+    assert parser.parse_args(["bench"]).variants == list(_variants.VARIANTS)  # jax ones too
     assert args.workloads == ["W3"]
     assert args.epochs == 3 and args.rows_scale == 1.0  # full size unless asked
     with pytest.raises(SystemExit):

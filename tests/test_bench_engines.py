@@ -138,6 +138,9 @@ def test_shuffles_table_reports_the_exchange_beside_local_and_replicate():
             "results": [
                 {"placement": "shard", "shuffle": True, "bytes_sent_per_replica": 5_000_000,
                  "bytes_per_replica": 7_000_000, **row},
+                {"placement": "shard", "shuffle": True, "bytes_sent_per_replica": 5_000_000,
+                 "bytes_per_replica": 6_100_000, **row, "exchange_s": 0.9,
+                 "exchange_buffer_bytes": 2**20, "rounds": 19},
                 {"placement": "shard", "shuffle": "local", "bytes_sent_per_replica": 0,
                  "bytes_per_replica": 6_000_000, **row, "exchange_s": 0.0, "gb_per_s": 0.0,
                  "exchange_share": 0.0},
@@ -153,6 +156,10 @@ def test_shuffles_table_reports_the_exchange_beside_local_and_replicate():
         "### Shuffles: W2 model, 1,000 rows, per-replica batch 256, median of 2 epochs"
     )
     assert table[4] == "| mirrored2 | shard, global | 2.000 | 5.00 | 0.500 | 0.01 | 25% | 7.00 |"
-    assert table[5] == "| mirrored2 | shard, local | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 6.00 |"
-    assert table[6] == "| mirrored2 | replicate | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 12.00 |"
-    assert table[7] == "| multiworker2 | skipped: failed (exit 1): boom ||||||"
+    assert table[5] == (  # the same exchange in many rounds
+        "| mirrored2 | shard, global, 1 MiB buffer (19 rounds) | 2.000 | 5.00 | 0.900 | 0.01 "
+        "| 25% | 6.10 |"
+    )
+    assert table[6] == "| mirrored2 | shard, local | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 6.00 |"
+    assert table[7] == "| mirrored2 | replicate | 2.000 | 0.00 | 0.000 | 0.00 | 0% | 12.00 |"
+    assert table[8] == "| multiworker2 | skipped: failed (exit 1): boom ||||||"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from _helpers import mirrored_strategy
 from keras import layers
 
 import shardfeed
@@ -59,6 +60,44 @@ def test_validation_split_takes_the_last_rows_as_keras_does():
     # A second fit reuses the split datasets (no second upload).
     again = fit_args.split_validation(ds, 0.25)
     assert again == fit_args.split_validation(ds, 0.25)
+
+
+def test_validation_split_lets_go_of_the_whole_while_the_parts_are_held():
+    x, y = _data()
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, shuffle=False)
+    model = _classifier()
+    before = shardfeed.evaluate(model, ds, return_dict=True)
+    whole = ds.nbytes_on_device
+    opened = ds.epoch(0)
+    training, validation = fit_args.split_validation(ds, 0.25)
+    # The devices hold the two parts, not the whole as well.
+    assert ds.nbytes_on_device == 0
+    assert training.nbytes_on_device + validation.nbytes_on_device == whole
+    assert opened.closed  # its order and handles were the whole's
+    assert "let go of by `split`" in ds.describe()
+    # Used again, the whole loads its rows again from its sources.
+    assert shardfeed.evaluate(model, ds, return_dict=True) == before
+    assert ds.nbytes_on_device == whole
+
+
+@pytest.mark.multi_device
+def test_a_split_dataset_loads_its_global_order_again():
+    x, _ = _data(rows=203)
+    ids = np.arange(203, dtype="int32")  # row ids as the "labels": which rows a step took
+    with mirrored_strategy(2).scope():
+        ds = ShardedResidentDataset(x, ids, per_replica_batch_size=8, seed=0)
+    assert ds.exchange is not None  # the global order moves sharded rows each epoch
+
+    def steps(epoch):
+        strategy = ds.world.strategy
+        return [
+            [t.numpy().tolist() for t in strategy.experimental_local_results(batch.y)]
+            for _, batch in ds.epoch(epoch)
+        ]
+
+    expected = [steps(0), steps(1)]
+    fit_args.split_validation(ds, 0.25)
+    assert [steps(0), steps(1)] == expected
 
 
 @pytest.mark.parametrize(

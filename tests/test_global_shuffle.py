@@ -96,6 +96,8 @@ def test_sharded_global_order_trains_as_replicated_and_as_one_replica(replicas):
     reports = ds.exchange.reports
     assert [r.epoch for r in reports] == [0, 1, 2]
     assert all(r.rounds > 1 and min(r.rows_sent) > 0 for r in reports)
+    # Packing and unpacking are traced once, in the first exchange, not per round.
+    assert [r.traces for r in reports] == [2, 0, 0]
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])

@@ -164,6 +164,21 @@ def test_streamed_labels_are_checked():
     assert str(err.value) == _range_error(3, "0 to 3")
 
 
+def test_label_stats_take_the_targets_place_in_y():
+    kind, size = np.arange(ROWS) % 5, np.full(ROWS, 2.5, "float32")
+    ds = ShardedResidentDataset(
+        _x(), {"kind": kind, "size": size}, per_replica_batch_size=20, shuffle=False
+    )
+    np.testing.assert_array_equal(ds.label_stats(("kind",))[0], [0, 4, 0])
+    np.testing.assert_array_equal(ds.label_stats(("size",))[0], [2.5, 2.5, 1])
+    with pytest.raises(ValueError) as err:
+        ds.label_stats(("kind", 0))
+    assert str(err.value) == (
+        "`target` must lead to one array of `y`. Received: target=('kind', 0). "
+        "Pass the keys and positions of one leaf of `element_spec.y`."
+    )
+
+
 @pytest.mark.multi_device
 def test_a_bad_label_on_one_replica_stops_every_replica():
     tf.distribute.MirroredStrategy._collective_key_base += 100_000  # see test_mirrored
@@ -173,7 +188,7 @@ def test_a_bad_label_on_one_replica_stops_every_replica():
     with strategy.scope():
         model = _classifier()
         ds = ShardedResidentDataset(_x(), labels, per_replica_batch_size=20, shuffle=False)
-    assert ds.label_stats(ds.columns.y)[0][1] == 2  # replica 0's rows are fine
+    assert ds.label_stats()[0][1] == 2  # replica 0's rows are fine
     with pytest.raises(ValueError) as err:
         shardfeed.fit(model, ds, verbose=0)
     assert str(err.value) == _range_error(3, "0 to 3")

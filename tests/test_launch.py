@@ -24,7 +24,7 @@ import pytest
 
 from shardfeed import _launch
 from shardfeed._common.ports import PortReservation, free_port
-from shardfeed._launch import cli, delegate, local, netns, process
+from shardfeed._launch import cli, delegate, local, multihost, netns, process
 from shardfeed._launch import lines as lines_module
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
@@ -887,3 +887,173 @@ def test_progress_redraws_keep_the_rank_prefix(script):
     out = fake.stdout.getvalue()
     assert b"[rank 0] 1/2\r[rank 0] 2/2\r\n[rank 0] done\n" in out
     assert b"[rank 1] x\r\n" in out
+
+
+# -- several hosts (--hosts, --host-index) -----------------------------------------------------
+
+# Private addresses no interface of the test machine holds (the two-host tests
+# give them to namespaces): no entry is local here, so the index is taken as given.
+TWO_HOSTS = "10.231.0.1,10.231.0.2"
+
+
+@pytest.mark.parametrize(
+    "hosts, num_workers, per_host",
+    [
+        (TWO_HOSTS, 2, (1, 1)),  # one worker each
+        (TWO_HOSTS, 4, (2, 2)),  # split evenly
+        ("10.231.0.1:3, 10.231.0.2:1", 4, (3, 1)),  # counts per host, spaces allowed
+        (["node1:1", "node2:2"], 3, (1, 2)),  # a sequence, as the Python API takes it
+    ],
+)
+def test_parse_hosts_layouts(hosts, num_workers, per_host):
+    layout = multihost.parse_hosts(hosts, num_workers)
+    assert layout.workers_per_host == per_host
+    assert layout.num_workers == num_workers
+
+
+def test_host_layout_ranks_and_ports_go_host_by_host():
+    layout = multihost.parse_hosts("a:2,b:3", 5, port_base=9000)
+    assert layout.addresses() == ["a:9000", "a:9001", "b:9000", "b:9001", "b:9002"]
+    assert (list(layout.ranks(0)), list(layout.ranks(1))) == ([0, 1], [2, 3, 4])
+
+
+@pytest.mark.parametrize(
+    "hosts, num_workers, port_base, pinned",
+    [
+        ("a,a", 2, None, "Each host appears once in `--hosts` (its workers get consecutive ranks "
+         "and ports). Received: hosts='a,a', num_workers=2 (repeated: a)."),
+        ("a,b", 3, None, "Without worker counts in `--hosts`, `--num-workers` must split evenly "
+         "over the hosts. Received: hosts='a,b', num_workers=3. Give each host its count"),
+        ("a:2,b:2", 3, None, "they add up to `--num-workers`. Received: hosts='a:2,b:2', "
+         "num_workers=3."),
+        ("a:2,b", 3, None, "every host has a positive count"),  # counts on some entries only
+        ("a:0,b:2", 2, None, "every host has a positive count"),
+        ("a,,b", 2, None, "Each `--hosts` entry is `host` or `host:workers`"),
+        ("fe80::1,b", 2, None, "(IPv6 literals are not accepted: name the host)"),
+        ("a,b", 2, 65535, "Received: port_base=65535, workers per host=1."),  # 65535 + 0 ok
+        ("a:2,b:1", 3, 65535, "Received: port_base=65535, workers per host=2."),
+        ("a,b", 2, 0, "Received: port_base=0,"),
+    ],
+)
+def test_parse_hosts_refuses(hosts, num_workers, port_base, pinned):
+    if port_base == 65535 and "a,b" == hosts:
+        assert multihost.parse_hosts(hosts, num_workers, port_base).port_base == 65535
+        return
+    with pytest.raises(ValueError) as info:
+        multihost.parse_hosts(hosts, num_workers, port_base)
+    assert pinned in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pinned",
+    [
+        ({"isolate_network": True, "host_index": 0},
+         "A multi-host job's workers must reach the other hosts, which a private network "
+         "namespace (holding only loopback) cannot. Received: isolate_network=True, "
+         f"hosts='{TWO_HOSTS}'. Drop `--isolate-network on`"),
+        ({}, "A multi-host job needs `host_index`: this host's position in `hosts`, from 0. "
+         "Received: host_index=None, hosts=10.231.0.1,10.231.0.2."),
+        ({"host_index": 2}, "Received: host_index=2,"),
+        ({"host_index": True}, "Received: host_index=True,"),
+        ({"host_index": 0, "engine": "mpi"}, "horovodrun and mpirun take their own host lists. "
+         f"Received: engine='mpi', hosts='{TWO_HOSTS}'."),
+    ],
+)
+def test_launch_options_multihost_refusals(kwargs, pinned):
+    with pytest.raises(ValueError) as info:
+        _launch.LaunchOptions(num_workers=2, hosts=TWO_HOSTS, **kwargs)
+    assert pinned in str(info.value)
+
+
+def test_host_index_without_hosts_is_refused():
+    with pytest.raises(ValueError, match=r"Received: host_index=1, port_base=None, hosts=None\."):
+        _launch.LaunchOptions(num_workers=2, host_index=1)
+
+
+def test_multihost_starts_this_hosts_ranks_with_the_whole_cluster(script):
+    port = free_port("")
+    fake = FakeSystem(network=FakeNetwork())
+    code = _launch.run(
+        script, num_workers=3, hosts="10.231.0.1:1,10.231.0.2:2", host_index=1, port_base=port,
+        startup_timeout_s=45.0, env={"KEEP": "1"}, system=fake.system,
+    )
+    assert code == 0
+    assert fake.network_calls == []  # other hosts must be reachable: no private namespace
+    cluster = [f"10.231.0.1:{port}", f"10.231.0.2:{port}", f"10.231.0.2:{port + 1}"]
+    assert len(fake.processes) == 2  # this host's two ranks only
+    for local_rank, proc in enumerate(fake.processes):
+        rank = local_rank + 1
+        assert proc.argv == [PYTHON, script]
+        assert proc.kwargs["start_new_session"] is True
+        env = proc.env
+        assert json.loads(env["TF_CONFIG"]) == {
+            "cluster": {"worker": cluster}, "task": {"type": "worker", "index": rank}
+        }
+        assert (env["SHARDFEED_RANK"], env["SHARDFEED_WORLD_SIZE"]) == (str(rank), "3")
+        assert (env["SHARDFEED_LOCAL_RANK"], env["SHARDFEED_LOCAL_SIZE"]) == (str(local_rank), "2")
+        assert env["SHARDFEED_STARTUP_TIMEOUT_S"] == "45"  # bounds the wait for other hosts
+        assert env["KEEP"] == "1" and os.path.isabs(env["SHARDFEED_READY_DIR"])
+    (note,) = fake.messages().splitlines()  # one line: what this job exposes
+    assert note.startswith(
+        "shardfeed launch: this multi-host job's TensorFlow servers listen on every interface "
+        f"of their hosts (port of each: worker 0 at 10.231.0.1:{port}, worker 1 at "
+        f"10.231.0.2:{port}, worker 2 at 10.231.0.2:{port + 1}) and are unauthenticated"
+    )
+    # Output is tagged with the global rank.
+    fake2 = FakeSystem({0: {"out": b"hi\n"}})
+    _launch.run(script, num_workers=2, hosts=TWO_HOSTS, host_index=1, port_base=port,
+                system=fake2.system)
+    assert fake2.stdout.getvalue() == b"[rank 1] hi\n"
+
+
+def test_multihost_startup_watch_names_global_ranks(script):
+    # Host 1 runs ranks 2 and 3: rank 2 reached shardfeed.init(), rank 3 never does.
+    fake = FakeSystem(
+        {0: {"exit_after_s": None, "stages": ("arrived",)}, 1: {"exit_after_s": None}}
+    )
+    code = _launch.run(
+        script, num_workers=4, hosts=TWO_HOSTS, host_index=1, port_base=free_port(""),
+        startup_timeout_s=0.05, grace_s=30, system=fake.system,
+    )
+    assert code == 124
+    text = fake.messages()
+    assert "worker rank(s) 3 did not reach shardfeed.init() within 0.05 s" in text
+    assert "rank(s) 2 wait for them in it" in text
+    assert "worker rank(s) 2 sat in shardfeed.init()'s strategy set-up" in text
+    assert (fake.processes[0].pid, signal.SIGKILL) in fake.signals
+
+
+def test_multihost_port_in_use_is_named_before_anything_starts(script, capsys):
+    with PortReservation(1, "") as held:
+        port = held.ports[0]
+        args = _parse(["-n", "2", "--hosts", TWO_HOSTS, "--host-index", "0",
+                       "--port-base", str(port), script])
+        assert cli.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"shardfeed launch: error: Port {port} of worker rank 0 is in use on this host"
+    )
+    assert "or pass the same other `--port-base` on every host." in err
+
+
+def test_multihost_refuses_loopback_and_unresolvable_hosts(script):
+    loopback = r"never by a loopback address\. .*\(loopback: 127\.0\.0\.1\)"
+    with pytest.raises(ValueError, match=loopback):
+        _launch.run(script, num_workers=2, hosts="127.0.0.1,10.231.0.2", host_index=1,
+                    system=FakeSystem().system)
+    with pytest.raises(ValueError, match=r"'no-such-host\.invalid' does not resolve"):
+        _launch.run(script, num_workers=2, hosts="10.231.0.1,no-such-host.invalid", host_index=0,
+                    port_base=free_port(""), system=FakeSystem().system)
+
+
+def test_cli_multihost_flags(script, capsys):
+    args = _parse(["-n", "4", "--hosts", "a:3,b:1", "--host-index", "1", "--port-base", "9000",
+                   "python", "t.py", "--x"])
+    assert (args.hosts, args.host_index, args.port_base) == ("a:3,b:1", 1, 9000)
+    assert args.script_args == ["t.py", "--x"]
+    on = _parse(["-n", "2", "--hosts", TWO_HOSTS, "--host-index", "0", "--isolate-network", "on",
+                 script])
+    assert cli.run(on) == 2
+    assert "which a private network namespace (holding only loopback) cannot" in (
+        capsys.readouterr().err
+    )

@@ -19,13 +19,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
-RECIPES = ["slurm.sbatch", "mpirun-hostfile.sh", "horovodrun-multihost.sh", "local-multiworker.sh"]
+RECIPES = [
+    "slurm.sbatch",
+    "mpirun-hostfile.sh",
+    "horovodrun-multihost.sh",
+    "local-multiworker.sh",
+    "multihost-launch.sh",
+]
 EXAMPLE_SCRIPT = "examples/train.py"
 
 
 def test_recipe_set_is_complete():
     present = sorted(p.name for p in LAUNCH.iterdir())
-    assert present == sorted([*RECIPES, "hostfile.example"])
+    assert present == sorted([*RECIPES, "hostfile.example", "README.md"])
+    readme = (LAUNCH / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in RECIPES)  # each recipe is described
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to check shell syntax")
@@ -75,6 +83,21 @@ def test_mpirun_recipe_hostfile_example_exists():
 def test_local_recipe_uses_shardfeed_launch():
     text = (LAUNCH / "local-multiworker.sh").read_text()
     assert 'shardfeed launch --num-workers "$NUM_WORKERS"' in text
+
+
+def test_multihost_recipe_runs_shardfeed_launch_with_this_hosts_index():
+    text = (LAUNCH / "multihost-launch.sh").read_text()
+    assert 'launch --num-workers "$NUM_WORKERS" --hosts "$HOSTS"' in text
+    assert '--host-index "$HOST_INDEX"' in text
+    # Without HOST_INDEX it stops before starting anything, saying what to set
+    # (two hosts that both default to 0 would both claim the chief's rank).
+    env = {k: v for k, v in os.environ.items() if k != "HOST_INDEX"}
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "multihost-launch.sh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert result.returncode == 1
+    assert "HOST_INDEX: set HOST_INDEX to the position of this host in HOSTS" in result.stderr
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ of the interrupted epoch was used exactly once across the preemption.
 
 from __future__ import annotations
 
+import json
+import shutil
 import warnings
 
 import keras
@@ -411,3 +413,354 @@ def test_replicas_in_sync_pass_the_check_and_it_can_be_turned_off():
     )
     with pytest.raises(ValueError, match="`sync_check` must be True, False or an integer"):
         FitOptions(sync_check=0)
+
+
+# -- the state file is checked, not trusted ------------------------------------
+#
+# One interrupted run (600 rows, global batch 50: 12 steps per epoch; backed up
+# at epoch 1, step 8; preempted after step 10) is copied per probe, its
+# `shardfeed_state.json` edited as a hostile or unlucky user would, and the
+# resume must refuse it before any step, naming the file and the field.
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    backup = tmp_path_factory.mktemp("interrupted") / "backup"
+    with pytest.raises(KeyboardInterrupt):
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup), save_freq=4), Preempt(1, 9)])
+    return backup
+
+
+def _backup_copy(interrupted, tmp_path):
+    backup = tmp_path / "backup"
+    shutil.copytree(interrupted, backup, symlinks=True)
+    return backup
+
+
+def _state(**changes):
+    """An edit of the state file's `state` object: dotted names, `None` to delete."""
+
+    def edit(backup):
+        path = backup / "shardfeed_state.json"
+        saved = json.loads(path.read_text())
+        for name, value in changes.items():
+            *parents, leaf = ["state", *name.split("__")]
+            obj = saved
+            for p in parents:
+                obj = obj[p]
+            if value is _DELETE:
+                del obj[leaf]
+            else:
+                obj[leaf] = value
+        path.write_text(json.dumps(saved))
+
+    return edit
+
+
+_DELETE = object()
+
+
+def _write(data):
+    def edit(backup):
+        (backup / "shardfeed_state.json").write_bytes(data(backup))
+
+    return edit
+
+
+def _weights(name):
+    """Points `weights` at a copy of the weights file outside the backup."""
+
+    def edit(backup):
+        outside = backup.parent / "outside"
+        outside.mkdir()
+        shutil.copy(next(backup.glob("ckpt-*.weights.h5")), outside / "ckpt-0.weights.h5")
+        path = backup / "shardfeed_state.json"
+        saved = json.loads(path.read_text())
+        saved["weights"] = name.format(outside=outside)
+        path.write_text(json.dumps(saved))
+
+    return edit
+
+
+def _linked(which):
+    """Moves the state file or the weights file it names out of the backup,
+    leaving a symlink to it in its place."""
+
+    def edit(backup):
+        name = "shardfeed_state.json"
+        if which == "weights":
+            name = json.loads((backup / name).read_text())["weights"]
+        shutil.move(backup / name, backup.parent / name)
+        (backup / name).symlink_to(backup.parent / name)
+
+    return edit
+
+
+STATE_PROBES = [
+    pytest.param(_state(cursor__step=10**12), id="step 10**12"),  # skipped the epoch's rest
+    pytest.param(_state(cursor__step=-5), id="step -5"),  # retrained the whole epoch
+    pytest.param(_state(cursor__step=13), id="step past the epoch"),
+    pytest.param(_state(cursor__step=8.0), id="step 8.0"),
+    pytest.param(_state(cursor__epoch=-1), id="epoch -1"),  # four epochs in the history
+    pytest.param(_state(cursor__data_epoch=5), id="another data_epoch"),  # another row order
+    pytest.param(_state(cursor__data_step=3), id="another data_step"),
+    pytest.param(_state(loss_sum=float("nan")), id="loss_sum NaN"),
+    pytest.param(_state(loss_sum=1e308), id="loss_sum 1e308"),
+    pytest.param(_state(loss_rows=-400), id="loss_rows negative"),
+    pytest.param(_state(loss_rows=7), id="loss_rows not the steps' rows"),
+    pytest.param(  # was in the resumed epoch's `mae`
+        _state(metrics=[0.0, 0.0, float("nan"), 400.0, [400.0, 123675.0, 50075793.0]]),
+        id="metrics NaN",
+    ),
+    pytest.param(_state(metrics=[0.0, 0.0, 1.0, 1.0, [1.0]]), id="metric of another shape"),
+    pytest.param(_state(steps_per_epoch=0), id="steps_per_epoch 0"),
+    pytest.param(_state(shuffle=1), id="shuffle 1"),
+    pytest.param(_state(global_batch_size=49, num_replicas=2), id="batch not a multiple"),
+    pytest.param(_state(format=2), id="format 2"),
+    pytest.param(_state(loss_rows=_DELETE), id="missing field"),
+    pytest.param(_state(extra=1), id="unknown field"),
+    pytest.param(_state(cursor="x"), id="cursor not an object"),
+    pytest.param(_weights("{outside}/ckpt-0.weights.h5"), id="weights absolute"),
+    pytest.param(_weights("../outside/ckpt-0.weights.h5"), id="weights ../"),
+    pytest.param(_linked("weights"), id="weights a symlink"),
+    pytest.param(_linked("state"), id="state file a symlink"),
+    pytest.param(_write(lambda b: (b / "shardfeed_state.json").read_bytes()[:40]), id="truncated"),
+    pytest.param(_write(lambda b: b""), id="empty"),
+    pytest.param(_write(lambda b: b"\xff\xfe garbage \x00"), id="garbage"),
+    pytest.param(_write(lambda b: b'{"state": {}}'), id="no weights"),
+    pytest.param(_write(lambda b: b"[1, 2]"), id="not an object"),
+]
+
+
+@pytest.mark.parametrize("edit", STATE_PROBES)
+def test_a_resume_state_is_checked_before_any_step(interrupted, tmp_path, edit, request):
+    """Each edit ran before (skipped or retrained steps, logged edited totals,
+    loaded weights from outside the backup) or raised a bare JSONDecodeError /
+    UnicodeDecodeError / KeyError / TypeError; now the resume is refused
+    before any step, naming the file and the field."""
+    backup = _backup_copy(interrupted, tmp_path)
+    edit(backup)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup)), record])
+    assert not seen
+    text = str(err.value).replace(str(backup), "BACKUP").replace(str(tmp_path), "TMP")
+    assert text == STATE_ERRORS[request.node.callspec.id]
+
+
+FIX = (
+    "Resume from the backup directory as `fit` wrote it (the file was edited, damaged or "
+    "comes from another run), or delete the directory to start afresh."
+)
+STATE_ERRORS = {
+    "step 10**12": (
+        "A shardfeed resume state's `cursor.step` must be in [0, 12]: fit epoch 1 is "
+        "steps [0, 12) of pass 1 over the data (12 steps per pass, "
+        "steps_per_epoch=None). Received: BACKUP/shardfeed_state.json: "
+        "state.cursor.epoch=1, state.cursor.step=1000000000000. "
+    ) + FIX,
+    "step -5": (
+        "A shardfeed resume state's `cursor.step` must be an integer >= 0. Received: "
+        "BACKUP/shardfeed_state.json: state.cursor.step=-5. "
+    ) + FIX,
+    "step past the epoch": (
+        "A shardfeed resume state's `cursor.step` must be in [0, 12]: fit epoch 1 is "
+        "steps [0, 12) of pass 1 over the data (12 steps per pass, "
+        "steps_per_epoch=None). Received: BACKUP/shardfeed_state.json: "
+        "state.cursor.epoch=1, state.cursor.step=13. "
+    ) + FIX,
+    "step 8.0": (
+        "A shardfeed resume state's `cursor.step` must be an integer >= 0. Received: "
+        "BACKUP/shardfeed_state.json: state.cursor.step=8.0. "
+    ) + FIX,
+    "epoch -1": (
+        "A shardfeed resume state's `cursor.epoch` must be an integer >= 0. Received: "
+        "BACKUP/shardfeed_state.json: state.cursor.epoch=-1. "
+    ) + FIX,
+    "another data_epoch": (
+        "A shardfeed resume state's `cursor.data_epoch` and `cursor.data_step` must be "
+        "where the fit's cursor lies in the data, pass 1 step 8 (fit epoch 1 is steps "
+        "[0, 12) of pass 1 over the data (12 steps per pass, steps_per_epoch=None); the "
+        "pass seeds the order). Received: BACKUP/shardfeed_state.json: "
+        "state.cursor.data_epoch=5, state.cursor.data_step=8 (state.cursor.epoch=1, "
+        "state.cursor.step=8). "
+    ) + FIX,
+    "another data_step": (
+        "A shardfeed resume state's `cursor.data_epoch` and `cursor.data_step` must be "
+        "where the fit's cursor lies in the data, pass 1 step 8 (fit epoch 1 is steps "
+        "[0, 12) of pass 1 over the data (12 steps per pass, steps_per_epoch=None); the "
+        "pass seeds the order). Received: BACKUP/shardfeed_state.json: "
+        "state.cursor.data_epoch=1, state.cursor.data_step=3 (state.cursor.epoch=1, "
+        "state.cursor.step=8). "
+    ) + FIX,
+    "loss_sum NaN": (
+        "A shardfeed resume state's `loss_sum` must be a finite number (the epoch's "
+        "running loss: a run whose loss was not finite cannot be continued). Received: "
+        "BACKUP/shardfeed_state.json: state.loss_sum=nan. "
+    ) + FIX,
+    "loss_sum 1e308": (
+        "A shardfeed resume state's `loss_sum` must be at most float32's largest value "
+        "(3.4e+38) per counted row in magnitude. Received: BACKUP/shardfeed_state.json: "
+        "state.loss_sum=1e+308, state.loss_rows=400. "
+    ) + FIX,
+    "loss_rows negative": (
+        "A shardfeed resume state's `loss_rows` must be an integer >= 0. Received: "
+        "BACKUP/shardfeed_state.json: state.loss_rows=-400. "
+    ) + FIX,
+    "loss_rows not the steps' rows": (
+        "A shardfeed resume state's `loss_rows` must be the rows of the 8 step(s) done "
+        "(351 to 400 with a global batch of 50; 0 under a model's own `train_step`). "
+        "Received: BACKUP/shardfeed_state.json: state.loss_rows=7, state.cursor.step=8, "
+        "state.global_batch_size=50. "
+    ) + FIX,
+    "metrics NaN": (
+        "A shardfeed resume state's `metrics` must be a list of the metric variables' "
+        "values (finite numbers or nested lists of them). Received: "
+        "BACKUP/shardfeed_state.json: state.metrics=[0.0, 0.0, nan, 400.0, [400.0, 123675.0, "
+        "50075793.0]]. "
+    ) + FIX,
+    "metric of another shape": (
+        "A shardfeed resume state's `metrics[4]` must hold the value of metric variable "
+        "'rows/stats', of shape (3,). Received: BACKUP/shardfeed_state.json: "
+        "state.metrics[4]=[1.0]. "
+    ) + FIX,
+    "steps_per_epoch 0": (
+        "A shardfeed resume state's `steps_per_epoch` must be an integer >= 1. "
+        "Received: BACKUP/shardfeed_state.json: state.steps_per_epoch=0. "
+    ) + FIX,
+    "shuffle 1": (
+        "A shardfeed resume state's `shuffle` must be true, false or \"local\". Received: "
+        "BACKUP/shardfeed_state.json: state.shuffle=1. "
+    ) + FIX,
+    "batch not a multiple": (
+        "A shardfeed resume state's `global_batch_size` must be a multiple of "
+        "`num_replicas` (replicas x per-replica batch). Received: "
+        "BACKUP/shardfeed_state.json: state.global_batch_size=49, state.num_replicas=2. "
+    ) + FIX,
+    "format 2": (
+        "A shardfeed resume state must have format 1. Received: "
+        "BACKUP/shardfeed_state.json: state.format=2. Resume with the shardfeed version "
+        "that wrote it, or start afresh."
+    ),
+    "missing field": (
+        "A shardfeed resume state must have exactly the fields shardfeed writes. "
+        "Received: BACKUP/shardfeed_state.json: missing state.loss_rows. "
+    ) + FIX,
+    "unknown field": (
+        "A shardfeed resume state must have exactly the fields shardfeed writes. "
+        "Received: BACKUP/shardfeed_state.json: unknown state.extra. "
+    ) + FIX,
+    "cursor not an object": (
+        "A shardfeed resume state's `cursor` must be a JSON object. Received: "
+        "BACKUP/shardfeed_state.json: state.cursor='x'. "
+    ) + FIX,
+    "weights absolute": (
+        "A shardfeed backup's shardfeed_state.json must name one of the weights files "
+        "this backup writes ('ckpt-0.weights.h5' or 'ckpt-1.weights.h5', in the backup "
+        "directory). Received: BACKUP/shardfeed_state.json: "
+        "weights='TMP/outside/ckpt-0.weights.h5'. "
+    ) + FIX,
+    "weights ../": (
+        "A shardfeed backup's shardfeed_state.json must name one of the weights files "
+        "this backup writes ('ckpt-0.weights.h5' or 'ckpt-1.weights.h5', in the backup "
+        "directory). Received: BACKUP/shardfeed_state.json: "
+        "weights='../outside/ckpt-0.weights.h5'. "
+    ) + FIX,
+    "weights a symlink": (
+        "A shardfeed backup's shardfeed_state.json must name a regular weights file "
+        "(not a link). Received: BACKUP/shardfeed_state.json: "
+        "weights='ckpt-0.weights.h5': BACKUP/ckpt-0.weights.h5 is a symbolic link. "
+    ) + FIX,
+    "state file a symlink": (
+        "A shardfeed backup's shardfeed_state.json must be a regular file, not a link. "
+        "Received: BACKUP/shardfeed_state.json: cannot be opened without following "
+        "links ([Errno 40] Too many levels of symbolic links: "
+        "'BACKUP/shardfeed_state.json'). "
+    ) + FIX,
+    "truncated": (
+        "A shardfeed backup's shardfeed_state.json must be JSON. Received: "
+        "BACKUP/shardfeed_state.json: Expecting ':' delimiter: line 1 column 41 (char "
+        "40). "
+    ) + FIX,
+    "empty": (
+        "A shardfeed backup's shardfeed_state.json must be JSON. Received: "
+        "BACKUP/shardfeed_state.json: Expecting value: line 1 column 1 (char 0). "
+    ) + FIX,
+    "garbage": (
+        "A shardfeed backup's shardfeed_state.json must be UTF-8 JSON. Received: "
+        "BACKUP/shardfeed_state.json: 'utf-8' codec can't decode byte 0xff in position "
+        "0: invalid start byte. "
+    ) + FIX,
+    "no weights": (
+        "A shardfeed backup's shardfeed_state.json must be a JSON object with the "
+        "fields \"weights\" and \"state\". Received: BACKUP/shardfeed_state.json: "
+        "fields=['state']. "
+    ) + FIX,
+    "not an object": (
+        "A shardfeed backup's shardfeed_state.json must be a JSON object with the "
+        "fields \"weights\" and \"state\". Received: BACKUP/shardfeed_state.json: "
+        "type=list. "
+    ) + FIX,
+}
+
+
+def test_steps_per_epoch_on_resume_is_the_fits_own_or_refused(interrupted, tmp_path):
+    """Keras' `BackupAndRestore` resumes with `fit`'s own arguments. The
+    checkpoint's epochs are one pass each: `steps_per_epoch=5` would split
+    them otherwise, so it is refused, naming both values (it was silently
+    replaced by the checkpoint's None)."""
+    backup = _backup_copy(interrupted, tmp_path)
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))], steps_per_epoch=5)
+    assert str(err.value).replace(str(backup), "BACKUP") == (
+        "A resumed fit must split the data into the checkpoint's epochs: its cursor and the "
+        "epoch's running loss and metrics count epochs of the checkpoint's `steps_per_epoch`, "
+        "and `fit` keeps the `steps_per_epoch` it is given (as Keras' `BackupAndRestore` "
+        "does). Received: steps_per_epoch=5; BACKUP/shardfeed_state.json: "
+        "state.steps_per_epoch=None (12 steps per pass over the data). Leave "
+        "`steps_per_epoch` out as the interrupted run did, or delete the backup directory to "
+        "start afresh with the new epochs."
+    )
+
+
+def test_steps_per_epoch_that_gives_the_same_epochs_is_honoured(interrupted, tmp_path):
+    """`steps_per_epoch=100` on 12-step passes gives the checkpoint's one-pass
+    epochs: the fit keeps its own value (Keras' `params["steps"]` and its
+    "ran out of data" warning, once per epoch), and the interrupted epoch
+    still uses every row once."""
+    backup = _backup_copy(interrupted, tmp_path)
+    (_, hist), warned = _ran_out_warnings(
+        _fit, 1, 50, [keras.callbacks.BackupAndRestore(str(backup))], steps_per_epoch=100
+    )
+    assert hist.params["steps"] == 100
+    assert warned == 2
+    _assert_every_row_once(hist)
+
+
+@pytest.mark.parametrize("swap", ["another file", "a symlink"])
+def test_weights_swapped_after_the_check_are_not_loaded(interrupted, tmp_path, swap):
+    """The weights file is checked when the backup is read and loaded from
+    that very file (device and inode) without following links: one replaced
+    in between (here by a callback that runs first) is refused."""
+    backup = _backup_copy(interrupted, tmp_path)
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+
+    def replace(logs=None):
+        shutil.copy(weights, tmp_path / "other.weights.h5")
+        weights.unlink()
+        if swap == "a symlink":
+            weights.symlink_to(tmp_path / "other.weights.h5")
+        else:
+            shutil.move(tmp_path / "other.weights.h5", weights)
+
+    first = keras.callbacks.LambdaCallback(on_train_begin=replace)
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [first, keras.callbacks.BackupAndRestore(str(backup))])
+    text = str(err.value).replace(str(backup), "BACKUP")
+    assert text.startswith(
+        "A shardfeed backup's shardfeed_state.json must name the weights file that was "
+        "checked. Received: BACKUP/shardfeed_state.json: BACKUP/ckpt-0.weights.h5 "
+    )
+    assert ("cannot be opened without following links" in text) == (swap == "a symlink")
+    assert text.endswith(FIX)

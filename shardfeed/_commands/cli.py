@@ -23,7 +23,10 @@ SUBCOMMANDS = {
         "shardfeed._commands.bench.cli",
         "benchmark shardfeed.fit against model.fit and the compute floor",
     ),
-    "launch": ("shardfeed._launch.cli", "start N local workers (TF_CONFIG, horovodrun or mpirun)"),
+    "launch": (
+        "shardfeed._launch.cli",
+        "start N workers (TF_CONFIG, horovodrun or mpirun), here or across hosts (--hosts)",
+    ),
     "plan": ("shardfeed._commands.plan", "print per-rank rows, bytes, steps and memory fit"),
     "split": (
         "shardfeed._commands.split",

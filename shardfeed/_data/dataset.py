@@ -15,9 +15,10 @@ shuffle) lives in `order.py`; a label column's range in `labels.py`.
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import keras
 import numpy as np
@@ -52,6 +53,14 @@ MAX_SEED = 2**63
 def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
     """Rows of arrays a dataset would be built from (checked as it checks them)."""
     return _sources.columns_from_arrays(x, y, sample_weight).num_rows
+
+
+class _Held(NamedTuple):
+    """What a dataset holds on its devices: its stores and their residency."""
+
+    stores: tuple[_storage.ReplicaStore, ...]
+    residency: _order.Residency
+    exchange: _global_order.GlobalShuffle | None
 
 
 class ShardedResidentDataset:
@@ -144,15 +153,17 @@ class ShardedResidentDataset:
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         if transform is None:  # the blocks will see the stored rows: check them now
             _augment.check_columns(augment, self.columns)
-        self.world: World = current_world(strategy)
+        self._world: World = current_world(strategy)
         if (load_options or LoadOptions()).check_agreement:
             _agreement.check_agreement(self.columns, self.world)
-        self.shuffle = shuffle
-        self.seed = None if seed is None else int(seed)
-        self.transform = transform
-        self.augment = augment
-        self.load_options = load_options or LoadOptions()
-        self.eval_plan = _plan.plan_shards(
+        self._shuffle = shuffle
+        self._seed = None if seed is None else int(seed)
+        self._transform = transform
+        self._augment = augment
+        self._load_options = load_options or LoadOptions()
+        # Datasets `split` made, per fraction: repeated fits upload them once.
+        self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
+        self._eval_plan = _plan.plan_shards(
             self.columns.num_rows,
             self.world.num_replicas_in_sync,
             per_replica_batch_size,
@@ -191,11 +202,7 @@ class ShardedResidentDataset:
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         self.stream: _streaming.StreamLayout | None = None
-        # The global order of sharded rows: the per-epoch exchange (None otherwise).
-        self.exchange: _global_order.GlobalShuffle | None = None
-        # How rows are held, chosen once below: resident, streamed, or sharded
-        # with the exchange; every epoch's order comes from it.
-        self.residency: _order.Residency
+        self._exchanged = exchanged
         self._open_epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         if exchanged and (opts.streaming is True or misfit is not None):
             numbers = misfit.numbers() if misfit is not None else ""
@@ -204,16 +211,6 @@ class ShardedResidentDataset:
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.stream_layout(
                 self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
-            )
-            self.stores = _streaming.allocate_rings(
-                self.columns,
-                self.eval_plan,
-                self.stream,
-                self.world.global_replica_ids,
-                self.world.local_devices,
-            )
-            self.residency = _streaming.StreamedRows(
-                self.columns, self.stores, self.stream, self.seed, shuffle, opts
             )
             if misfit is not None and self.world.is_chief:
                 logger.warning(
@@ -224,15 +221,10 @@ class ShardedResidentDataset:
                 )
         elif misfit is not None:
             raise MemoryError(_memory.fit_error(misfit, opts.memory_fraction))
-        else:
-            self.stores = _storage.upload(self.columns, self.eval_plan, self.world, opts)
-            self.residency = _order.ResidentRows(self.stores, self.seed, shuffle)
-            if exchanged:
-                self.exchange = _global_order.GlobalShuffle(
-                    self.eval_plan, self.stores, self.world, self.columns.row_bytes, opts,
-                    self.seed,  # type: ignore[arg-type]
-                )
-                self.residency = self.exchange
+        # How rows are held, chosen once above: resident, streamed, or sharded
+        # with the exchange (the per-epoch global order of sharded rows);
+        # every epoch's order comes from it. `split` lets go of them.
+        self._held: _Held | None = self._hold()
         train_plan = self._train_plan
         if train_plan is not None and train_plan.dropped_rows_per_epoch and self.world.is_chief:
             logger.warning(
@@ -259,7 +251,92 @@ class ShardedResidentDataset:
         """
         return _tfdata.from_tf_dataset(cls, dataset, **kwargs)
 
+    # -- what it was built with ------------------------------------------------
+
+    @property
+    def world(self) -> World:
+        """The `World` (strategy, ranks, local devices) whose replicas hold the rows."""
+        return self._world
+
+    @property
+    def shuffle(self) -> bool | Literal["local"]:
+        """The `shuffle` it was built with (True: the global order)."""
+        return self._shuffle
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of the epoch permutations (and of `augment`), or None."""
+        return self._seed
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        """The function applied to each batch's `x`, or None."""
+        return self._transform
+
+    @property
+    def augment(self) -> Callable[[Any, Any], Any] | None:
+        """The function `(x, seed) -> x` applied to training batches, or None."""
+        return self._augment
+
+    @property
+    def load_options(self) -> LoadOptions:
+        """The `LoadOptions` it was loaded with."""
+        return self._load_options
+
     # -- what it holds -------------------------------------------------------
+
+    def _hold(self) -> _Held:
+        """Allocates the device variables and uploads the rows (or the
+        streaming rings), in the residency `__init__` chose."""
+        opts = self.load_options
+        if self.stream is not None:
+            stores = _streaming.allocate_rings(
+                self.columns,
+                self.eval_plan,
+                self.stream,
+                self.world.global_replica_ids,
+                self.world.local_devices,
+            )
+            streamed = _streaming.StreamedRows(
+                self.columns, stores, self.stream, self.seed, self.shuffle, opts
+            )
+            return _Held(stores, streamed, None)
+        stores = _storage.upload(self.columns, self.eval_plan, self.world, opts)
+        if not self._exchanged:
+            return _Held(stores, _order.ResidentRows(stores, self.seed, self.shuffle), None)
+        exchange = _global_order.GlobalShuffle(
+            self.eval_plan, stores, self.world, self.columns.row_bytes, opts,
+            self.seed,  # type: ignore[arg-type]
+        )
+        return _Held(stores, exchange, exchange)
+
+    def _holding(self) -> _Held:
+        if self._held is None:
+            # Let go of by `split`; used again: load the rows again.
+            logger.info("shardfeed: loading the rows of a dataset that `split` let go of.")
+            self._held = self._hold()
+        return self._held
+
+    @property
+    def stores(self) -> tuple[_storage.ReplicaStore, ...]:
+        """The local replicas' device variables (the data layer's; not an interface)."""
+        return self._holding().stores
+
+    @property
+    def residency(self) -> _order.Residency:
+        """How the rows are held: resident, streamed, or sharded with the exchange."""
+        return self._holding().residency
+
+    @property
+    def exchange(self) -> _global_order.GlobalShuffle | None:
+        """The per-epoch exchange of globally shuffled sharded rows, or None."""
+        return self._holding().exchange
+
+    @property
+    def eval_plan(self) -> _plan.ShardPlan:
+        """The evaluation plan: rows in order, nothing dropped, a partial last
+        step padded (`evaluate`, `predict`, `epoch(e, training=False)`)."""
+        return self._eval_plan
 
     @property
     def plan(self) -> _plan.ShardPlan:
@@ -288,18 +365,22 @@ class ShardedResidentDataset:
 
     @property
     def num_rows(self) -> int:
+        """Rows in the dataset (all workers together)."""
         return self.columns.num_rows
 
     @property
     def per_replica_batch_size(self) -> int:
+        """Rows each replica takes per step."""
         return self.eval_plan.per_replica_batch_size
 
     @property
     def global_batch_size(self) -> int:
+        """Rows per step over all replicas."""
         return self.eval_plan.global_batch_size
 
     @property
     def has_targets(self) -> bool:
+        """Whether it was built with `y`."""
         return self.columns.y is not None
 
     @property
@@ -309,16 +390,20 @@ class ShardedResidentDataset:
         Taken from the variables' shapes: reading a variable's value (even for
         `tf.size`) would copy all its rows to the host.
         """
-        seen = {id(v): v for s in self.stores for v in s.variables}
+        stores = () if self._held is None else self._held.stores  # (let go of: none)
+        seen = {id(v): v for s in stores for v in s.variables}
         return sum(v.shape.num_elements() * v.dtype.size for v in seen.values())
 
     def describe(self) -> str:
+        """One line: rows, columns, bytes on the devices, the plan, who holds what."""
         plan = self._train_plan or self.eval_plan
         held = ", ".join(
             f"replica {s.replica} on {s.device}: rows [{s.row_start}, {s.row_stop})"
-            for s in self.stores
+            for s in (() if self._held is None else self._held.stores)
         )
-        if self.exchange is not None:
+        if self._held is None:
+            held = "rows let go of by `split` (loaded again when next used)"
+        elif self._held.exchange is not None:
             # The ranges are what each replica loaded; the exchange moves rows every epoch.
             held = f"loaded {held}; shuffle=True: rows move between replicas each epoch"
         return (
@@ -344,19 +429,71 @@ class ShardedResidentDataset:
 
     @property
     def is_streaming(self) -> bool:
+        """Whether the rows stream through device rings (they did not fit)."""
         return self.stream is not None
+
+    @property
+    def trace_signature(self) -> tuple[Any, ...]:
+        """Everything a compiled function that gathers from this dataset reads
+        from it at trace time: the strategy, the placement, the local replicas,
+        each column's dtype and row shape, the structure of `(x, y,
+        sample_weight)`, `transform`, `augment` (and its seed). Datasets with
+        equal signatures can run one trace, as `tf.function` reuses a trace
+        for arguments of one `TraceType`."""
+        cols = self.columns
+        return (
+            self.world.strategy,
+            self.eval_plan.placement,  # (no training plan for too few rows)
+            self.world.replicas_in_process,
+            tuple((c.dtype.str, c.shape[1:]) for c in cols.columns),
+            repr((cols.x, cols.y, cols.sample_weight)),
+            self.transform,
+            self.augment,
+            self.seed if self.augment is not None else None,
+        )
+
+    @property
+    def order_is_global(self) -> bool:
+        """Whether step `s` of a training epoch takes the same global rows on
+        any number of replicas: `placement="replicate"`, or sharded rows with
+        `shuffle=True` and the full exchange, or one replica holding every row.
+
+        Not with `shuffle="local"` (one order per replica), `shuffle=False`
+        over several replicas (rows per replica depend on their number), a
+        partial exchange (it mixes the rows each replica happened to hold) or
+        streaming (chunks are shuffled per replica).
+        """
+        if self.is_streaming:
+            return False
+        if self.plan.placement == "replicate":
+            return True
+        if self.shuffle is True:
+            return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
+        return self.shuffle is False and self.plan.num_replicas == 1
+
+    @property
+    def order_is_replayable(self) -> bool:
+        """Whether epoch `e`'s order depends only on `(seed, e)` and the plan,
+        so a restarted process draws it again. False for a partial exchange
+        (`exchange_fraction < 1`), which mixes what each replica held after
+        the epochs before, and a restart reloads the shards as first loaded."""
+        return self.exchange is None or self.load_options.exchange_fraction == 1
 
     # -- label ranges (checked by the Keras surface) -----------------------------
 
-    def label_stats(self, column: int, ignore: int | None = None) -> list[np.ndarray]:
-        """Smallest and largest value of a column, and whether any is fractional.
+    def label_stats(
+        self, target: tuple[Any, ...] = (), ignore: int | None = None
+    ) -> list[np.ndarray]:
+        """Smallest and largest value of a target, and whether any is fractional.
 
-        Computed once per `(column, ignore)` and cached: resident rows are
+        Computed once per `(target, ignore)` and cached: resident rows are
         reduced on their device (a few scalars come back, never the column);
         streamed rows are read in chunks. Values equal to `ignore` count as 0.
 
         Args:
-            column: Index into `self.columns.columns` (e.g. a leaf of `y`).
+            target: Where the target sits in `y`, as keys and positions: `()`
+                for a single `y`, `("kind",)` for `y["kind"]`, `(1,)` for
+                `y[1]` (the `element_spec.y` leaf's place).
             ignore: A value to leave out of the range (a loss's `ignore_class`).
 
         Returns:
@@ -364,6 +501,20 @@ class ShardedResidentDataset:
             `fractional` is 1.0 if some value is not a whole number or NaN) over
             the rows that replica holds; `[inf, -inf, 0]` if it holds none.
         """
+        column = self.columns.y
+        try:
+            for key in target:
+                column = column[key]
+        except (KeyError, IndexError, TypeError):
+            column = None
+        if not isinstance(column, int):
+            raise ValueError(
+                _errors.message(
+                    "`target` must lead to one array of `y`.",
+                    f"target={target!r}",
+                    "Pass the keys and positions of one leaf of `element_spec.y`.",
+                )
+            )
         key = (column, ignore)
         if key not in self._label_stats:
             self._label_stats[key] = [
@@ -375,6 +526,86 @@ class ShardedResidentDataset:
                 for store in self.stores
             ]
         return self._label_stats[key]
+
+    # -- Keras' validation_split -----------------------------------------------
+
+    def split(
+        self, validation_split: float
+    ) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
+        """Keras' `validation_split`: the last `validation_split` of the rows,
+        taken before sharding, as validation data; the rest as training data.
+
+        Both parts are built from this dataset's sources (its arrays or files,
+        read again) with its options; the validation part unshuffled, its
+        batch shrunk for few rows (it pads rather than drops). This dataset
+        lets go of its device rows first, so the devices hold the two parts,
+        not the whole as well (it loads them again, from its sources, when
+        next used). Repeated calls with one fraction return the same parts.
+
+        Returns:
+            `(training, validation)` datasets.
+
+        Raises:
+            ValueError: For a fraction outside (0, 1) or one that leaves a
+                side empty.
+
+        Example:
+            >>> training, validation = ds.split(0.2)
+        """
+        if not (isinstance(validation_split, (int, float)) and 0 < validation_split < 1):
+            raise ValueError(
+                _errors.message(
+                    "`validation_split` must be a fraction between 0 and 1 (exclusive).",
+                    f"validation_split={validation_split!r}",
+                    "Pass e.g. `validation_split=0.2` to validate on the last 20% of the rows.",
+                )
+            )
+        cached = self._splits.get(float(validation_split))
+        if cached is not None:
+            return cached
+        rows = self.num_rows
+        split_at = math.floor(rows * (1.0 - validation_split))  # as Keras
+        if split_at in (0, rows):
+            raise ValueError(
+                _errors.message(
+                    "`validation_split` must leave rows on both sides.",
+                    f"validation_split={validation_split!r} of {rows} rows",
+                    "Use a fraction that leaves at least one training and one validation row.",
+                )
+            )
+        plan = self.plan
+        batch = plan.per_replica_batch_size
+        options: dict[str, Any] = dict(
+            placement=plan.placement,
+            transform=self.transform,
+            load_options=self.load_options,
+            strategy=self.world.strategy,
+        )
+        self._let_go()
+        training = ShardedResidentDataset(
+            *self.columns.rows(0, split_at),
+            per_replica_batch_size=batch,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_remainder=plan.drop_remainder,
+            augment=self.augment,  # training only: validation never augments
+            **options,
+        )
+        validation = ShardedResidentDataset(
+            *self.columns.rows(split_at, rows),
+            per_replica_batch_size=max(1, min(batch, (rows - split_at) // plan.num_replicas)),
+            shuffle=False,
+            **options,
+        )
+        self._splits[float(validation_split)] = (training, validation)
+        return training, validation
+
+    def _let_go(self) -> None:
+        """Drops the device rows (and closes open epochs, whose orders and
+        handles refer to them); `_holding` loads them again when next used."""
+        for opened in list(self._open_epochs):
+            opened.close()
+        self._held = None
 
     # -- epochs ---------------------------------------------------------------
 
@@ -410,13 +641,25 @@ class ShardedResidentDataset:
     def element_spec(self) -> Batch:
         """`Batch` of `tf.TensorSpec`s of one batch (`transform` applied to
         `x`; leading dimension None), as `tf.data.Dataset.element_spec`."""
-        batch = self.gather(self.stores[0].handles, tf.constant([0]))
+        x = self.gather(self.stores[0].handles, tf.constant([0]), with_targets=False).x
+        columns = self.columns.columns
 
         def spec(t: Any) -> Any:
             # None: an absent optional input has no column, and no spec.
             return None if t is None else tf.TensorSpec((None, *t.shape[1:]), t.dtype)
 
-        return Batch(*(None if b is None else keras.tree.map_structure(spec, b) for b in batch))
+        def column_spec(i: int) -> tf.TensorSpec:
+            # Targets from the columns: nothing to gather.
+            return tf.TensorSpec((None, *columns[i].row_shape), columns[i].dtype)
+
+        def specs(structure: Any) -> Any:
+            return None if structure is None else keras.tree.map_structure(column_spec, structure)
+
+        return Batch(
+            keras.tree.map_structure(spec, x),
+            specs(self.columns.y),
+            specs(self.columns.sample_weight),
+        )
 
     def epoch_order(
         self, epoch: int, training: bool, plan: _plan.ShardPlan | None = None

@@ -32,6 +32,7 @@ from shardfeed._data import order as _order
 from shardfeed._data import storage as _storage
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
+from shardfeed._distribute import alltoall as _alltoall
 from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import World
 
@@ -48,6 +49,9 @@ class ExchangeReport:
         bytes_sent: Per local replica, bytes it sent (all columns).
         seconds: Wall time of the exchange on this worker.
         rounds: Rounds of at most `exchange_buffer_bytes` of staging.
+        traces: Compiled functions traced during this exchange (packing,
+            unpacking, the engine's all-to-all): each once in the first
+            exchange, none after, however many rounds.
     """
 
     epoch: int
@@ -55,6 +59,7 @@ class ExchangeReport:
     bytes_sent: tuple[int, ...]
     seconds: float
     rounds: int
+    traces: int = 0
 
     @property
     def gb_per_s(self) -> float:
@@ -170,6 +175,7 @@ class GlobalShuffle:
         self._row_bytes, self._options, self._seed = row_bytes, options, seed
         self._num_rows = plan.num_rows
         self._engine: Engine | None = None
+        self._moves: _RoundMoves | None = None
 
     streamed = False
 
@@ -216,27 +222,25 @@ class GlobalShuffle:
     def _move(self, dest: np.ndarray, epoch: int) -> None:
         if self._engine is None:
             self._engine = engine_for(self._world)
-        engine = self._engine
+            self._moves = _RoundMoves(self._stores)
+        engine, moves = self._engine, self._moves
+        assert moves is not None  # built with the engine
+        traced = moves.tracing_count + engine.exchange_tracing_count
+        # Rounds are sized by the words that cross (every column padded to a
+        # word), so one round stages at most the buffer.
         k = _exchange.round_rows(
-            self._options.exchange_buffer_bytes, self._row_bytes, _staged_rows_per_row(self._world)
+            self._options.exchange_buffer_bytes, 4 * moves.words_per_row,
+            _staged_rows_per_row(self._world),
         )
         rounds = _exchange.plan_rounds(self.held, dest, k)
         began = time.perf_counter()
         for rnd in rounds:
-            for column in range(len(self._stores[0].variables)):
-                send = []
-                for store in self._stores:
-                    slots = rnd.send_slots[store.replica]
-                    with tf.device(store.device):
-                        send.append(tf.gather(store.variables[column], slots))
-                received = engine.all_to_all(send, rnd.counts)
-                for store, rows in zip(self._stores, received, strict=True):
-                    with tf.device(store.device):
-                        tf.raw_ops.ResourceScatterUpdate(
-                            resource=store.variables[column].handle,
-                            indices=rnd.send_slots[store.replica],
-                            updates=rows,
-                        )
+            slots = []
+            for store in self._stores:
+                with tf.device(store.device):
+                    slots.append(tf.constant(rnd.send_slots[store.replica], tf.int64))
+            # One all-to-all per round carries every column.
+            moves.unpack(slots, engine.all_to_all(moves.pack(slots), rnd.counts))
             _exchange.apply_round(self.held, rnd)
         if rounds:
             for store in self._stores:  # wait for the last writes (devices run async)
@@ -246,7 +250,8 @@ class GlobalShuffle:
             int(sum(rnd.counts[s.replica].sum() for rnd in rounds)) for s in self._stores
         )
         report = ExchangeReport(
-            epoch, sent, tuple(n * self._row_bytes for n in sent), seconds, len(rounds)
+            epoch, sent, tuple(n * self._row_bytes for n in sent), seconds, len(rounds),
+            moves.tracing_count + engine.exchange_tracing_count - traced,
         )
         self.reports.append(report)
         if self._world.is_chief:
@@ -256,3 +261,48 @@ class GlobalShuffle:
                 epoch, max(sent, default=0), max(report.bytes_sent, default=0) / 1e6,
                 seconds, report.gb_per_s, len(rounds),
             )
+
+
+class _RoundMoves:
+    """A round's two local halves, compiled once with a symbolic row count:
+    `pack` gathers the sent slots of every column as int32 words `[n, words]`
+    per local replica, `unpack` writes arrivals into the same slots. Eager,
+    each column cost about ten ops per replica per round.
+
+    Args:
+        stores: This worker's replicas' storage.
+    """
+
+    def __init__(self, stores: tuple[_storage.ReplicaStore, ...]) -> None:
+        variables = stores[0].variables
+        widths = [_alltoall.words_per_row(v.shape[1:], v.dtype) for v in variables]
+        self.words_per_row = sum(widths)
+        slots_spec = [tf.TensorSpec([None], tf.int64)] * len(stores)
+        words_spec = [tf.TensorSpec([None, self.words_per_row], tf.int32)] * len(stores)
+
+        def pack(slots: list[tf.Tensor]) -> list[tf.Tensor]:
+            out = []
+            for store, rows in zip(stores, slots, strict=True):
+                with tf.device(store.device):
+                    out.append(tf.concat(
+                        [_alltoall.to_words(tf.gather(v, rows)) for v in store.variables], axis=1
+                    ))
+            return out
+
+        def unpack(slots: list[tf.Tensor], received: list[tf.Tensor]) -> None:
+            for store, rows, words in zip(stores, slots, received, strict=True):
+                with tf.device(store.device):
+                    columns = tf.split(words, widths, axis=1)
+                    for v, column in zip(store.variables, columns, strict=True):
+                        v.scatter_update(tf.IndexedSlices(_alltoall.from_words(column, v), rows))
+
+        self.pack = tf.function(pack, input_signature=[slots_spec], autograph=False)
+        self.unpack = tf.function(
+            unpack, input_signature=[slots_spec, words_spec], autograph=False
+        )
+
+    @property
+    def tracing_count(self) -> int:
+        return self.pack.experimental_get_tracing_count() + (
+            self.unpack.experimental_get_tracing_count()
+        )

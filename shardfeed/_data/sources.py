@@ -119,6 +119,31 @@ class Columns:
     def describe(self) -> str:
         return ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}" for c in self.columns)
 
+    def rows(self, start: int, stop: int) -> tuple[Any, Any, Any]:
+        """`(x, y, sample_weight)` of rows `[start, stop)`: the user's
+        structures with each array replaced by a lazy view (nothing is read
+        or copied until a range of it is), to build another dataset from."""
+        views = [_RowRange(c.data, start, stop, c.shape, c.dtype) for c in self.columns]
+
+        def structure(s: Any) -> Any:
+            return None if s is None else optree.tree_map(lambda i: views[i], s)
+
+        return structure(self.x), structure(self.y), structure(self.sample_weight)
+
+
+class _RowRange:
+    """Rows `[start, stop)` of an array-like, read lazily (no copy until read)."""
+
+    def __init__(self, data: Any, start: int, stop: int, shape: tuple[int, ...], dtype: Any):
+        self._data, self._start = data, start
+        self.shape = (stop - start, *shape[1:])
+        self.dtype = dtype
+        self.source = getattr(data, "source", None)
+
+    def __getitem__(self, rows: slice) -> Any:
+        begin, end, _ = rows.indices(self.shape[0])
+        return self._data[self._start + begin : self._start + end]
+
 
 def _path_name(part: str, path: Sequence[Any]) -> str:
     return part + "".join(f"[{p!r}]" for p in path)

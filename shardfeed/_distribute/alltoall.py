@@ -1,23 +1,25 @@
 """All-to-all of rows between replicas: how the engines move a round of an exchange.
 
 Separation of concerns: the dataset decides which rows go where
-(`_data/exchange.py`); this module only moves tensors. Every function takes,
-per local replica, the rows it sends grouped by destination replica, and
-the `[R, R]` matrix of counts (known to every rank, so nothing is
-negotiated), and returns, per local replica, the rows it receives grouped by
-source replica.
+(`_data/exchange.py`) and packs each replica's rows, every column, into int32
+words (`to_words`, `words_per_row`); this module only moves words. Every
+function takes, per local replica, the `[n, words]` rows it sends grouped by
+destination replica, and the `[R, R]` matrix of counts (known to every
+rank, so nothing is negotiated), and returns, per local replica, the rows
+it receives grouped by source replica.
 
 - One process holds every replica (the default strategy, MirroredStrategy):
   device-to-device copies of each slice (`local_all_to_all`).
 - Several workers under a `tf.distribute` strategy: TensorFlow offers no
-  all-to-all through a strategy's collectives, so one bounded all-gather per
-  round (`gathered_all_to_all`): each replica contributes its send buffer,
-  padded to the round's largest, and keeps the slices meant for it.
+  all-to-all through a strategy's collectives, so one all-gather per round
+  (`GatheredAllToAll`): each replica contributes its send buffer and keeps
+  the slices meant for it. One compiled function per row width, its first
+  dimension symbolic: traced once for every round of every epoch.
 - Horovod: `hvd.alltoall` with splits (in `horovod.py`).
 Collective paths carry rows as int32 words (`to_words`, `array_to_words`):
 TensorFlow's collective gather takes only 32/64-bit and float types, rows
-may be uint8 or bool. They gather through `gather_words`, one compiled
-function per strategy.
+may be uint8 or bool. All-gathers of host arrays go through `gather_words`,
+one compiled function per strategy.
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def array_from_words(words: np.ndarray, like: np.ndarray) -> np.ndarray:
     return as_bytes.view(like.dtype).reshape(words.shape[0], *row_shape)
 
 
+def words_per_row(row_shape: Sequence[int], dtype: tf.DType) -> int:
+    """Int32 words `to_words` makes of one row of `row_shape` and `dtype`."""
+    stored = tf.uint8 if dtype == tf.bool else dtype
+    return -(-math.prod(row_shape) * stored.size // 4)
+
+
 def local_all_to_all(
     send: Sequence[tf.Tensor], counts: np.ndarray, devices: Sequence[str]
 ) -> list[tf.Tensor]:
@@ -94,63 +102,102 @@ def local_all_to_all(
     return out
 
 
-def gathered_all_to_all(
-    strategy: tf.distribute.Strategy,
-    distribute,
-    send: Sequence[tf.Tensor],
-    counts: np.ndarray,
-    local_ids: Sequence[int],
-    devices: Sequence[str],
-) -> list[tf.Tensor]:
-    """Several workers under a strategy: one all-gather of padded send buffers.
+class GatheredAllToAll:
+    """Several workers under a strategy: one all-gather of every replica's send words.
+
+    Each call is one compiled function whose rows dimension is symbolic
+    (`input_signature`), so every round of every epoch reuses the first
+    trace (an eager `strategy.gather` under MultiWorkerMirroredStrategy wraps
+    a new `tf.function` per call; per-round shapes retrace a compiled one).
+    `strategy.gather` all-gathers the first dimensions itself, so replicas
+    send unequal row counts unpadded.
 
     Args:
         strategy: The strategy whose collectives gather.
-        distribute: Places one value per local replica (`Engine.distribute`).
-        send: Per local replica, its rows grouped by destination.
-        counts: `[R, R]` rows from each replica to each.
         local_ids: Global ids of the local replicas.
         devices: Their devices.
-
-    Returns:
-        Per local replica, the rows it receives, grouped by source.
     """
-    width = max(1, int(counts.sum(axis=1).max()))
-    template = send[0]
-    padded = []
-    for t, device in zip(send, devices, strict=True):
-        with tf.device(device):
-            words = to_words(t)
-            fill = tf.zeros([width - int(words.shape[0]), int(words.shape[1])], words.dtype)
-            padded.append(tf.concat([words, fill], axis=0))
-    everything = gather_words(strategy, distribute(padded))
-    offsets = np.cumsum(counts, axis=1) - counts
-    out = []
-    for d, device in zip(local_ids, devices, strict=True):
-        rows = np.concatenate(
-            [np.arange(s * width + offsets[s, d], s * width + offsets[s, d] + counts[s, d])
-             for s in range(len(counts))]
-        ).astype(np.int64)
-        with tf.device(device):
-            out.append(from_words(tf.gather(everything, rows), template))
-    return out
+
+    def __init__(
+        self, strategy: tf.distribute.Strategy, local_ids: Sequence[int], devices: Sequence[str]
+    ) -> None:
+        self._strategy = strategy
+        self._local_ids, self._devices = tuple(local_ids), tuple(devices)
+        self._functions: dict[int, Any] = {}
+
+    @property
+    def tracing_count(self) -> int:
+        """Traces of this exchange's compiled functions so far (one per row width)."""
+        return sum(f.experimental_get_tracing_count() for f in self._functions.values())
+
+    def __call__(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
+        """Per local replica, the words it receives, grouped by source.
+
+        Args:
+            send: Per local replica, int32 `[n, words]` rows grouped by destination.
+            counts: `[R, R]` rows from each replica to each.
+        """
+        width = int(send[0].shape[1])
+        function = self._functions.get(width)
+        if function is None:
+            function = self._functions[width] = self._compile(width)
+        # In the gathered words, replica s's rows start at `starts[s]`; those
+        # for d follow the ones it sends to the replicas before d.
+        starts = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)
+        offsets = np.cumsum(counts, axis=1) - counts
+        take = []
+        for d, device in zip(self._local_ids, self._devices, strict=True):
+            rows = np.concatenate(
+                [np.arange(starts[s] + offsets[s, d], starts[s] + offsets[s, d] + counts[s, d])
+                 for s in range(len(counts))]
+            ).astype(np.int64)
+            with tf.device(device):
+                take.append(tf.constant(rows))
+        return list(function(list(send), take))
+
+    def _compile(self, width: int) -> Any:
+        strategy, devices = self._strategy, self._devices
+        first = self._local_ids[0]
+        n_local = len(devices)
+
+        def exchange(send: list[tf.Tensor], take: list[tf.Tensor]) -> list[tf.Tensor]:
+            mine = strategy.experimental_distribute_values_from_function(
+                lambda ctx: send[ctx.replica_id_in_sync_group - first]
+            )
+            everything = strategy.gather(mine, axis=0)
+            out = []
+            for rows, device in zip(take, devices, strict=True):
+                with tf.device(device):
+                    out.append(tf.gather(everything, rows))
+            return out
+
+        return tf.function(
+            exchange,
+            autograph=False,
+            input_signature=[
+                [tf.TensorSpec([None, width], tf.int32)] * n_local,
+                [tf.TensorSpec([None], tf.int64)] * n_local,
+            ],
+        )
 
 
 def to_words(rows: tf.Tensor) -> tf.Tensor:
-    """`[n, ...]` rows of any dtype as `[n, words]` int32 (bytes padded to a word)."""
+    """`[n, ...]` rows of any dtype as `[n, words]` int32 (bytes padded to a
+    word); `n` may be symbolic (inside a compiled function)."""
     if rows.dtype == tf.bool:
         rows = tf.cast(rows, tf.uint8)
-    n = int(rows.shape[0])
-    as_bytes = tf.reshape(tf.bitcast(rows, tf.uint8) if rows.dtype != tf.uint8 else rows, [n, -1])
-    row_bytes = int(as_bytes.shape[1])
-    pad = -row_bytes % 4
-    as_bytes = tf.concat([as_bytes, tf.zeros([n, pad], tf.uint8)], axis=1)
+    n = tf.shape(rows)[0]
+    row_bytes = math.prod(rows.shape[1:]) * rows.dtype.size
+    as_bytes = tf.bitcast(rows, tf.uint8) if rows.dtype != tf.uint8 else rows
+    as_bytes = tf.reshape(as_bytes, [n, row_bytes])
+    as_bytes = tf.pad(as_bytes, [[0, 0], [0, -row_bytes % 4]])
     return tf.bitcast(tf.reshape(as_bytes, [n, -1, 4]), tf.int32)
 
 
-def from_words(words: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-    """Inverse of `to_words`: rows shaped and typed like `like`'s rows."""
-    n = int(words.shape[0])
+def from_words(words: tf.Tensor, like: Any) -> tf.Tensor:
+    """Inverse of `to_words`: rows shaped and typed like `like`'s rows (a
+    tensor or variable)."""
+    n = tf.shape(words)[0]
     dtype = like.dtype
     stored = tf.uint8 if dtype == tf.bool else dtype
     row_shape = list(like.shape[1:])

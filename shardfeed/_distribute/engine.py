@@ -49,6 +49,8 @@ class Engine(Protocol):
     def metric_results(self, model: keras.Model) -> dict[str, Any]: ...
     def all_gather(self, per_local_replica: Sequence[np.ndarray]) -> np.ndarray: ...
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]: ...
+    @property
+    def exchange_tracing_count(self) -> int: ...
     def prepare_model(self, model: keras.Model) -> None: ...
 
 
@@ -81,6 +83,7 @@ class StrategyEngine:
         self.world = world
         self.strategy = world.strategy
         self._single = is_default_strategy(world.strategy)
+        self._gathered: _alltoall.GatheredAllToAll | None = None
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -150,17 +153,24 @@ class StrategyEngine:
         return _alltoall.array_from_words(words.numpy(), per_local_replica[0])
 
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
-        """Sends each local replica's rows (grouped by destination, `counts[s, d]`
-        rows from replica s to d) and returns each local replica's arrivals
-        (grouped by source); see `alltoall.py`. What it stages per row sent is
-        counted by `_data.exchange.staged_rows_per_row` (the data layer sizes
-        rounds and checks the fit before any engine exists)."""
+        """Sends each local replica's int32 word rows (grouped by destination,
+        `counts[s, d]` rows from replica s to d) and returns each local
+        replica's arrivals (grouped by source); see `alltoall.py`. What it
+        stages per row sent is counted by `_data.exchange.staged_rows_per_row`
+        (the data layer sizes rounds and checks the fit before any engine
+        exists)."""
         if self.world.world_size == 1:
             return _alltoall.local_all_to_all(send, counts, self.world.local_devices)
-        return _alltoall.gathered_all_to_all(
-            self.strategy, self.distribute, send, counts,
-            self.world.global_replica_ids, self.world.local_devices,
-        )
+        if self._gathered is None:
+            self._gathered = _alltoall.GatheredAllToAll(
+                self.strategy, self.world.global_replica_ids, self.world.local_devices
+            )
+        return self._gathered(send, counts)
+
+    @property
+    def exchange_tracing_count(self) -> int:
+        """Traces of `all_to_all`'s compiled functions so far (0 in one process)."""
+        return 0 if self._gathered is None else self._gathered.tracing_count
 
     def prepare_model(self, model: keras.Model) -> None:
         # Variables created in a strategy's scope start identical on every

@@ -26,7 +26,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._distribute import alltoall as _alltoall
 from shardfeed._distribute.metrics import metric_results
 from shardfeed._distribute.world import World
 
@@ -110,11 +109,14 @@ class HorovodEngine:
 
     def all_to_all(self, send: Sequence[tf.Tensor], counts: np.ndarray) -> list[tf.Tensor]:
         """`hvd.alltoall` with splits: this rank's row of `counts` says how
-        many rows go to each rank; rows travel as int32 words (any dtype)."""
-        (rows,) = send
+        many int32 word rows go to each rank."""
+        (words,) = send
         splits = tf.constant(counts[self.world.rank], tf.int32)
-        received, _ = hvd.alltoall(_alltoall.to_words(rows), splits=splits)
-        return [_alltoall.from_words(received, rows)]
+        received, _ = hvd.alltoall(words, splits=splits)
+        return [received]
+
+    # Horovod's ops run eagerly: nothing is traced.
+    exchange_tracing_count = 0
 
     def prepare_model(self, model: keras.Model) -> None:
         """Makes every rank start from rank 0's weights and optimizer state."""

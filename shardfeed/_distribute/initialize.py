@@ -161,7 +161,8 @@ def init(
 
     Exposure: when the cluster names any non-loopback host, the chief logs
     once (logger "shardfeed", WARNING) that the workers' servers listen on
-    every interface, unauthenticated, naming the ports.
+    every interface, unauthenticated, naming the ports; under `shardfeed
+    launch --hosts` each host's launcher prints that line instead.
 
     Raises:
         ValueError: For an unknown engine or inconsistent launcher variables,
@@ -223,7 +224,8 @@ def _init(engine: str, split_cpu_into: int | None, startup_timeout_s: float):
             _tf_config.check_port_free(*own)
             tasks = _startup.cluster_tasks(os.environ)
             line = _startup.exposure_line(tasks)
-            if line is not None and own[0] == 0:
+            # Under `shardfeed launch` each host's launcher says it, once per host.
+            if line is not None and own[0] == 0 and launch_env.launcher != "shardfeed":
                 logger.warning(line)
             _startup.wait_for_peers(tasks, own[0], startup_timeout_s)
         with _keeping_sigterm_disposition():

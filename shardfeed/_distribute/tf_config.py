@@ -122,7 +122,7 @@ def tf_config_from_mpi(
         )
     # A name that does not resolve on another host would leave TensorFlow's
     # set-up there waiting without a word: check every name on every rank.
-    problems = comm.allgather(_unresolvable(addresses, host))
+    problems = comm.allgather(unresolvable_hosts(addresses, host))
     named = [f"rank {rank}: {p}" for rank, found in enumerate(problems) for p in found]
     if named:
         raise ValueError(
@@ -167,8 +167,9 @@ def _announced_host(environ: Mapping[str, str]) -> str:
     return socket.inet_ntoa(reply[20:24])
 
 
-def _unresolvable(addresses: Sequence[str], own_host: str) -> list[str]:
-    """What is wrong, seen from here, with the hosts other ranks announced."""
+def unresolvable_hosts(addresses: Sequence[str], own_host: str) -> list[str]:
+    """What is wrong, seen from here, with the other hosts of `addresses` ("host:port"):
+    a name that does not resolve, or another host's name that resolves to loopback."""
     found = []
     for host in sorted({a.rsplit(":", 1)[0] for a in addresses} - {own_host}):
         try:

@@ -8,6 +8,8 @@ it, the launcher process does not.
 Layout, one module per job (as horovod/runner):
 - `cli.py`: the `shardfeed launch` subcommand, a thin shell over `run`.
 - `local.py`: the `multiworker` engine, local workers with TF_CONFIG.
+- `multihost.py`: the `multiworker` engine across hosts (`--hosts`, `--host-index`):
+  this host's workers, with the whole cluster's TF_CONFIG.
 - `delegate.py`: the `horovod` and `mpi` engines, argv for horovodrun/mpirun.
 - `process.py`: starting, output tagging, signal forwarding, reaping and
   failure propagation, shared by every engine.
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from shardfeed._common import errors as _errors
-from shardfeed._launch import delegate, local
+from shardfeed._launch import delegate, local, multihost
 from shardfeed._launch.local import IsolateNetwork
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 
@@ -67,7 +69,17 @@ class LaunchOptions:
         isolate_network: For `multiworker`: True runs the workers in a
             private network namespace, unreachable from other hosts, and fails
             where the system does not permit one; "auto" (default) does so
-            where permitted; False runs them on the host's network.
+            where permitted; False runs them on the host's network. A
+            multi-host job (`hosts`) runs on the host's network ("auto" and
+            False; True is refused).
+        hosts: For a `multiworker` job across hosts: every host, in the same
+            order on every host, as "h1,h2" (workers split evenly) or
+            "h1:4,h2:2" (workers per host), or a sequence of such entries;
+            None (default): every worker on this host.
+        host_index: With `hosts`: this host's position in it (each host runs
+            the same launch with its own index); it starts that host's ranks.
+        port_base: With `hosts`: worker s of each host listens on
+            `port_base + s` (None: 8888), on every host.
 
     Raises:
         ValueError: If a value is out of range.
@@ -82,6 +94,9 @@ class LaunchOptions:
     grace_s: float = 60.0
     startup_timeout_s: float | None = 300.0
     isolate_network: IsolateNetwork = "auto"
+    hosts: str | Sequence[str] | None = None
+    host_index: int | None = None
+    port_base: int | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -124,6 +139,47 @@ class LaunchOptions:
             'Use True to require a private network for the workers, "auto" to use one '
             "where the system permits it, False to run them on the host's network.",
         )
+        if self.hosts is None:
+            _require(
+                self.host_index is None and self.port_base is None,
+                "`host_index` and `port_base` belong to a multi-host job, which `hosts` names.",
+                f"host_index={self.host_index!r}, port_base={self.port_base!r}, hosts=None",
+                "Pass every host with `--hosts h1,h2` (and this host's `--host-index`), or drop "
+                "them to run every worker on this host.",
+            )
+            return
+        _require(
+            self.engine == "multiworker",
+            "`hosts` lays out `multiworker` workers (TF_CONFIG); horovodrun and mpirun take "
+            "their own host lists.",
+            f"engine={self.engine!r}, hosts={self.hosts!r}",
+            "Use launch/horovodrun-multihost.sh (horovodrun -H) or launch/mpirun-hostfile.sh "
+            "(mpirun --hostfile), or `--engine multiworker`.",
+        )
+        _require(
+            self.isolate_network is not True,
+            "A multi-host job's workers must reach the other hosts, which a private network "
+            "namespace (holding only loopback) cannot.",
+            f"isolate_network=True, hosts={self.hosts!r}",
+            "Drop `--isolate-network on`: the workers run on the host's network, and the "
+            "launcher names the ports they expose (firewall them; docs/engines.md, Security).",
+        )
+        layout = multihost.parse_hosts(self.hosts, self.num_workers, self.port_base)
+        _require(
+            _errors.is_integer(self.host_index)
+            and 0 <= self.host_index < len(layout.hosts),  # type: ignore[operator]
+            "A multi-host job needs `host_index`: this host's position in `hosts`, from 0.",
+            f"host_index={self.host_index!r}, hosts={','.join(layout.hosts)}",
+            "Run the same launch on every host, each with its own `--host-index` (0 on "
+            f"{layout.hosts[0]}, 1 on the next, ...).",
+        )
+
+    @property
+    def host_layout(self) -> multihost.HostLayout | None:
+        """`hosts` read as a layout (`multihost.parse_hosts`), or None on one host."""
+        if self.hosts is None:
+            return None
+        return multihost.parse_hosts(self.hosts, self.num_workers, self.port_base)
 
 
 def run(
@@ -136,6 +192,9 @@ def run(
     grace_s: float = 60.0,
     startup_timeout_s: float | None = 300.0,
     isolate_network: IsolateNetwork = "auto",
+    hosts: str | Sequence[str] | None = None,
+    host_index: int | None = None,
+    port_base: int | None = None,
     env: Mapping[str, str] | None = None,
     system: System | None = None,
 ) -> int:
@@ -162,6 +221,12 @@ def run(
         grace_s: Seconds between SIGTERM and SIGKILL when stopping workers.
         startup_timeout_s: See `LaunchOptions` (`multiworker` only).
         isolate_network: See `LaunchOptions` (`multiworker` only).
+        hosts: Every host of a multi-host job, "h1,h2" or "h1:4,h2:2"; run the
+            same call on each host with its own `host_index` (see
+            `LaunchOptions`). None: every worker on this host.
+        host_index: With `hosts`: this host's position in it.
+        port_base: With `hosts`: worker s of a host listens on `port_base + s`
+            (None: 8888).
         env: Environment the workers start from (default: this process's).
         system: Operating-system calls; tests pass fakes (default: real ones).
 
@@ -172,20 +237,35 @@ def run(
         start-up timeout.
 
     Raises:
-        ValueError: If an option is out of range or `fn` is not picklable.
+        ValueError: If an option is out of range or `fn` is not picklable; with
+            `hosts`, also if a host name does not resolve here or `host_index`
+            names another host (`multihost.check_this_host`).
         NetworkIsolationError: (an OSError) If `isolate_network` is True and
             the system permits no private network namespace.
         FileNotFoundError: If the script, or `horovodrun`/`mpirun` for a
             delegated engine, does not exist.
-        OSError: If a worker cannot be started.
+        OSError: If a worker cannot be started, or (with `hosts`) one of this
+            host's ports is in use.
 
     Example:
         >>> from shardfeed import launch
         >>> launch.run("examples/train.py", num_workers=2, args=["--epochs", "3"])
         0
+        >>> # on 10.0.0.1 (and the same with host_index=1 on 10.0.0.2):
+        >>> launch.run("examples/train.py", num_workers=2, hosts="10.0.0.1,10.0.0.2",
+        ...            host_index=0)
+        0
     """
     options = LaunchOptions(
-        num_workers, engine, timeout_s, grace_s, startup_timeout_s, isolate_network
+        num_workers,
+        engine,
+        timeout_s,
+        grace_s,
+        startup_timeout_s,
+        isolate_network,
+        hosts,
+        host_index,
+        port_base,
     )
     system = system or System()
     base_env = dict(os.environ if env is None else env)
@@ -205,6 +285,18 @@ def run(
                     )
                 )
             program = [system.python, script, *(str(arg) for arg in args)]
+        layout = options.host_layout
+        if layout is not None:
+            return multihost.run_multihost(
+                program,
+                layout=layout,
+                host_index=options.host_index,  # type: ignore[arg-type]
+                base_env=base_env,
+                grace_s=options.grace_s,
+                timeout_s=options.timeout_s,
+                system=system,
+                startup_timeout_s=options.startup_timeout_s,
+            )
         if options.engine == "multiworker":
             return local.run_multiworker(
                 program,

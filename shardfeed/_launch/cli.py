@@ -7,7 +7,14 @@ and errors into an exit status; what the engines do lives in `local.py`,
 Usage:
     shardfeed launch -n/--num-workers N [--engine multiworker|horovod|mpi]
         [--timeout-s S] [--grace-s G] [--startup-timeout-s S|none]
-        [--isolate-network auto|on|off] [python] script.py [script args ...]
+        [--isolate-network auto|on|off]
+        [--hosts H1[:N1],H2[:N2],... --host-index I [--port-base P]]
+        [python] script.py [script args ...]
+
+Several hosts: run the same command on every host, each with its own
+`--host-index`; `-n` counts the workers of all hosts, e.g. on 10.0.0.1
+`shardfeed launch -n 4 --hosts 10.0.0.1,10.0.0.2 --host-index 0 train.py`
+and `--host-index 1` on 10.0.0.2 (ranks 0-1 on the first, 2-3 on the second).
 
 Everything after the script path goes to the script unchanged, options
 included. A leading `python`, `python3` (or this interpreter's path), the
@@ -18,6 +25,7 @@ always run under the interpreter that runs `shardfeed`.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -53,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         required=True,
         metavar="N",
-        help="number of worker processes",
+        help="number of worker processes (with --hosts: of all hosts together)",
     )
     parser.add_argument(
         "--engine",
@@ -82,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="S",
         help="multiworker: stop when workers that reached shardfeed.init() waited S seconds "
-        "for the others, naming the missing ranks ('none': wait forever; default: 300)",
+        "for the others, naming the missing ranks ('none': wait forever; default: 300); with "
+        "--hosts also how long each worker waits for the other hosts' workers",
     )
     parser.add_argument(
         "--isolate-network",
@@ -91,6 +100,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="multiworker: run the workers in a private network namespace that other hosts "
         "cannot reach (on: or fail; auto: where the system permits it, the default; off: on "
         "this host's network)",
+    )
+    parser.add_argument(
+        "--hosts",
+        default=None,
+        metavar="H1[:N1],H2[:N2],...",
+        help="multiworker across hosts: every host of the job (name or IPv4 address, as the "
+        "others reach it), in the same order on every host, optionally with its number of "
+        "workers (default: --num-workers split evenly); run the same launch on each host",
+    )
+    parser.add_argument(
+        "--host-index",
+        type=int,
+        default=None,
+        metavar="I",
+        help="with --hosts: this host's position in the list, from 0 (it starts that host's "
+        "ranks; the first host's worker 0 is the chief)",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        metavar="P",
+        help="with --hosts: worker s of each host listens on P + s (default: 8888)",
     )
     parser.add_argument(
         "script", help="the Python script every worker runs (a leading `python` is dropped)"
@@ -185,7 +217,16 @@ def run(args: argparse.Namespace) -> int:
             grace_s=args.grace_s,
             startup_timeout_s=args.startup_timeout_s,
             isolate_network=_ISOLATE_NETWORK[args.isolate_network],
+            hosts=args.hosts,
+            host_index=args.host_index,
+            port_base=args.port_base,
         )
     except (ValueError, FileNotFoundError, NetworkIsolationError) as err:
         print(f"shardfeed launch: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+        # A multi-host worker's port, found taken before anything started.
+        print(f"shardfeed launch: error: {err.strerror}", file=sys.stderr, flush=True)
         return 2

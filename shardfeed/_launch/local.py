@@ -101,16 +101,44 @@ def worker_specs(
         ['0', '1']
     """
     addresses = [f"{host}:{port}" for port in ports]
+    return cluster_worker_specs(program, addresses, range(len(addresses)), base_env)
+
+
+def cluster_worker_specs(
+    program: Sequence[str],
+    addresses: Sequence[str],
+    ranks: Sequence[int],
+    base_env: Mapping[str, str],
+) -> list[WorkerSpec]:
+    """The specs of the workers `ranks` of the cluster `addresses`, all on this host.
+
+    Their local ranks count from 0 in the order of `ranks`, and the local
+    size is `len(ranks)` (`shardfeed.init` gives each worker of a host its
+    own GPU from them).
+
+    Args:
+        program: The argv every worker runs.
+        addresses: "host:port" of every worker of the job, in rank order.
+        ranks: The ranks this host starts, in order.
+        base_env: The environment the workers start from.
+
+    Returns:
+        One spec per rank in `ranks`.
+
+    Example:
+        >>> [s.label for s in cluster_worker_specs(["t"], ["a:1", "b:1"], [1], {})]
+        ['worker rank 1']
+    """
     specs = []
-    for rank in range(len(ports)):
+    for local_rank, rank in enumerate(ranks):
         env = dict(base_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(
             TF_CONFIG=json.dumps(worker_tf_config(rank, addresses)),
             SHARDFEED_RANK=str(rank),
-            SHARDFEED_WORLD_SIZE=str(len(ports)),
-            SHARDFEED_LOCAL_RANK=str(rank),
-            SHARDFEED_LOCAL_SIZE=str(len(ports)),
+            SHARDFEED_WORLD_SIZE=str(len(addresses)),
+            SHARDFEED_LOCAL_RANK=str(local_rank),
+            SHARDFEED_LOCAL_SIZE=str(len(ranks)),
         )
         specs.append(WorkerSpec(f"worker rank {rank}", tuple(program), env, f"[rank {rank}] "))
     return specs

@@ -198,12 +198,17 @@ class _Supervisor:
             if worker.running:
                 self.signal_group(worker, signal.SIGKILL if rank in deaf else signum)
         if deaf & {r for r, w in enumerate(self.workers) if w.running}:
-            ranks = ", ".join(str(r) for r in sorted(deaf))
+            ranks = self.rank_names(deaf)
             self.say(
                 f"worker rank(s) {ranks} sat in shardfeed.init()'s strategy set-up, where "
                 f"TensorFlow ignores {signal.Signals(signum).name}; sent them SIGKILL instead."
             )
         return len(running)
+
+    def rank_names(self, indexes: set[int]) -> str:
+        """The ranks of the workers at `indexes` (they differ on a multi-host job's hosts)."""
+        first = 0 if self.startup is None else self.startup.first_rank
+        return ", ".join(str(first + i) for i in sorted(indexes))
 
     def in_setup(self) -> set[int]:
         """Ranks inside `shardfeed.init()`: arrived, not yet initialized."""
@@ -280,11 +285,11 @@ class _Supervisor:
                 elif arrived and first_arrival is None:
                     first_arrival = now
                 elif first_arrival is not None and now - first_arrival >= self.startup.timeout_s:  # type: ignore[union-attr,operator]
-                    missing = sorted(set(range(len(self.workers))) - arrived)
+                    missing = set(range(len(self.workers))) - arrived
                     self.say(
-                        f"worker rank(s) {', '.join(map(str, missing))} did not reach "
+                        f"worker rank(s) {self.rank_names(missing)} did not reach "
                         f"shardfeed.init() within {self.startup.timeout_s:g} s of the first "  # type: ignore[union-attr]
-                        f"worker that did; rank(s) {', '.join(map(str, sorted(arrived)))} wait "
+                        f"worker that did; rank(s) {self.rank_names(arrived)} wait "
                         f"for them in it. Stopping {sum(w.running for w in self.workers)} "
                         "worker(s)."
                     )

@@ -94,7 +94,7 @@ class WorkerSpec:
 class StartupWatch:
     """Where workers report their way through `shardfeed.init()`, and how long to wait.
 
-    Worker `rank` (the index of its spec) creates `arrived<rank>` in
+    The worker of spec `i`, rank `first_rank + i`, creates `arrived<rank>` in
     `ready_dir` when it calls `shardfeed.init()` and `initialized<rank>` when
     `init` returns (`shardfeed._distribute.launch_env.announce`).
 
@@ -103,15 +103,18 @@ class StartupWatch:
             `SHARDFEED_READY_DIR`.
         timeout_s: Seconds the workers that arrived wait for the others before
             the launch stops (None: forever).
+        first_rank: The rank of the first spec (a host's first rank in a
+            multi-host job; 0 on one host).
     """
 
     ready_dir: str
     timeout_s: float | None
+    first_rank: int = 0
 
     def ranks(self, stage: str, count: int) -> set[int]:
-        """The ranks below `count` whose `<stage><rank>` file exists."""
+        """The spec indexes below `count` whose `<stage><rank>` file exists."""
         try:
             names = set(os.listdir(self.ready_dir))
         except OSError:
             return set()
-        return {rank for rank in range(count) if f"{stage}{rank}" in names}
+        return {i for i in range(count) if f"{stage}{self.first_rank + i}" in names}

@@ -32,17 +32,35 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
+import tempfile
 from typing import Any
 
 import keras
 
+from shardfeed._common import checked_open as _checked_open
 from shardfeed._common import errors as _errors
 from shardfeed._distribute.world import current_world
 from shardfeed._training import saving as _saving
 from shardfeed._training.epochs import FitRun
-from shardfeed._training.resume import ResumeState
+from shardfeed._training.resume_state import FIX, ResumeState
 
 STATE_FILE = "shardfeed_state.json"
+WEIGHTS_FILES = ("ckpt-0.weights.h5", "ckpt-1.weights.h5")  # written in turn
+
+
+def _file_error(path: str, constraint: str, received: str) -> ValueError:
+    return ValueError(
+        _errors.message(
+            f"A shardfeed backup's {STATE_FILE} {constraint}.",
+            f"{path}: {received}",
+            FIX,
+        )
+    )
+
+
+def _kind(status: os.stat_result) -> str:
+    return "a symbolic link" if stat.S_ISLNK(status.st_mode) else "not a regular file"
 
 
 class ResumableBackup(keras.callbacks.Callback):
@@ -69,6 +87,7 @@ class ResumableBackup(keras.callbacks.Callback):
         self._saved_at_steps = 0
         self._state_path = os.path.join(self.backup_dir, STATE_FILE)
         self._weights_file: str | None = None
+        self._weights_identity: _checked_open.FileIdentity | None = None
         self.source = source
 
     # -- the user's object: the state Keras' callback would hold ---------------
@@ -89,21 +108,85 @@ class ResumableBackup(keras.callbacks.Callback):
     # -- restore -------------------------------------------------------------
 
     def read_state(self) -> ResumeState | None:
-        """The saved resume state, or None when there is no backup."""
-        if not os.path.exists(self._state_path):
+        """The saved resume state, or None when there is no backup.
+
+        The state file and the weights file it names are opened without
+        following links (`checked_open`); the weights file must be one of the
+        two names this callback writes, in the backup directory. The state is
+        checked field by field (`ResumeState.from_dict`); `fit` checks it
+        against the dataset and the run (`resume.adapt`).
+
+        Raises:
+            ValueError: Naming the file (and the field), for a file that is
+                not the JSON this callback writes.
+        """
+        path = self._state_path
+        if not os.path.lexists(path):
             return None
-        with open(self._state_path) as f:
-            saved = json.load(f)
-        self._weights_file = saved["weights"]
-        return ResumeState.from_dict(saved["state"])
+        try:
+            with os.fdopen(_checked_open.open_checked(path), "rb") as f:
+                raw = f.read()
+        except _checked_open.NotTheCheckedFile as err:
+            raise _file_error(path, "must be a regular file, not a link", str(err)) from err
+        try:
+            saved = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise _file_error(path, "must be UTF-8 JSON", str(err)) from None
+        except json.JSONDecodeError as err:
+            problem = f"{err.msg}: line {err.lineno} column {err.colno} (char {err.pos})"
+            raise _file_error(path, "must be JSON", problem) from None
+        if not isinstance(saved, dict) or set(saved) != {"weights", "state"}:
+            got = f"fields={sorted(saved)}" if isinstance(saved, dict) else (
+                f"type={type(saved).__name__}"
+            )
+            raise _file_error(
+                path, 'must be a JSON object with the fields "weights" and "state"', got
+            )
+        weights = saved["weights"]
+        if weights not in WEIGHTS_FILES:
+            raise _file_error(
+                path,
+                f"must name one of the weights files this backup writes ({WEIGHTS_FILES[0]!r} "
+                f"or {WEIGHTS_FILES[1]!r}, in the backup directory)",
+                f"weights={weights!r}",
+            )
+        state = ResumeState.from_dict(saved["state"], source=path)
+        weights_path = os.path.join(self.backup_dir, weights)
+        try:
+            status = os.lstat(weights_path)
+        except OSError as err:
+            raise _file_error(path, "must name a weights file that exists", str(err)) from None
+        if not stat.S_ISREG(status.st_mode):
+            raise _file_error(
+                path,
+                "must name a regular weights file (not a link)",
+                f"weights={weights!r}: {weights_path} is {_kind(status)}",
+            )
+        self._weights_file = weights
+        self._weights_identity = _checked_open.identity(status)
+        return state
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if self._weights_file is None:
+        if self._weights_file is None or self._weights_identity is None:
             return
         model = self.model
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(self.backup_dir, self._weights_file))
+        path = os.path.join(self.backup_dir, self._weights_file)
+        try:
+            fd = _checked_open.open_checked(path, self._weights_identity)
+        except _checked_open.NotTheCheckedFile as err:
+            raise _file_error(
+                self._state_path, "must name the weights file that was checked", f"{path} {err}"
+            ) from err
+        # Keras loads weights from a path only: a private copy of the open
+        # (checked) file, so nothing swapped in at that path is read -- as Keras
+        # itself copies a remote file before loading it.
+        with tempfile.TemporaryDirectory(prefix="shardfeed-resume-") as tmp:
+            copy = os.path.join(tmp, self._weights_file)
+            with os.fdopen(fd, "rb") as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            model.load_weights(copy)
 
     # -- save ----------------------------------------------------------------
 
@@ -129,9 +212,7 @@ class ResumableBackup(keras.callbacks.Callback):
     def _write(self, state: ResumeState) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
         # Two names in turn: the file the current state names is never overwritten.
-        name = "ckpt-1.weights.h5" if self._weights_file == "ckpt-0.weights.h5" else (
-            "ckpt-0.weights.h5"
-        )
+        name = WEIGHTS_FILES[1] if self._weights_file == WEIGHTS_FILES[0] else WEIGHTS_FILES[0]
         self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
         tmp = self._state_path + ".tmp"
         with open(tmp, "w") as f:

@@ -67,7 +67,6 @@ def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> Cla
                 "Pass e.g. `class_weight={0: 1.0, 1: 5.0}`.",
             )
         )
-    cols = dataset.columns
     bad = [
         k
         for k, v in class_weight.items()
@@ -82,7 +81,8 @@ def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> Cla
                 "Pass e.g. `class_weight={0: 1.0, 1: 5.0}` (classes left out weigh 1).",
             )
         )
-    if cols.sample_weight is not None:
+    spec = dataset.element_spec
+    if spec.sample_weight is not None:
         raise ValueError(
             _errors.message(
                 "`class_weight` and sample weights cannot be used together (as in Keras).",
@@ -91,10 +91,12 @@ def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> Cla
                 "(`sample_weight * weights[y]`), or leave `class_weight` out.",
             )
         )
-    column = cols.y if isinstance(cols.y, int) else None
-    rank = None if column is None else len(cols.columns[column].shape)
-    if column is None or rank is None or rank > 2:
-        got = "several outputs" if column is None else f"shape {cols.columns[column].shape}"
+    # A single target is one spec; several outputs are a structure of them.
+    target = spec.y if isinstance(spec.y, tf.TensorSpec) else None
+    rank = None if target is None else target.shape.rank
+    if target is None or rank is None or rank > 2:
+        shape = None if target is None else (dataset.num_rows, *target.shape[1:])
+        got = "several outputs" if target is None else f"shape {shape}"
         raise ValueError(
             _errors.message(
                 "`class_weight` needs a single target with one class per row: sparse "

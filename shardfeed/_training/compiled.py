@@ -32,7 +32,7 @@ _LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
 )
 
 # The compiled calls of each model, shared by its loops over datasets whose
-# batches trace alike (`_batch_kind`): a new dataset per `evaluate(model, x, y)`
+# batches trace alike (`dataset.trace_signature`): a new dataset per `evaluate(model, x, y)`
 # reuses the traces. Only for the model's current compile (a recompiled model
 # has a new optimizer, loss and metrics); weak keys: freed with the model.
 _TRACES: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Traces]]] = (
@@ -56,7 +56,7 @@ def loop_for(
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
         shared = _shared_traces(model)
-        traces_key = (_batch_kind(dataset), options, class_weights)
+        traces_key = (dataset.trace_signature, options, class_weights)
         loop = Loop(model, dataset, engine, options, class_weights, shared.get(traces_key))
         shared[traces_key] = loop.traces
         loops[key] = loop
@@ -78,21 +78,6 @@ def _shared_traces(model: keras.Model) -> dict[Any, Traces]:
         cached = (compiled, {})
         _TRACES[model] = cached
     return cached[1]
-
-
-def _batch_kind(dataset: ShardedResidentDataset) -> tuple[Any, ...]:
-    """What a compiled call's trace reads from the dataset at trace time."""
-    cols = dataset.columns
-    return (
-        dataset.world.strategy,
-        dataset.eval_plan.placement,  # (no training plan for too few rows)
-        len(dataset.stores),
-        tuple((c.dtype.str, c.shape[1:]) for c in cols.columns),
-        repr((cols.x, cols.y, cols.sample_weight)),
-        dataset.transform,
-        dataset.augment,
-        dataset.seed if dataset.augment is not None else None,
-    )
 
 
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:

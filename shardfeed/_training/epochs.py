@@ -73,12 +73,11 @@ class FitRun:
         return self.steps_per_epoch or self.plan.steps_per_epoch
 
     def resume(self, state: _resume.ResumeState) -> None:
-        """Continues from `state` (a backup's): checks it fits this dataset and
-        world, takes the plan that keeps its global batch, and starts at its
-        cursor."""
-        self.plan = _resume.adapt(state, self.dataset)
+        """Continues from `state` (a backup's): checks it fits this dataset,
+        world and `steps_per_epoch`, takes the plan that keeps its global
+        batch, and starts at its cursor."""
+        self.plan = _resume.adapt(state, self.dataset, self.steps_per_epoch)
         self.state = state
-        self.steps_per_epoch = state.steps_per_epoch
         self.cursor = state.cursor
 
     def capture(self) -> _resume.ResumeState:
@@ -113,7 +112,9 @@ class FitRun:
             model.reset_metrics()
             self.totals = (0.0, 0)
             if self.state is not None and self.cursor.step > 0:
-                _resume.restore_metrics(model, self.state.metrics, loop.engine)
+                _resume.restore_metrics(
+                    model, self.state.metrics, loop.engine, self.state.source
+                )
                 self.totals = (self.state.loss_sum, self.state.loss_rows)
             self.state = None
             cbs.on_epoch_begin(epoch)

@@ -2,19 +2,15 @@
 
 Owns the arguments a Keras user carries over from `model.fit`: refusing those
 `fit` cannot honour with the replacement in the message (the full table is in
-docs/keras.md), `validation_split` (the last rows of the dataset's sources,
-as in Keras, split before sharding) and `validation_freq` (an int or a list
+docs/keras.md), `validation_split` (`ShardedResidentDataset.split`: the last
+rows, as in Keras, split before sharding) and `validation_freq` (an int or a list
 of epochs, as in Keras).
 """
 
 from __future__ import annotations
 
-import math
-import weakref
 from collections.abc import Callable
 from typing import Any
-
-import optree
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
@@ -155,40 +151,14 @@ def validation_schedule(validation_freq: Any) -> Callable[[int], bool]:
     )
 
 
-class _Rows:
-    """Rows `[start, stop)` of an array-like, read lazily (no copy until read)."""
-
-    def __init__(self, data: Any, start: int, stop: int, shape: tuple[int, ...], dtype: Any):
-        self._data, self._start = data, start
-        self.shape = (stop - start, *shape[1:])
-        self.dtype = dtype
-        self.source = getattr(data, "source", None)
-
-    def __getitem__(self, rows: slice) -> Any:
-        begin, end, _ = rows.indices(self.shape[0])
-        return self._data[self._start + begin : self._start + end]
-
-
-# Split datasets per (dataset, fraction): repeated fits upload them once. Weak
-# keys, and the split datasets keep only the user's arrays, not the dataset.
-_SPLITS: weakref.WeakKeyDictionary[
-    ShardedResidentDataset, dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]]
-] = weakref.WeakKeyDictionary()
-
-
 def split_validation(
     dataset: ShardedResidentDataset, validation_split: float, validation_data: Any = None
 ) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
-    """Keras' `validation_split`: the last `validation_split` of the rows, taken
-    before sharding, as validation data; the rest as training data.
-
-    Both datasets are built from `dataset`'s sources (its arrays or files,
-    read again) with its options; the validation one unshuffled. The rows
-    of `dataset` itself stay on the devices as long as you hold it.
+    """Keras' `validation_split`: `dataset.split(validation_split)` (the last
+    rows as validation data, the whole let go of while the parts are held).
 
     Raises:
-        ValueError: For a fraction outside (0, 1) or one that leaves a side
-            empty, or with `validation_data` given too.
+        ValueError: With `validation_data` given too, or as `split` does.
     """
     if validation_data is not None:
         raise ValueError(
@@ -198,63 +168,4 @@ def split_validation(
                 "Keep one of the two.",
             )
         )
-    if not (isinstance(validation_split, (int, float)) and 0 < validation_split < 1):
-        raise ValueError(
-            _errors.message(
-                "`validation_split` must be a fraction between 0 and 1 (exclusive).",
-                f"validation_split={validation_split!r}",
-                "Pass e.g. `validation_split=0.2` to validate on the last 20% of the rows.",
-            )
-        )
-    cached = _SPLITS.setdefault(dataset, {}).get(float(validation_split))
-    if cached is not None:
-        return cached
-    rows = dataset.num_rows
-    split_at = math.floor(rows * (1.0 - validation_split))  # as Keras
-    if split_at in (0, rows):
-        raise ValueError(
-            _errors.message(
-                "`validation_split` must leave rows on both sides.",
-                f"validation_split={validation_split!r} of {rows} rows",
-                "Use a fraction that leaves at least one training and one validation row.",
-            )
-        )
-    plan = dataset.plan
-    batch = plan.per_replica_batch_size
-
-    def part(start: int, stop: int, **options: Any) -> ShardedResidentDataset:
-        cols = dataset.columns
-        views = [_Rows(c.data, start, stop, c.shape, c.dtype) for c in cols.columns]
-
-        def structure(s: Any) -> Any:
-            return None if s is None else optree.tree_map(lambda i: views[i], s)
-
-        return ShardedResidentDataset(
-            structure(cols.x),
-            structure(cols.y),
-            structure(cols.sample_weight),
-            placement=plan.placement,
-            transform=dataset.transform,
-            load_options=dataset.load_options,
-            strategy=dataset.world.strategy,
-            **options,
-        )
-
-    # Validation pads rather than drops: shrink its batch for few rows (as
-    # arrays in `validation_data` get).
-    val_batch = max(1, min(batch, (rows - split_at) // plan.num_replicas))
-    split = (
-        part(
-            0,
-            split_at,
-            per_replica_batch_size=batch,
-            shuffle=dataset.shuffle,
-            seed=dataset.seed,
-            drop_remainder=plan.drop_remainder,
-            augment=dataset.augment,  # training only: validation never augments
-        ),
-        part(split_at, rows, per_replica_batch_size=val_batch, shuffle=False),
-    )
-    _SPLITS[dataset][float(validation_split)] = split
-    return split
-
+    return dataset.split(validation_split)

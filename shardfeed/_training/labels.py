@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
@@ -27,26 +28,31 @@ _LABELS_CHECKED: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def _at(structure: Any, path: tuple[Any, ...], output_names: list[str]) -> Any:
-    """`structure[path[0]][path[1]]...`, or None where the path does not lead
-    anywhere. A name in a list of outputs stands for its position (Keras keys
-    multi-output losses by output name)."""
+def _at(
+    structure: Any, path: tuple[Any, ...], output_names: list[str]
+) -> tuple[Any, tuple[Any, ...]]:
+    """`structure[path[0]][path[1]]...` and the keys that led there, or None
+    where the path does not lead anywhere. A name in a list of outputs stands
+    for its position (Keras keys multi-output losses by output name)."""
+    keys = []
     for key in path:
         if isinstance(structure, (list, tuple)) and isinstance(key, str):
             if key not in output_names:
-                return None
+                return None, ()
             key = output_names.index(key)
         try:
             structure = structure[key]
         except (KeyError, IndexError, TypeError):
-            return None
-    return structure
+            return None, ()
+        keys.append(key)
+    return structure, tuple(keys)
 
 
 def _sparse_label_columns(
     model: keras.Model, dataset: ShardedResidentDataset
-) -> list[tuple[int, int, int | None]]:
-    """`(y column, number of classes, ignore_class)` for each sparse categorical
+) -> list[tuple[tuple[Any, ...], int, int | None]]:
+    """`(the label's place in y, number of classes, ignore_class)` for each
+    sparse categorical
     crossentropy in the model's compiled loss whose labels and output can be
     matched (single output, or outputs and labels keyed alike).
 
@@ -55,10 +61,10 @@ def _sparse_label_columns(
     the same function as the `SparseCategoricalCrossentropy` object.
     """
     flat_losses = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None)
-    y = dataset.columns.y
-    if not flat_losses or y is None:
+    spec = dataset.element_spec
+    if not flat_losses or spec.y is None:
         return []
-    found: list[tuple[int, int, int | None]] = []
+    found: list[tuple[tuple[Any, ...], int, int | None]] = []
     outputs = None
     for path, loss, *_ in flat_losses:
         # Keras' (private) LossFunctionWrapper keeps the function as `fn`.
@@ -67,17 +73,17 @@ def _sparse_label_columns(
         if outputs is None:
             outputs = model.compute_output_spec(
                 keras.tree.map_structure(
-                    lambda s: keras.KerasTensor(s.shape, s.dtype.name), dataset.element_spec.x
+                    lambda s: keras.KerasTensor(s.shape, s.dtype.name), spec.x
                 )
             )
         names = list(getattr(model, "output_names", None) or [])
-        column, output = _at(y, path, names), _at(outputs, path, names)
+        (label, target), (output, _) = _at(spec.y, path, names), _at(outputs, path, names)
         classes = getattr(output, "shape", (None,))[-1] if output is not None else None
-        if isinstance(column, int) and classes is not None:
-            kind = dataset.columns.columns[column].dtype.kind
-            if kind in "biuf":
+        if isinstance(label, tf.TensorSpec) and classes is not None:
+            dtype = label.dtype
+            if dtype.is_bool or dtype.is_integer or dtype.is_floating:
                 ignore = getattr(loss, "_fn_kwargs", {}).get("ignore_class")
-                found.append((column, int(classes), ignore))
+                found.append((target, int(classes), ignore))
     return found
 
 
@@ -103,10 +109,11 @@ def check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, nam
     if checked.get(model) == compile_loss:
         return
     engine = engine_for(dataset.world)
-    for column, classes, ignore in _sparse_label_columns(model, dataset):
-        stats = engine.all_gather([s.reshape(1, 3) for s in dataset.label_stats(column, ignore)])
+    for target, classes, ignore in _sparse_label_columns(model, dataset):
+        stats = engine.all_gather([s.reshape(1, 3) for s in dataset.label_stats(target, ignore)])
         low, high, fractional = stats[:, 0].min(), stats[:, 1].max(), stats[:, 2].any()
-        where = f"{dataset.columns.columns[column].name} of `{name}`"
+        # Named as the data layer names columns (`y['kind']`).
+        where = "y" + "".join(f"[{key!r}]" for key in target) + f" of `{name}`"
         span = f"labels span {_label(low)} to {_label(high)}"
         if low < 0 or high >= classes:
             bad = _label(low if low < 0 else high)

@@ -27,24 +27,10 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.plan import ShardPlan
+from shardfeed._data.plan import ShardPlan, plan_shards
+from shardfeed._training.resume_state import Cursor, ResumeState, shortened, state_error
 
 logger = logging.getLogger("shardfeed")
-
-FORMAT = 1
-
-
-@dataclasses.dataclass
-class Cursor:
-    """Where training stands: fit epoch `epoch` with `step` of its steps done,
-    inside pass `data_epoch` over the data (which seeds the order) with
-    `data_step` of that pass's steps done. Without `steps_per_epoch` a fit
-    epoch is one pass, and the two pairs are equal."""
-
-    epoch: int
-    step: int
-    data_epoch: int
-    data_step: int
 
 
 def epoch_span(epoch: int, steps_per_epoch: int | None, data_steps: int) -> tuple[int, int, int]:
@@ -75,55 +61,6 @@ def cursor_at(epoch: int, step: int, steps_per_epoch: int | None, data_steps: in
     return Cursor(epoch, step, data_epoch, start + step)
 
 
-@dataclasses.dataclass(frozen=True)
-class ResumeState:
-    """What a checkpoint adds to the model's weights: a few integers and the
-    running epoch logs.
-
-    Attributes:
-        cursor: Where training stood (see `Cursor`).
-        seed, shuffle, placement, num_rows: The data's order and size; a resume
-            must use the same.
-        num_replicas, global_batch_size: The world shape it was written with.
-        steps_per_epoch: `fit`'s `steps_per_epoch` (None: one pass per epoch).
-        loss_sum, loss_rows: The epoch's running loss (sum over rows, rows).
-        metrics: The values of the model's metric variables (global values),
-            so an epoch's logs after a resume cover the whole epoch.
-    """
-
-    cursor: Cursor
-    seed: int | None
-    shuffle: bool | str
-    placement: str
-    num_rows: int
-    num_replicas: int
-    global_batch_size: int
-    steps_per_epoch: int | None
-    loss_sum: float
-    loss_rows: int
-    metrics: list[Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["format"] = FORMAT
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ResumeState:
-        if data.get("format") != FORMAT:
-            raise ValueError(
-                _errors.message(
-                    f"A shardfeed resume state must have format {FORMAT}.",
-                    f"format={data.get('format')!r}",
-                    "Resume with the shardfeed version that wrote it, or start afresh.",
-                )
-            )
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
-        values["cursor"] = Cursor(**values["cursor"])
-        return cls(**values)
-
-
 def _metric_variables(model: keras.Model) -> list[Any]:
     return [v for m in model.metrics for v in m.variables]
 
@@ -144,7 +81,9 @@ def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
     return values
 
 
-def restore_metrics(model: keras.Model, values: list[Any], engine: Any) -> None:
+def restore_metrics(
+    model: keras.Model, values: list[Any], engine: Any, source: str = "the resume state"
+) -> None:
     """Sets the metric variables to global `values`: assigned outside the
     replicas, a sync-on-read SUM variable splits the value over its replicas
     (so reading it sums back); under Horovod rank 0 takes the sums."""
@@ -158,45 +97,40 @@ def restore_metrics(model: keras.Model, values: list[Any], engine: Any) -> None:
                 "Compile the model with the same loss and metrics as the interrupted run.",
             )
         )
-    for v, value in zip(variables, values, strict=True):
-        value = np.asarray(value, dtype=v.dtype)
+    arrays = []
+    for i, (v, value) in enumerate(zip(variables, values, strict=True)):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # ragged lists
+            array = np.asarray(None)
+        if array.dtype == object or array.shape != tuple(v.shape):
+            raise state_error(
+                source,
+                f"`metrics[{i}]` must hold the value of metric variable {v.path!r}, of "
+                f"shape {tuple(v.shape)}",
+                f"state.metrics[{i}]={shortened(value)}",
+            )
+        arrays.append(array.astype(v.dtype))
+    for v, value in zip(variables, arrays, strict=True):
         if engine.name == "horovod" and engine.world.rank != 0:
             if getattr(v, "aggregation", "sum") == "sum":
                 value = np.zeros_like(value)
         v.assign(value)
 
 
-def order_is_global(dataset: ShardedResidentDataset) -> bool:
-    """Whether step `s` of an epoch takes the same global rows on any number of
-    replicas: the global order (`placement="replicate"`, shuffled or not, or
-    sharded rows with `shuffle=True` and a full exchange).
-
-    A sharded dataset with `shuffle="local"` or `False` draws one order per
-    replica, a partial exchange (`exchange_fraction < 1`) mixes from the rows
-    each replica happened to hold, and a streamed one shuffles chunks per
-    replica: none keeps the rows of the first `s` steps when the replicas
-    change.
-    """
-    if dataset.is_streaming:
-        return False
-    if dataset.plan.placement == "replicate":
-        return True
-    if dataset.shuffle is True:
-        # Several replicas: the exchange, when it is a full one; one replica
-        # holds every row and draws the global permutation itself.
-        return dataset.plan.num_replicas == 1 or dataset.load_options.exchange_fraction == 1
-    return dataset.shuffle is False and dataset.plan.num_replicas == 1
-
-
-def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> ShardPlan:
-    """Checks that `state` can resume on `dataset`; returns the training plan
-    that keeps its global batch (the dataset's own, or one for another
-    per-replica batch: the dataset is not changed).
+def adapt(
+    state: ResumeState, dataset: ShardedResidentDataset, steps_per_epoch: int | None
+) -> ShardPlan:
+    """Checks that `state` can resume on `dataset` in a `fit` with
+    `steps_per_epoch` (see `check_run`); returns the training plan that keeps
+    its global batch (the dataset's own, or one for another per-replica
+    batch: the dataset is not changed).
 
     Raises:
-        ValueError: For a different dataset, a mid-epoch resume on another
-            number of replicas without a global order, or a global batch the
-            new replica count does not divide.
+        ValueError: For a different dataset, a cursor or running totals that
+            the run could not have written, another `steps_per_epoch`, a
+            mid-epoch resume on another number of replicas without a global
+            order, or a global batch the new replica count does not divide.
     """
     plan = dataset.plan
     if (state.seed, state.shuffle, state.num_rows, state.placement) != (
@@ -217,9 +151,10 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> ShardPlan:
                 "afresh.",
             )
         )
+    check_run(state, plan.drop_remainder, steps_per_epoch)
     m, g = plan.num_replicas, state.global_batch_size
     mid_epoch = state.cursor.data_step > 0
-    if m != state.num_replicas and mid_epoch and not order_is_global(dataset):
+    if m != state.num_replicas and mid_epoch and not dataset.order_is_global:
         raise ValueError(
             _errors.message(
                 "Resuming inside an epoch on another number of replicas needs the global "
@@ -235,7 +170,7 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> ShardPlan:
             )
         )
     fraction = dataset.load_options.exchange_fraction
-    if mid_epoch and dataset.exchange is not None and fraction < 1:
+    if mid_epoch and not dataset.order_is_replayable:
         raise ValueError(
             _errors.message(
                 "Resuming inside an epoch needs that epoch's order again; a partial exchange "
@@ -280,6 +215,101 @@ def adapt(state: ResumeState, dataset: ShardedResidentDataset) -> ShardPlan:
             g,
         )
     return dataset.training_plan(g // m)
+
+
+def check_run(state: ResumeState, drop_remainder: bool, steps_per_epoch: int | None) -> None:
+    """Checks `state` against the run that wrote it (its data, world and
+    `steps_per_epoch`) and the resuming `fit`'s `steps_per_epoch`.
+
+    The cursor must be a position that run passes through: the step inside
+    fit epoch `epoch` (the whole epoch done at most: a backup after its last
+    call, before `on_epoch_end`), and the pass and step in the data that
+    `cursor_at` gives for them. The running totals must be rows of the steps
+    done. `steps_per_epoch` is the resuming fit's own (as Keras'
+    `BackupAndRestore` resumes with `fit`'s arguments): honoured when it
+    splits the data into the checkpoint's epochs (`None` and any value of at
+    least one pass are one pass per epoch), refused otherwise -- the cursor
+    and the epoch's running totals count that run's epochs.
+
+    Raises:
+        ValueError: Naming the file and the fields.
+    """
+    source, cursor = state.source, state.cursor
+    try:
+        written = plan_shards(
+            state.num_rows,
+            state.num_replicas,
+            state.global_batch_size // state.num_replicas,
+            state.placement,  # type: ignore[arg-type]
+            drop_remainder,
+            training=True,
+        )
+    except ValueError as err:
+        raise state_error(
+            source,
+            "`num_replicas` and `global_batch_size` must give a training plan for `num_rows`",
+            f"state.num_rows={state.num_rows}, state.num_replicas={state.num_replicas}, "
+            f"state.global_batch_size={state.global_batch_size} ({err})",
+        ) from None
+    data_steps = written.steps_per_epoch
+    data_epoch, start, stop = epoch_span(cursor.epoch, state.steps_per_epoch, data_steps)
+    epoch_words = (
+        f"fit epoch {cursor.epoch} is steps [{start}, {stop}) of pass {data_epoch} over the "
+        f"data ({data_steps} steps per pass, steps_per_epoch={state.steps_per_epoch})"
+    )
+    if cursor.step > stop - start:
+        raise state_error(
+            source,
+            f"`cursor.step` must be in [0, {stop - start}]: {epoch_words}",
+            f"state.cursor.epoch={cursor.epoch}, state.cursor.step={cursor.step}",
+        )
+    where = cursor_at(cursor.epoch, cursor.step, state.steps_per_epoch, data_steps)
+    if (cursor.data_epoch, cursor.data_step) != (where.data_epoch, where.data_step):
+        raise state_error(
+            source,
+            f"`cursor.data_epoch` and `cursor.data_step` must be where the fit's cursor "
+            f"lies in the data, pass {where.data_epoch} step {where.data_step} ({epoch_words}; "
+            "the pass seeds the order)",
+            f"state.cursor.data_epoch={cursor.data_epoch}, state.cursor.data_step="
+            f"{cursor.data_step} (state.cursor.epoch={cursor.epoch}, state.cursor.step="
+            f"{cursor.step})",
+        )
+    g = state.global_batch_size
+    # Rows of the steps done: full steps of `g` rows, the pass's last perhaps
+    # fewer; 0 when the model's own `train_step` returns the logs.
+    if cursor.step and state.loss_rows and not (
+        (cursor.step - 1) * g < state.loss_rows <= cursor.step * g
+    ):
+        raise state_error(
+            source,
+            f"`loss_rows` must be the rows of the {cursor.step} step(s) done "
+            f"({(cursor.step - 1) * g + 1} to {cursor.step * g} with a global batch of {g}; "
+            "0 under a model's own `train_step`)",
+            f"state.loss_rows={state.loss_rows}, state.cursor.step={cursor.step}, "
+            f"state.global_batch_size={g}",
+        )
+    if _one_pass_each(steps_per_epoch, data_steps) != _one_pass_each(
+        state.steps_per_epoch, data_steps
+    ):
+        ckpt = state.steps_per_epoch
+        keep = "leave `steps_per_epoch` out" if ckpt is None else f"pass `steps_per_epoch={ckpt}`"
+        raise ValueError(
+            _errors.message(
+                "A resumed fit must split the data into the checkpoint's epochs: its cursor "
+                "and the epoch's running loss and metrics count epochs of the checkpoint's "
+                "`steps_per_epoch`, and `fit` keeps the `steps_per_epoch` it is given "
+                "(as Keras' `BackupAndRestore` does).",
+                f"steps_per_epoch={steps_per_epoch!r}; {source}: state.steps_per_epoch="
+                f"{ckpt!r} ({data_steps} steps per pass over the data)",
+                f"{keep[0].upper()}{keep[1:]} as the interrupted run did, or delete the backup "
+                "directory to start afresh with the new epochs.",
+            )
+        )
+
+
+def _one_pass_each(steps_per_epoch: int | None, data_steps: int) -> int | None:
+    """`steps_per_epoch` as the epochs it gives (None: one pass per epoch)."""
+    return None if steps_per_epoch is None or steps_per_epoch >= data_steps else steps_per_epoch
 
 
 def capture(

@@ -3,7 +3,8 @@
 Separation of concerns: this package owns the benchmark only, one concept per
 module -- `cli` (flags and the run), `machine` (what the numbers were measured
 on), `workloads` (the W1-W4 data and models, shared with `shardfeed demo`),
-`variants` (what is timed), `timing` (the epoch timer), `tuning` (the
+`variants` (what is timed), `backend_worker` (the process a variant on
+another Keras backend runs in), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
 rounds), `report` (JSON, Markdown, chart) and `engines` (`--engines`). It
 trains through the public `shardfeed.fit`; for the floor it reuses the
@@ -23,6 +24,9 @@ reference model), each with its own model instance:
     tfdata     `model.fit` on `from_tensor_slices.cache.shuffle.batch.prefetch`.
     tuned      `tfdata` with the fastest `steps_per_execution` x `jit_compile`
                found by a short probe in the same process.
+    jax        `numpy` on Keras' JAX backend, in a worker process of its own
+               (`KERAS_BACKEND=jax`; skipped, saying why, without JAX).
+    jax-tuned  `jax` with the probe's fastest settings, probed in that process.
     shardfeed  `shardfeed.fit` with default `FitOptions()`.
     floor      `Loop.train_step` on one fixed device batch inside the same
                compiled loop shape: the compute floor, no input work at all.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
         default=list(VARIANTS),
-        help="comma-separated, from numpy,tfdata,tuned,shardfeed,floor,streaming "
-        "(or a-f; default: all)",
+        help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming "
+        "(or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,streaming, g jax, h jax-tuned; "
+        "default: all). jax and jax-tuned run Keras on JAX in a worker process each, "
+        "skipped with the reason when JAX does not import",
     )
     parser.add_argument(
         "--epochs",
@@ -129,6 +132,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
         "prints) for the Horovod row of --engines",
     )
+    parser.add_argument(
+        "--jax-python",
+        default=os.environ.get("SHARDFEED_JAX_PYTHON") or sys.executable,
+        help="a Python with Keras and JAX, where the jax variants run (e.g. .venv-jax/bin/python, "
+        "which .ci/setup makes without TensorFlow: TensorFlow imports JAX when it is installed "
+        "beside it; default: $SHARDFEED_JAX_PYTHON, else this Python)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     report: dict[str, Any] = {
-        "machine": machine_info(),
+        "machine": machine_info(args.jax_python),
         "conditions": {
             "batch_size": BATCH_SIZE,
             "optimizer": f"Adam(learning_rate={LEARNING_RATE})",

@@ -7,8 +7,10 @@ versions for the report's header; it times and trains nothing.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,32 @@ def _ram_gib() -> float | None:
     return None
 
 
-def machine_info() -> dict[str, Any]:
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version, without importing it (None if absent)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version_in(python: str, distribution: str) -> str | None:
+    """`distribution`'s version in another Python (None if absent there)."""
+    code = f"import importlib.metadata as m; print(m.version({distribution!r}))"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def machine_info(jax_python: str | None = None) -> dict[str, Any]:
     """What the numbers were measured on.
 
     Returns:
         CPU model, core counts, RAM, load average, OS, Python, TensorFlow,
-        Keras and NumPy versions, devices and the date (UTC).
+        Keras, NumPy and JAX versions (JAX: that of `jax_python`, where the
+        `jax` variants run, else this Python's; None when not installed),
+        devices and the date (UTC).
 
     Example:
         >>> machine_info()["cpu_count"]
@@ -70,6 +92,7 @@ def machine_info() -> dict[str, Any]:
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "numpy": np.__version__,
+        "jax": _version_in(jax_python, "jax") if jax_python else _version("jax"),
         "devices": [d.name for d in tf.config.list_logical_devices()],
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

@@ -43,7 +43,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cpus_usable']} of {m['cpu_count']} cores usable, "
         f"{m['ram_gib']} GiB RAM, load average {m['load_average_1_5_15_min_at_start']} at "
         f"start; {m['os']}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
-        f"Keras {m['keras']}, NumPy {m['numpy']}.",
+        f"Keras {m['keras']}, NumPy {m['numpy']}"
+        + (f", JAX {m['jax']}." if m.get("jax") else ", no JAX."),
         f"Batch {c['batch_size']}, {c['optimizer']}; {c['statistic']}; {c['schedule']}; "
         f"rows scale {c['rows_scale']}.",
     ]
@@ -65,6 +66,9 @@ def to_markdown(report: dict[str, Any]) -> str:
             "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in w["variants"].values():
+            if "skipped" in r:
+                lines.append(f"| {r['label']} | skipped: {r['skipped']} ||||||||")
+                continue
             lines.append(
                 f"| {r['label']} | {_settings_text(r['settings'])} "
                 f"| {_fmt(r['median_epoch_s'], '.3f')} | {_fmt(r['ms_per_step'], '.3f')} "
@@ -80,15 +84,16 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"Augmentation alone (same calls, no train step): "
                 f"{floor['augment_ms_per_step']:.3f} ms/step, {share:.0%} of the floor's step.",
             ]
-        tuned = w["variants"].get("tuned")
-        if tuned:
+        for tuned in (w["variants"].get(name) or {} for name in ("tuned", "jax-tuned")):
+            if "probe" not in tuned:
+                continue
             probe = tuned["probe"]
             configs = "; ".join(config_text(p) for p in probe["configs"])
             lines += [
                 "",
-                f"Tuning probe ({PROBE_EPOCHS} epochs of {probe['steps_per_epoch']} steps, "
-                f"fastest after the first, {tuned['probe_s']:.1f} s): {configs}. "
-                f"{probe['note']}.",
+                f"Tuning probe of {tuned['label']} ({PROBE_EPOCHS} epochs of "
+                f"{probe['steps_per_epoch']} steps, fastest after the first, "
+                f"{tuned['probe_s']:.1f} s): {configs}. {probe['note']}.",
             ]
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,9 @@ Separation of concerns: this module owns when each variant runs -- set-up,
 one warm-up epoch each (compilation included), then round-robin one epoch per
 variant per round in a rotated order so drift in machine load spreads over all
 of them -- and the per-variant numbers derived from those times (median,
-ms/step, ratio to the floor, speed-up over `model.fit(numpy)`).
+ms/step, ratio to the floor, speed-up over `model.fit(numpy)`). A variant
+that cannot run here (its Keras backend does not import) is reported as
+skipped, with why.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS
+from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS, Variant
 from shardfeed._commands.bench.workloads import (
     BATCH_SIZE,
     MIN_ROWS,
@@ -36,7 +38,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     Returns:
         The workload's report: description, inputs, rows, steps per epoch, data
         generation seconds and, per variant, its settings, epoch seconds and the
-        numbers derived from them.
+        numbers derived from them, or `label` and `skipped` (why).
 
     Example:
         >>> run_workload(WORKLOADS["W2"], args)["variants"]["floor"]["ratio_to_floor"]
@@ -49,45 +51,13 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     data = make_data(workload, rows, args.seed)
     data_s = time.perf_counter() - start
     reference = build_model(workload, False, args.seed)
-    variants = [VARIANT_TYPES[name](workload, data, reference, args) for name in args.variants]
-    setup_s, warmup_s, warmup_loss = {}, {}, {}
-    for v in variants:
-        start = time.perf_counter()
-        v.setup()
-        setup_s[v.name] = time.perf_counter() - start
-    for v in variants:  # warm-up: one whole first call each, compilation included
-        start = time.perf_counter()
-        _, warmup_loss[v.name] = v.epoch(0)
-        warmup_s[v.name] = time.perf_counter() - start
-        print(f"  {workload.name} warm-up {VARIANTS[v.name]}: {warmup_s[v.name]:.2f} s", flush=True)
-    seconds: dict[str, list[float]] = {v.name: [] for v in variants}
-    losses: dict[str, float | None] = dict(warmup_loss)
-    for epoch in range(1, args.epochs + 1):
-        shift = (epoch - 1) % len(variants)
-        for v in variants[shift:] + variants[:shift]:
-            secs, losses[v.name] = v.epoch(epoch)
-            seconds[v.name].append(secs)
-        line = ", ".join(f"{v.name} {seconds[v.name][-1]:.3f} s" for v in variants)
-        print(f"  {workload.name} epoch {epoch}/{args.epochs}: {line}", flush=True)
-    results = {}
-    floor = statistics.median(seconds["floor"]) if "floor" in seconds else None
-    numpy_s = statistics.median(seconds["numpy"]) if "numpy" in seconds else None
-    for v in variants:
-        median = statistics.median(seconds[v.name])
-        results[v.name] = {
-            "label": VARIANTS[v.name],
-            "settings": v.settings,
-            "epoch_s": seconds[v.name],
-            "median_epoch_s": median,
-            "ms_per_step": 1000 * median / steps,
-            "ratio_to_floor": median / floor if floor else None,
-            "speedup_vs_numpy": numpy_s / median if numpy_s else None,
-            "final_loss": losses[v.name],
-            "setup_s": setup_s[v.name],
-            "warmup_s": warmup_s[v.name],
-            **v.extra,
-        }
-    del variants
+    every = [VARIANT_TYPES[name](workload, data, reference, args) for name in args.variants]
+    try:
+        results = _run_variants(workload, every, steps, args.epochs)
+    finally:
+        for v in every:
+            v.close()  # the worker processes of variants on another backend
+    del every
     gc.collect()
     return {
         "description": workload.description,
@@ -97,6 +67,57 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         "data_generation_s": data_s,
         "variants": results,
     }
+
+
+def _run_variants(
+    workload: Workload, every: list[Variant], steps: int, epochs: int
+) -> dict[str, dict[str, Any]]:
+    """Sets up, warms up and times `every` variant; the per-variant results."""
+    setup_s, warmup_s, warmup_loss = {}, {}, {}
+    for v in every:
+        start = time.perf_counter()
+        v.setup()
+        setup_s[v.name] = time.perf_counter() - start
+        if v.skipped:
+            print(f"  {workload.name} {VARIANTS[v.name]}: skipped ({v.skipped})", flush=True)
+    variants = [v for v in every if not v.skipped]
+    for v in variants:  # warm-up: one whole first call each, compilation included
+        start = time.perf_counter()
+        _, warmup_loss[v.name] = v.epoch(0)
+        warmup_s[v.name] = time.perf_counter() - start
+        print(f"  {workload.name} warm-up {VARIANTS[v.name]}: {warmup_s[v.name]:.2f} s", flush=True)
+    seconds: dict[str, list[float]] = {v.name: [] for v in variants}
+    losses: dict[str, float | None] = dict(warmup_loss)
+    for epoch in range(1, epochs + 1) if variants else ():  # none when all are skipped
+        shift = (epoch - 1) % len(variants)
+        for v in variants[shift:] + variants[:shift]:
+            secs, losses[v.name] = v.epoch(epoch)
+            seconds[v.name].append(secs)
+        line = ", ".join(f"{v.name} {seconds[v.name][-1]:.3f} s" for v in variants)
+        print(f"  {workload.name} epoch {epoch}/{epochs}: {line}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    floor = statistics.median(seconds["floor"]) if "floor" in seconds else None
+    numpy_s = statistics.median(seconds["numpy"]) if "numpy" in seconds else None
+    for v in every:
+        if v.skipped:
+            results[v.name] = {"label": VARIANTS[v.name], "skipped": v.skipped}
+            continue
+        median = statistics.median(seconds[v.name])
+        results[v.name] = {
+            "label": VARIANTS[v.name],
+            "settings": v.settings,
+            "epoch_s": seconds[v.name],
+            "median_epoch_s": median,
+            "ms_per_step": 1000 * median / steps,
+            "ratio_to_floor": median / floor if floor else None,
+            "speedup_vs_numpy": numpy_s / median if numpy_s else None,
+            "first_epoch_loss": warmup_loss[v.name],
+            "final_loss": losses[v.name],
+            "setup_s": setup_s[v.name],
+            "warmup_s": warmup_s[v.name],
+            **v.extra,
+        }
+    return results
 
 
 def release_loops() -> None:

@@ -4,9 +4,11 @@ Separation of concerns: this module owns the shuffles benchmark only -- its
 worker processes and its Markdown table; processes start as in `engines.py`.
 Each setup (2 and 4 logical CPU devices under MirroredStrategy, 2
 MultiWorkerMirroredStrategy workers) trains the W2 workload (`workloads`)
-with `shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs, three
-times: `placement="shard"` with the global order (the per-epoch exchange),
-`placement="shard"` with `shuffle="local"`, and `placement="replicate"`.
+with `shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs, four
+times: `placement="shard"` with the global order (the per-epoch exchange)
+at the default `exchange_buffer_bytes` and at 1 MiB (many rounds: what a
+round costs), `placement="shard"` with `shuffle="local"`, and
+`placement="replicate"`.
 Reported per row: epoch seconds (median), the exchange's bytes sent per
 replica, seconds, GB/s and share of the epoch, and device bytes per replica
 (rows, plus the exchange's staging bound for the global order).
@@ -26,10 +28,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 SETUPS = {"mirrored2": (1, 2), "mirrored4": (1, 4), "multiworker2": (2, 1)}  # workers, devices
-SHUFFLES: tuple[tuple[Literal["shard", "replicate"], bool | Literal["local"]], ...] = (
-    ("shard", True),
-    ("shard", "local"),
-    ("replicate", True),
+SMALL_BUFFER_BYTES = 2**20
+# (placement, shuffle, exchange_buffer_bytes; None: the default).
+SHUFFLES: tuple[
+    tuple[Literal["shard", "replicate"], bool | Literal["local"], int | None], ...
+] = (
+    ("shard", True, None),
+    ("shard", True, SMALL_BUFFER_BYTES),
+    ("shard", "local", None),
+    ("replicate", True, None),
 )
 PER_REPLICA_BATCH = 256
 
@@ -54,13 +61,17 @@ def _worker(args: argparse.Namespace) -> int:
     w2 = WORKLOADS["W2"]
     x, y = make_data(w2, args.rows, seed=0)
     results = []
-    for placement, shuffle in SHUFFLES:
+    for placement, shuffle, buffer_bytes in SHUFFLES:
+        options = (
+            shardfeed.LoadOptions() if buffer_bytes is None
+            else shardfeed.LoadOptions(exchange_buffer_bytes=buffer_bytes)
+        )
         with world.scope():
             keras.utils.set_random_seed(0)
             model = compile_model(build_model(w2, False, seed=0), w2)
             ds = shardfeed.ShardedResidentDataset(
                 x, y, per_replica_batch_size=PER_REPLICA_BATCH, seed=0, shuffle=shuffle,
-                placement=placement, drop_remainder=True,
+                placement=placement, drop_remainder=True, load_options=options,
             )
         timer = epoch_timer()
         shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
@@ -72,6 +83,8 @@ def _worker(args: argparse.Namespace) -> int:
         result = {
             "placement": placement,
             "shuffle": shuffle,
+            "exchange_buffer_bytes": options.exchange_buffer_bytes,
+            "rounds": statistics.median([r.rounds for r in reports]) if reports else 0,
             "epoch_s": epoch_s,
             "bytes_sent_per_replica": max((max(r.bytes_sent) for r in reports), default=0),
             "exchange_s": statistics.median([r.seconds for r in reports]) if reports else 0.0,
@@ -147,6 +160,9 @@ def to_markdown(setups: list[dict], rows: int, epochs: int) -> str:
                 "replicate" if r["placement"] == "replicate"
                 else "shard, global" if r["shuffle"] is True else "shard, local"
             )
+            if r.get("exchange_buffer_bytes") == SMALL_BUFFER_BYTES and r["shuffle"] is True:
+                name += f", 1 MiB buffer ({r['rounds']:.0f} rounds)"
+
             lines.append(
                 f"| {s['setup']} | {name} | {r['epoch_s']:.3f} "
                 f"| {r['bytes_sent_per_replica'] / 1e6:.2f} | {r['exchange_s']:.3f} "

@@ -1,9 +1,10 @@
 """The tuning probe: the fastest `model.fit` steps_per_execution x jit_compile here.
 
-Separation of concerns: this module owns the probe the `tuned` variant runs
-before it is timed -- which settings it tries, on how many steps, under what
-time budget -- and the note that names the winner and flags a catastrophically
-slow XLA. The `tuned` variant (in `variants`) trains with the winner.
+Separation of concerns: this module owns the probe the `tuned` and
+`jax-tuned` variants run before they are timed -- which settings it tries, on
+how many steps, under what time budget -- and the note that names the winner
+and flags a catastrophically slow XLA. The variants (in `variants`) train with
+the winner.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from shardfeed._commands.bench.timing import epoch_timer
-from shardfeed._commands.bench.workloads import BATCH_SIZE, Workload, new_model, tf_data
+from shardfeed._commands.bench.workloads import (
+    BATCH_SIZE,
+    Workload,
+    augment_for,
+    new_model,
+    tf_data,
+)
 
 PROBE_SPE = (32, 128)
 PROBE_JIT = (False, True)
@@ -36,15 +43,20 @@ CATASTROPHIC_FACTOR = 3.0
 
 
 def probe_keras_settings(
-    workload: Workload, x: np.ndarray, y: np.ndarray, reference: Any, args: argparse.Namespace
+    workload: Workload,
+    x: np.ndarray,
+    y: np.ndarray,
+    reference: Any,
+    args: argparse.Namespace,
+    on_numpy: bool = False,
 ) -> dict[str, Any]:
-    """Times `model.fit` on the tf.data pipeline for each steps_per_execution x jit_compile.
+    """Times `model.fit` for each steps_per_execution x jit_compile.
 
-    Each configuration gets a fresh model and runs `PROBE_EPOCHS` epochs of
-    the `tfdata` pipeline over the first min(steps per epoch, 256) batches of
-    rows: the first epoch compiles, the fastest later one counts. A
-    configuration whose run passes `args.probe_budget_s` is stopped and left
-    out.
+    Each configuration gets a fresh model and runs `PROBE_EPOCHS` epochs over
+    the first min(steps per epoch, 256) batches of rows, on the `tfdata`
+    pipeline or (`on_numpy`) on the NumPy arrays with `shuffle=True`: the
+    first epoch compiles, the fastest later one counts. A configuration whose
+    run passes `args.probe_budget_s` is stopped and left out.
 
     Args:
         workload: Which workload.
@@ -52,6 +64,8 @@ def probe_keras_settings(
         y: Targets.
         reference: Model whose weights every probe starts from.
         args: Flags (`seed`, `probe_budget_s`).
+        on_numpy: Probe `model.fit(x, y, batch_size=256, shuffle=True)` (the
+            `jax-tuned` variant; no TensorFlow needed) instead of tf.data.
 
     Returns:
         `{"steps_per_epoch": ..., "configs": [...], "note": ...}`; each config
@@ -65,17 +79,31 @@ def probe_keras_settings(
         >>> probe_keras_settings(WORKLOADS["W2"], x, y, ref, args)["configs"][0]["ms_per_step"]
         0.41
     """
+    import keras
+
+    backend = keras.backend.backend()  # tensorflow for `tuned`, jax for `jax-tuned`
     steps = min(math.ceil(len(x) / BATCH_SIZE), PROBE_MAX_STEPS)
-    data = tf_data(x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE], workload)
+    x, y = x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE]
+    data = None if on_numpy else tf_data(x, y, workload)
     configs = []
     for spe in PROBE_SPE:
         for jit in PROBE_JIT:
             model = new_model(
-                workload, reference, True, args.seed, steps_per_execution=spe, jit_compile=jit
+                workload,
+                reference,
+                True,
+                args.seed,
+                keras_augment=on_numpy and augment_for(workload) is not None,  # as the variant
+                steps_per_execution=spe,
+                jit_compile=jit,
             )
             timer = epoch_timer(budget_s=args.probe_budget_s)
             start = time.perf_counter()
-            model.fit(data, epochs=PROBE_EPOCHS, shuffle=False, verbose=0, callbacks=[timer])
+            common = {"epochs": PROBE_EPOCHS, "verbose": 0, "callbacks": [timer]}
+            if data is None:
+                model.fit(x, y, batch_size=BATCH_SIZE, shuffle=True, **common)
+            else:
+                model.fit(data, shuffle=False, **common)  # the pipeline shuffles
             done = len(timer.seconds) == PROBE_EPOCHS and timer.stopped_after_s is None
             configs.append(
                 {
@@ -87,7 +115,7 @@ def probe_keras_settings(
                     "stopped_after_s": timer.stopped_after_s,
                 }
             )
-            print(f"  {workload.name} probe {config_text(configs[-1])}", flush=True)
+            print(f"  {workload.name} probe ({backend}) {config_text(configs[-1])}", flush=True)
             del model
             gc.collect()
     return {"steps_per_epoch": steps, "configs": configs, "note": _probe_note(configs)}

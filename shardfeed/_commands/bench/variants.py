@@ -1,17 +1,26 @@
-"""The timed variants: `model.fit` (numpy, tfdata, tuned), `shardfeed.fit`, streaming, floor.
+"""The timed variants: `model.fit` (numpy, tfdata, tuned; on JAX: jax, jax-tuned),
+`shardfeed.fit`, streaming, floor.
 
 Separation of concerns: this module owns what each variant does -- its set-up
 (a fresh model from the reference weights, its input pipeline or dataset) and
-one epoch of it, returning the epoch's seconds and loss. When and in which
-order variants run is the `schedule`'s job; the settings probe is `tuning`'s.
+one epoch of it, returning the epoch's seconds and loss. A variant on another
+Keras backend runs in a worker process of its own (Keras picks its backend once
+per process): `_OtherBackend` here drives it epoch by epoch, `backend_worker`
+is that process. When and in which order variants run is the `schedule`'s
+job; the settings probe is `tuning`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,11 +41,23 @@ VARIANTS: dict[str, str] = {
     "numpy": "model.fit(numpy)",
     "tfdata": "model.fit(tf.data)",
     "tuned": "model.fit(tf.data, tuned)",
+    "jax": "Keras on JAX, model.fit(numpy)",
+    "jax-tuned": "Keras on JAX, model.fit(numpy, tuned)",
     "shardfeed": "shardfeed.fit",
     "floor": "floor",
     "streaming": "shardfeed.fit (streaming)",
 }
-VARIANT_ALIASES = dict(zip("abcdef", VARIANTS, strict=True))
+# The letters predate the JAX variants: a-f keep their meaning, g and h are new.
+VARIANT_ALIASES = dict(
+    zip(
+        "abcdefgh",
+        ("numpy", "tfdata", "tuned", "shardfeed", "floor", "streaming", "jax", "jax-tuned"),
+        strict=True,
+    )
+)
+# Variants on another Keras backend: the backend each worker process runs.
+OTHER_BACKENDS = {"jax": "jax", "jax-tuned": "jax"}
+WORKER_MODULE = "shardfeed._commands.bench.backend_worker"
 STREAM_CHUNK_BYTES = 16 * MIB
 
 VARIANT_NOTES: dict[str, str] = {
@@ -52,6 +73,16 @@ VARIANT_NOTES: dict[str, str] = {
     "tuned": (
         "The `tfdata` pipeline, compiled with the fastest of steps_per_execution in "
         "{32, 128} x jit_compile in {False, True}, chosen by a short probe in this process."
+    ),
+    "jax": (
+        "`model.fit(x, y, batch_size=256, shuffle=True)` on NumPy arrays, Keras defaults "
+        "(steps_per_execution=1, jit_compile='auto': True on JAX), in a worker process with "
+        "`KERAS_BACKEND=jax` (same data and initial weights; no TensorFlow in it)."
+    ),
+    "jax-tuned": (
+        "`jax` compiled with the fastest of steps_per_execution in {32, 128} x jit_compile in "
+        "{False, True}, chosen by the same short probe as `tuned`, on NumPy, in its worker "
+        "process."
     ),
     "shardfeed": (
         "`shardfeed.fit` on `ShardedResidentDataset(x, y, per_replica_batch_size=256, "
@@ -83,6 +114,7 @@ class Variant:
     """
 
     name = ""
+    skipped: str | None = None  # why it did not run, set by `setup()`
 
     def __init__(
         self,
@@ -105,13 +137,23 @@ class Variant:
         """Runs one epoch; returns (seconds, final loss or None)."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Releases what `setup()` started (a worker process); idempotent."""
+
 
 class _KerasFit(Variant):
-    """`model.fit` on NumPy arrays (`numpy`) or on a tf.data pipeline."""
+    """`model.fit` on NumPy arrays (`numpy`, `jax`) or on a tf.data pipeline."""
 
-    def __init__(self, *a: Any, name: str, spe: int = 1, jit: bool | str = "auto") -> None:
+    def __init__(
+        self,
+        *a: Any,
+        name: str,
+        on_numpy: bool,
+        spe: int = 1,
+        jit: bool | str = "auto",
+    ) -> None:
         super().__init__(*a)
-        self.name, self.spe, self.jit = name, spe, jit
+        self.name, self.on_numpy, self.spe, self.jit = name, on_numpy, spe, jit
 
     def setup(self) -> None:
         self.model = new_model(
@@ -120,11 +162,11 @@ class _KerasFit(Variant):
             True,
             self.args.seed,
             # W4: model.fit(numpy) augments with Keras' preprocessing layers.
-            keras_augment=self.name == "numpy" and augment_for(self.workload) is not None,
+            keras_augment=self.on_numpy and augment_for(self.workload) is not None,
             steps_per_execution=self.spe,
             jit_compile=self.jit,
         )
-        self.data = None if self.name == "numpy" else tf_data(self.x, self.y, self.workload)
+        self.data = None if self.on_numpy else tf_data(self.x, self.y, self.workload)
         self.settings = {
             "steps_per_execution": self.model.steps_per_execution,
             "jit_compile": self.model.jit_compile,
@@ -141,14 +183,14 @@ class _KerasFit(Variant):
 
 
 class _Tuned(_KerasFit):
-    """`tfdata` with the probe's fastest steps_per_execution x jit_compile."""
-
-    def __init__(self, *a: Any) -> None:
-        super().__init__(*a, name="tuned")
+    """`tfdata` (`tuned`) or `jax` (`jax-tuned`) with the probe's fastest
+    steps_per_execution x jit_compile."""
 
     def setup(self) -> None:
         start = time.perf_counter()
-        probe = probe_keras_settings(self.workload, self.x, self.y, self.reference, self.args)
+        probe = probe_keras_settings(
+            self.workload, self.x, self.y, self.reference, self.args, on_numpy=self.on_numpy
+        )
         self.extra["probe"] = probe
         self.extra["probe_s"] = time.perf_counter() - start
         best = min(
@@ -157,6 +199,99 @@ class _Tuned(_KerasFit):
         )
         self.spe, self.jit = best["steps_per_execution"], best["jit_compile"]
         super().setup()
+
+
+class _OtherBackend(Variant):
+    """A Keras variant on another Keras backend, run by a worker process.
+
+    `setup()` starts `python -m backend_worker` with `KERAS_BACKEND` set, sends
+    it the workload, the rows, the seed and the reference weights (an .npz
+    file: initialisers draw different numbers on each backend), and reads back
+    its settings, or why it cannot run (`skipped`: the backend does not import
+    there). Each `epoch(e)` is one request and one reply, so the schedule
+    interleaves it with the in-process variants and only one trains at a time.
+    The worker regenerates the data itself (`make_data` is deterministic).
+    """
+
+    def __init__(self, *a: Any, name: str) -> None:
+        super().__init__(*a)
+        self.name = name
+        self.backend = OTHER_BACKENDS[name]
+        self._proc: subprocess.Popen[str] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    def setup(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="shardfeed-bench-")
+        weights = os.path.join(self._dir.name, "reference.npz")
+        np.savez(weights, *self.reference.get_weights())
+        # This checkout's shardfeed, also when the worker's Python has another.
+        here = str(Path(__file__).resolve().parents[3])
+        path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        self._proc = subprocess.Popen(
+            [self.args.jax_python, "-m", WORKER_MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # the replies only: the worker prints to stderr
+            text=True,
+            env=dict(
+                os.environ, KERAS_BACKEND=self.backend, PYTHONPATH=os.pathsep.join([*path, here])
+            ),
+        )
+        reply = self._request(
+            {
+                "variant": self.name,
+                "workload": self.workload.name,
+                "rows": len(self.x),
+                "seed": self.args.seed,
+                "probe_budget_s": self.args.probe_budget_s,
+                "weights_path": weights,
+            }
+        )
+        if "skipped" in reply:
+            self.skipped = reply["skipped"]
+            self.close()
+            return
+        self.settings, self.extra = reply["settings"], reply["extra"]
+
+    def epoch(self, epoch: int) -> tuple[float, float | None]:
+        reply = self._request({"epoch": epoch})
+        return reply["seconds"], reply["loss"]
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.close()  # end of requests: the worker exits
+            except BrokenPipeError:
+                pass  # it has exited already
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(message) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            self.close()
+            raise RuntimeError(
+                f"The {self.name} variant's worker process ({WORKER_MODULE}, "
+                f"KERAS_BACKEND={self.backend}) exited with status {proc.returncode} before "
+                f"replying to {message}; its traceback is on stderr above."
+            )
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
 
 class _Shardfeed(Variant):
@@ -313,10 +448,18 @@ def _time_augment(fn: Callable[..., Any], x: Any, calls: list[Any]) -> float:
 
 
 VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
-    "numpy": lambda *a: _KerasFit(*a, name="numpy"),
-    "tfdata": lambda *a: _KerasFit(*a, name="tfdata"),
-    "tuned": _Tuned,
+    "numpy": lambda *a: _KerasFit(*a, name="numpy", on_numpy=True),
+    "tfdata": lambda *a: _KerasFit(*a, name="tfdata", on_numpy=False),
+    "tuned": lambda *a: _Tuned(*a, name="tuned", on_numpy=False),
+    "jax": lambda *a: _OtherBackend(*a, name="jax"),
+    "jax-tuned": lambda *a: _OtherBackend(*a, name="jax-tuned"),
     "shardfeed": _Shardfeed,
     "streaming": _Streaming,
     "floor": _Floor,
+}
+
+# What a `backend_worker` process runs for each variant on another backend.
+IN_WORKER_TYPES: dict[str, Callable[..., Variant]] = {
+    "jax": lambda *a: _KerasFit(*a, name="jax", on_numpy=True),
+    "jax-tuned": lambda *a: _Tuned(*a, name="jax-tuned", on_numpy=True),
 }

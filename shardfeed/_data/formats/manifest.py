@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed._common import checked_open as _checked_open
 from shardfeed._common import errors as _errors
 from shardfeed._data.formats import npy as _npy
 from shardfeed._data.formats import parquet as _parquet
@@ -96,23 +97,11 @@ class _ShardFile(FileArray):
         """The shard file, opened without following links, and the very file
         (device and inode) that was checked when the manifest was read: a
         file swapped afterwards (for a symlink, or another file) is refused."""
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        expected = self.identity
         try:
-            if expected is None:
-                expected = _identity(os.lstat(self.resolved))
-            fd = os.open(self.resolved, flags)
-        except OSError as err:
-            raise _replaced(self.path, f"cannot be opened without following links ({err})") from err
-        f = _ShardHandle(fd, "rb")
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or _identity(status) != expected:
-            f.close()
-            raise _replaced(
-                self.path,
-                f"(device, inode)={_identity(status)}, checked (device, inode)={expected}",
-            )
-        return f
+            fd = _checked_open.open_checked(self.resolved, self.identity)
+        except _checked_open.NotTheCheckedFile as err:
+            raise _replaced(self.path, str(err)) from err
+        return _ShardHandle(fd, "rb")
 
     def _open(self) -> FileArray:
         f = self._file = self._open_checked()
@@ -159,10 +148,6 @@ class _ShardHandle(io.FileIO):
         # A leaf dropped without `close()` closes its file with it, quietly
         # (leaves are dropped like arrays, not closed like files).
         self.close()
-
-
-def _identity(status: os.stat_result) -> tuple[int, int]:
-    return (status.st_dev, status.st_ino)
 
 
 def _replaced(path: str, problem: str) -> ValueError:
@@ -385,7 +370,7 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
                     entry["sha256"],
                     verify,
                     resolved,
-                    _identity(status),
+                    _checked_open.identity(status),
                 )
             )
         leaves[name] = concat(parts, source=f"{path}[{name!r}]")
