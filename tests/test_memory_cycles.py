@@ -8,6 +8,7 @@ set size (RSS); they read RSS from /proc/self/status (Linux).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
+from tests._helpers import mirrored_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +47,7 @@ import gc, json, sys
 import keras, numpy as np
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
+from tests._helpers import mirrored_strategy
 
 new_model, jit_compile = sys.argv[1] == "new_model", sys.argv[2] == "jit"
 ROWS, COLS = 2**18, 64
@@ -154,6 +157,45 @@ def test_dropping_a_fitted_dataset_frees_its_rows_at_once():
         gc.enable()
     assert alive == [False, False, False]  # dataset, its variable, the variable's handle
     assert grown < 0.5 * nbytes, f"a second dataset grew RSS by {grown / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    "replicas, jit_compile",
+    [
+        (1, False),
+        (1, True),  # XLA: the whole loop is one cluster
+        (2, False),  # MirroredStrategy: the optimizer all-reduces across replicas
+    ],
+)
+def test_a_dropped_model_keeps_no_weights_alive(replicas, jit_compile):
+    # TensorFlow files the gradient function of every traced custom gradient
+    # (Keras' optimizer all-reduces its gradients through one) in a
+    # process-wide registry, for good, and that function holds the trace,
+    # whose captures hold the model's variables: each model fitted in a
+    # notebook loop stayed in memory with its optimizer's slots. (The latest
+    # trace may live until the next fit: the test fits a second model.)
+    scope = mirrored_strategy(replicas).scope if replicas > 1 else contextlib.nullcontext
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    y = np.zeros((256, 1), "float32")
+
+    def fit_a_new_model():
+        with scope():
+            keras.utils.set_random_seed(0)
+            layers = [keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+            model = keras.Sequential(layers)
+            model.compile(optimizer="adam", loss="mse")
+            dataset = ShardedResidentDataset(x, y, per_replica_batch_size=32, shuffle=False)
+        options = FitOptions(jit_compile=jit_compile, steps_per_execution=2)
+        shardfeed.fit(model, dataset, epochs=1, verbose=0, options=options)
+        variables = model.variables + model.optimizer.variables
+        return [weakref.ref(v.value.handle) for v in variables if hasattr(v.value, "handle")]
+
+    handles = fit_a_new_model()
+    gc.collect()
+    fit_a_new_model()
+    gc.collect()
+    assert len(handles) >= 6  # two kernels, two biases, Adam's slots
+    assert [ref() is not None for ref in handles] == [False] * len(handles)
 
 
 def test_describing_a_dataset_reads_no_rows():

@@ -29,16 +29,16 @@ column (`_train_gathered`, up to `ResidentEpoch.steps_per_gather` steps at
 a time), and its XLA loop reads them contiguously: XLA's own gather cost
 more than the rest of W2's input per step (docs/performance.md).
 
-Memory. A traced training function outlives its `tf.function`: Keras'
-optimizer all-reduces gradients through `ReplicaContext.all_reduce`, whose
-`tf.custom_gradient` files a gradient function in TensorFlow's process-wide
-registry that is never removed, and that function's closure keeps the whole
-trace (tensorflow/tensorflow#97697, #92094; Keras' own `fit` keeps every
-discarded model's weights the same way). A trace keeps the eager handles of
-the variables passed to it (and of those it captures). So the compiled
-functions take the dataset's columns as resource handles, which a trace holds
-only as placeholders, and a `Loop` holds its dataset weakly and no column:
-dropping a dataset frees its rows at once.
+Memory. Keras' optimizer all-reduces gradients through
+`ReplicaContext.all_reduce`, whose `tf.custom_gradient` files a gradient
+function holding the whole trace in TensorFlow's process-wide registry, never
+removed (tensorflow/tensorflow#97697, #92094; Keras' own `fit` keeps every
+discarded model's weights that way): `Traces` removes what its traces filed.
+A trace keeps the eager handles of the variables passed to it (and of those
+it captures). So the compiled functions take the dataset's columns as
+resource handles, which a trace holds only as placeholders, and a `Loop`
+holds its dataset weakly and no column: dropping a dataset frees its rows at
+once.
 """
 
 from __future__ import annotations
