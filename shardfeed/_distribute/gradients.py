@@ -40,7 +40,6 @@ def summed(
     ctx: tf.distribute.ReplicaContext,
     grads: Sequence[Any],
     variables: Sequence[Any],
-    sparse_as_dense: bool = False,
 ) -> list[Any]:
     """The sum over every replica of each gradient, in replica context.
 
@@ -48,20 +47,18 @@ def summed(
         ctx: The replica context of the step.
         grads: This replica's gradients (None, dense, or `tf.IndexedSlices`).
         variables: Their variables (the shape of an `IndexedSlices`' rows).
-        sparse_as_dense: Densify every `IndexedSlices` and all-reduce it.
+            (`sparse_as_dense` densifies before this: `step_optimizers`.)
 
     Returns:
         The summed gradients, None where `grads` has None; an
         `IndexedSlices` stays one (every replica's rows, replica order).
     """
     out = list(grads)
-    if sparse_as_dense:
-        out = [dense(g) for g in out]
-    dense = [i for i, g in enumerate(out) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    plain = [i for i, g in enumerate(out) if g is not None and not isinstance(g, tf.IndexedSlices)]
     sparse = [i for i, g in enumerate(out) if isinstance(g, tf.IndexedSlices)]
     packed = [i for i in sparse if _packable(out[i], variables[i])]
     # Everything not packed goes through TensorFlow's own all-reduce, batched.
-    rest = dense + [i for i in sparse if i not in packed]
+    rest = plain + [i for i in sparse if i not in packed]
     if rest:
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [out[i] for i in rest])
         for i, g in zip(rest, reduced, strict=True):
