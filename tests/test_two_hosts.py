@@ -248,6 +248,20 @@ def _recipe_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _run_recipe(two, recipe: str, prefix: Path, env: dict[str, str]) -> str:
+    """Runs `launch/<recipe>` as written on host 0 (writing weights under
+    `prefix`), asserts it succeeded and both hosts ended with the same
+    weights, and returns its output."""
+    result = subprocess.run(
+        two.argv(0, ["bash", str(REPO / "launch" / recipe), str(prefix)]),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    _assert_same_weights(prefix)
+    return output
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not (MPI_BIN / "mpirun").exists(), reason="needs an mpirun (Open MPI 5) next to the interpreter"
@@ -274,18 +288,10 @@ def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path
         OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,tcp", OMPI_MCA_coll="basic,libnbc,self",
         OMPI_MCA_btl_tcp_if_include=two.interface,
     )
-    result = subprocess.run(
-        two.argv(0, ["bash", str(REPO / "launch" / "mpirun-hostfile.sh"), str(tmp_path / "m")]),
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    _assert_same_weights(tmp_path / "m")
+    output = _run_recipe(two, "mpirun-hostfile.sh", tmp_path / "m", env)
     # The chief's exposure line names what the ranks announced.
     second = two.addresses[1] if announce == "NETWORK_INTERFACE" else hosts.NODES[1]
     assert f"worker 1 at {second}:" in output, output[-3000:]
-
-
 
 
 @pytest.mark.slow
@@ -304,13 +310,7 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         VENV=str(Path(sys.executable).parent.parent), SCRIPT=str(script),
     )
-    result = subprocess.run(
-        two.argv(0, ["bash", str(REPO / "launch" / "slurm.sbatch"), str(tmp_path / "s")]),
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    _assert_same_weights(tmp_path / "s")
+    output = _run_recipe(two, "slurm.sbatch", tmp_path / "s", env)
     # The chief names what the job exposes: SLURM's node names, SHARDFEED_PORT_BASE's port.
     assert output.count("servers listen on every interface") == 1, output[-3000:]
     assert "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
@@ -351,12 +351,5 @@ def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(
         PYTHON=sys.executable, SCRIPT=str(script), CONTROLLER=controller,
         **(mpi if controller == "--mpi" else {}),
     )
-    result = subprocess.run(
-        two.argv(0, ["bash", str(REPO / "launch" / "horovodrun-multihost.sh"),
-                     str(tmp_path / "h")]),
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    _assert_same_weights(tmp_path / "h")
+    output = _run_recipe(two, "horovodrun-multihost.sh", tmp_path / "h", env)
     assert "servers listen on every interface" not in output  # Horovod runs no TF server
