@@ -149,7 +149,8 @@ class Loop:
     def state(self, mode: Mode) -> tuple[list[jax.Array], ...]:
         """`mode`'s state read from the model's variables, replicated (a copy
         only the first time: later the variables hold the replicated values)."""
-        return tuple([self._place(v.value) for v in group] for group in _variables(self.model, mode))
+        groups = _variables(self.model, mode)
+        return tuple([self._place(v.value) for v in group] for group in groups)
 
     def write_back(self, mode: Mode, state: tuple[list[Any], ...]) -> None:
         """Puts `state` into the model's variables (Keras' `jax_state_sync`)."""
