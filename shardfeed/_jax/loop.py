@@ -137,7 +137,13 @@ class Loop:
     # -- state ------------------------------------------------------------------
 
     def _place(self, value: Any) -> jax.Array:
-        if isinstance(value, jax.Array) and value.sharding == self.replicated:
+        if isinstance(value, jax.Array) and (
+            value.sharding == self.replicated
+            or (  # e.g. a `keras.distribution` layout over the same devices
+                value.sharding.is_fully_replicated
+                and value.sharding.device_set == self.replicated.device_set
+            )
+        ):
             return value
         # One copy per local device, from this process's value (a single-device
         # array or NumPy), which also builds the global array across processes.
