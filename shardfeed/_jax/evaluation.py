@@ -58,6 +58,9 @@ def evaluate_loop(
                 break
     finally:
         epoch.close()
+    # As Keras: the metrics' results when the logs name them (an overridden
+    # step's other logs as they are).
+    logs = python_logs(model._get_metrics_result_or_logs(logs))
     cbs.on_test_end(logs)
     return logs
 

@@ -222,7 +222,8 @@ class _Run:
                     and not model.stop_training
                 ):
                     warnings.warn(fit_args.RAN_OUT_WARNING, stacklevel=3)
-                epoch_logs = dict(logs)
+                # As Keras: the metrics' results when the logs name them.
+                epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
                 epoch_logs.update(validate(epoch, cbs))
                 cbs.on_epoch_end(epoch, epoch_logs)
                 if model.stop_training:
