@@ -8,17 +8,15 @@ import jax
 import keras
 import numpy as np
 import pytest
-
-from shardfeed._jax.dataset import ShardedResidentDataset
-from shardfeed._jax.training import fit
-from shardfeed._training.options import FitOptions
-from tests.jax._helpers import (
+from _helpers_fit import (
     assert_history_close,
     max_weight_diff,
     mlp,
     regression_data,
     replicas,
 )
+
+from shardfeed import FitOptions, ShardedResidentDataset, fit
 
 
 def _two_input_model(seed: int = 3) -> keras.Model:

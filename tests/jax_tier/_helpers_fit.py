@@ -1,4 +1,5 @@
-"""Shared helpers of the JAX-backend tests (run with `KERAS_BACKEND=jax`)."""
+"""Helpers shared by the JAX tier's `fit`/`evaluate`/`predict` tests (they import
+JAX and Keras, so they live apart from `_helpers_jax.py`)."""
 
 from __future__ import annotations
 
