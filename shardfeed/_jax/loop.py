@@ -137,13 +137,9 @@ class Loop:
     # -- state ------------------------------------------------------------------
 
     def _place(self, value: Any) -> jax.Array:
-        if isinstance(value, jax.Array) and (
-            value.sharding == self.replicated
-            or (  # e.g. a `keras.distribution` layout over the same devices
-                value.sharding.is_fully_replicated
-                and value.sharding.device_set == self.replicated.device_set
-            )
-        ):
+        # Only this exact sharding: an equivalent one (a single device's, a
+        # `keras.distribution` layout) would be another compile of every call.
+        if isinstance(value, jax.Array) and value.sharding == self.replicated:
             return value
         # One copy per local device, from this process's value (a single-device
         # array or NumPy), which also builds the global array across processes.

@@ -190,7 +190,8 @@ def test_a_callback_that_sets_weights_is_honoured():
     assert max_weight_diff(ours, theirs) < 1e-6
 
 
-def test_no_recompiles_across_calls_and_epochs():
+@pytest.mark.parametrize("n", [1, 2])
+def test_no_recompiles_across_calls_and_epochs(n):
     traces: list[int] = []
 
     class Counted(keras.layers.Dense):
@@ -211,8 +212,8 @@ def test_no_recompiles_across_calls_and_epochs():
     model.compile(optimizer="adam", loss="mse", steps_per_execution=3)
     x, y = regression_data(115)  # batch 10: 11 full steps (calls of 3, 3, 3, 2) + partial
     per_epoch = PerEpoch()
-    with replicas(2):
-        ds = ShardedResidentDataset(x, y, per_replica_batch_size=5, seed=0)
+    with replicas(n):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10 // n, seed=0)
         history = fit(model, ds, epochs=3, verbose=0, callbacks=[per_epoch])
     assert history.params["steps_per_execution"] == 3
     counts = np.array(per_epoch.counts).reshape(3, 5)  # 5 calls per epoch
