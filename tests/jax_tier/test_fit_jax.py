@@ -278,3 +278,41 @@ def test_the_datasets_augment_applies_to_training_batches_only():
     assert max_weight_diff(ours, theirs) < 1e-6
     # Validation sees the rows as they are.
     np.testing.assert_allclose(history.history["val_loss"], expected.history["val_loss"], rtol=1e-5)
+
+
+@pytest.fixture
+def keras_caps():
+    yield keras.config
+    keras.config.set_max_epochs(None)
+    keras.config.set_max_steps_per_epoch(None)
+
+
+def test_keras_debugging_caps_limit_fit_evaluate_and_predict_as_keras(keras_caps):
+    from shardfeed import evaluate, predict
+
+    x, y = regression_data(200)
+    keras_caps.set_max_epochs(2)
+    keras_caps.set_max_steps_per_epoch(3)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        with pytest.warns(UserWarning) as caught:
+            history = fit(ours := mlp(), ds, epochs=5, verbose=0)
+        with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+            logs = evaluate(ours, x, y, per_replica_batch_size=8)
+        with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+            outputs = predict(ours, x, per_replica_batch_size=8)
+    with pytest.warns(UserWarning):
+        expected = (theirs := mlp()).fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0)
+    assert {str(w.message) for w in caught} == {
+        "Limiting epochs to 2", "Limiting steps_per_epoch to 3",
+    }
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5
+    with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+        np.testing.assert_allclose(logs, theirs.evaluate(x, y, batch_size=16, verbose=0),
+                                   rtol=1e-5)
+    with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+        theirs_out = theirs.predict(x, batch_size=16, verbose=0)
+    assert outputs.shape == theirs_out.shape == (48, 1)
+    np.testing.assert_allclose(outputs, theirs_out, rtol=1e-5, atol=1e-6)
