@@ -316,3 +316,39 @@ def test_keras_debugging_caps_limit_fit_evaluate_and_predict_as_keras(keras_caps
         theirs_out = theirs.predict(x, batch_size=16, verbose=0)
     assert outputs.shape == theirs_out.shape == (48, 1)
     np.testing.assert_allclose(outputs, theirs_out, rtol=1e-5, atol=1e-6)
+
+
+def test_callbacks_that_change_the_learning_rate_or_stop_act_as_under_keras():
+    def callbacks():
+        return [
+            keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.1 if epoch else lr),
+            keras.callbacks.EarlyStopping("loss", patience=0, min_delta=10.0,
+                                          restore_best_weights=True),
+        ]
+
+    x, y = regression_data(128)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        history = fit(ours := mlp(), ds, epochs=5, verbose=0, callbacks=callbacks())
+    expected = (theirs := mlp()).fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0,
+                                     callbacks=callbacks())
+    assert history.epoch == expected.epoch == [0, 1]  # stopped after epoch 1
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5
+
+
+def test_resuming_inside_an_epoch_with_initial_step_equals_an_uninterrupted_fit():
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = True  # after the first call: steps 0-3
+
+    x, y = regression_data(160)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=5)
+        options = FitOptions(steps_per_execution=4)
+        fit(whole := mlp(), ds, epochs=2, verbose=0, options=options)
+        fit(resumed := mlp(), ds, epochs=1, verbose=0, options=options, callbacks=[StopAfter()])
+        history = fit(resumed, ds, epochs=2, initial_step=4, verbose=0, options=options)
+    assert history.epoch == [0, 1]
+    assert max_weight_diff(whole, resumed) < 1e-6
