@@ -24,6 +24,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax.world import World, current_world
 
@@ -122,6 +123,8 @@ class ShardedResidentDataset:
         self._transform, self._augment, self._load_options = transform, augment, options
         self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
         self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
+        # The copy of an order that never changes (see `epoch_data`).
+        self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
         plans = _args.plans(
             self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
             placement, drop_remainder,
@@ -278,7 +281,7 @@ class ShardedResidentDataset:
         if cached is not None:
             return cached
         train_kw, val_kw = _args.split_kwargs(self, self.plan, self.num_rows - at)
-        self._tables = None
+        self._tables = self._static = None
         training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
         validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
         self._splits[float(validation_split)] = (training, validation)
@@ -322,6 +325,22 @@ class ShardedResidentDataset:
             f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
         )
         return _epoch.ResidentEpoch(self, plan, epoch, training, first_step, augment)
+
+    def epoch_data(
+        self, plan: _plan.ShardPlan, epoch: int, training: bool
+    ) -> tuple[list[Any], tuple[Any, ...]]:
+        """An epoch's rows per replica (global numbers, step order) and its
+        device copy. With `shuffle=False` the order never changes, so the
+        copy is made once and kept (one: the copy the memory check counts),
+        and repeated epochs and validation passes copy nothing."""
+        static = self.shuffle is False
+        if static and self._static is not None and self._static[0] == plan:
+            return self._static[1], self._static[2]
+        rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
+        columns = _epoch.epoch_columns(self, plan, rows)
+        if static:
+            self._static = (plan, rows.rows, columns)
+        return rows.rows, columns
 
     def batch_fn(self, per_replica_batch_size: int, augment: bool) -> _epoch.BatchFn:
         """The `batch_fn` of this dataset's epochs with that batch (one object)."""

@@ -149,20 +149,7 @@ class ResidentEpoch:
         self.epoch, self.training, self.first_step = epoch, training, first_step
         self._mesh = dataset.world.mesh
         self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
-        rows = _order.epoch_rows(plan, dataset.shuffle, dataset.seed, epoch, training)
-        self._rows = rows.rows
-        slots = plan.steps_per_epoch * plan.per_replica_batch_size
-        tables, world = dataset.tables, dataset.world
-        if rows.moved:
-            starts = [start for start, _ in plan.shards]
-            columns = _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots))
-        else:
-            # Positions in each replica's own buffer (replicated: the global rows).
-            local = [
-                _pad(r - (plan.shards[g][0] if plan.placement == "shard" else 0), slots)
-                for g, r in enumerate(rows.rows)
-            ]
-            columns = _exchange.gather_local(world, tables, local)
+        self._rows, columns = dataset.epoch_data(plan, epoch, training)
         number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
         self.arrays: EpochArrays | None = EpochArrays(columns, number)
 
@@ -290,6 +277,24 @@ class ResidentEpoch:
                     "full steps only.",
                 )
             )
+
+
+def epoch_columns(
+    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows
+) -> tuple[jax.Array, ...]:
+    """Each replica's copy of the epoch's rows in step order, on its device:
+    gathered from its own buffer, or moved by the all-to-all (`exchange.py`)."""
+    slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    tables, world = dataset.tables, dataset.world
+    if rows.moved:
+        starts = [start for start, _ in plan.shards]
+        return _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots))
+    # Positions in each replica's own buffer (replicated: the global rows).
+    local = [
+        _pad(r - (plan.shards[g][0] if plan.placement == "shard" else 0), slots)
+        for g, r in enumerate(rows.rows)
+    ]
+    return _exchange.gather_local(world, tables, local)
 
 
 @functools.cache

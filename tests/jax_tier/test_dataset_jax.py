@@ -227,6 +227,20 @@ def test_repeated_epochs_keep_device_memory_flat(replicas):
     assert live() == before
 
 
+def test_rows_in_order_are_copied_once(replicas):
+    replicas(2)
+    ds = ShardedResidentDataset(np.arange(40, dtype=np.float32), np.arange(40),
+                                per_replica_batch_size=4, shuffle=False)
+    first, again = ds.epoch(0), ds.epoch(3, training=True)
+    assert first.arrays.columns[0] is again.arrays.columns[0]
+    np.testing.assert_array_equal(rows_of(first), rows_of(again))
+    assert ds.memory_reports[0].source == "meminfo"  # CPU devices: the host's RAM, once
+    assert len(ds.memory_reports) == 1
+    shuffled = ShardedResidentDataset(np.arange(40, dtype=np.float32), np.arange(40),
+                                      per_replica_batch_size=4, seed=0)
+    assert shuffled.epoch(0).arrays.columns[0] is not shuffled.epoch(0).arrays.columns[0]
+
+
 def test_a_shard_that_does_not_fit_is_refused_before_allocating(replicas):
     replicas(2)
     gc.collect()
