@@ -24,6 +24,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import labels as _labels
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax.world import World, current_world
@@ -123,6 +124,7 @@ class ShardedResidentDataset:
         self._transform, self._augment, self._load_options = transform, augment, options
         self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
         self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
+        self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
         # The copy of an order that never changes (see `epoch_data`).
         self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
         plans = _args.plans(
@@ -263,6 +265,27 @@ class ShardedResidentDataset:
 
     def __repr__(self) -> str:
         return self.describe()
+
+    def label_stats(
+        self, target: tuple[Any, ...] = (), ignore: int | None = None
+    ) -> list[Any]:
+        """Smallest and largest value of a target, and whether any is
+        fractional, per local replica, reduced on its device (as on
+        TensorFlow; cached per `(target, ignore)`).
+
+        Example:
+            >>> ds.label_stats()  # a single `y` of classes 0..9
+            [array([0., 9., 0.])]
+        """
+        column = _args.label_column(self.columns.y, target)
+        key = (column, ignore)
+        if key not in self._label_stats:
+            world = self.world
+            self._label_stats[key] = _labels.label_stats(
+                self.tables[column], self.eval_plan, world.global_replica_ids,
+                world.local_devices, ignore,
+            )
+        return self._label_stats[key]
 
     # -- Keras' validation_split -------------------------------------------------
 

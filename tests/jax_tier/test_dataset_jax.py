@@ -314,6 +314,20 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
         ds.split(0.99)
 
 
+def test_label_stats_are_reduced_on_each_replicas_rows(replicas):
+    replicas(2)
+    y = {"kind": np.array([0, 3, 1, 7, 7, 2, 9]), "score": np.array([0, 1, 2, 3.5, 4, 5, 6])}
+    ds = ShardedResidentDataset(np.zeros((7, 1), np.float32), y, per_replica_batch_size=2,
+                                shuffle=False)  # rows [0, 4) and [4, 7): 3 rows and a padding row
+    kind = ds.label_stats(("kind",))
+    np.testing.assert_array_equal(np.stack(kind), [[0, 7, 0], [2, 9, 0]])
+    np.testing.assert_array_equal(ds.label_stats(("kind",), ignore=9)[1], [0, 7, 0])
+    np.testing.assert_array_equal(np.stack(ds.label_stats(("score",))), [[0, 3.5, 1], [4, 6, 0]])
+    assert ds.label_stats(("kind",)) is kind  # cached
+    with pytest.raises(ValueError, match="`target` must lead to one array of `y`"):
+        ds.label_stats(("nothing",))
+
+
 def test_moves_bring_each_replica_its_rows():
     rng = np.random.default_rng(0)
     starts, n = [0, 10, 20], 30
