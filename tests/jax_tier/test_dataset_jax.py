@@ -283,6 +283,8 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
          "a `tf.distribute` strategy has no role"),
         (dict(load_options=LoadOptions(streaming=True), shuffle=False), ValueError,
          "not implemented on the JAX backend"),  # streaming: TensorFlow only, for now
+        (dict(load_options=LoadOptions(exchange_fraction=0.5), seed=0), ValueError,
+         "partial exchange"),
     ],
 )
 def test_bad_arguments_give_the_tensorflow_sides_messages(replicas, kwargs, error, match):
@@ -310,6 +312,7 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
     assert training.seed == 9 and validation.per_replica_batch_size == 2
     assert sorted(rows_of(validation.epoch(0, training=False))) == list(range(15, 20))
     assert ds.split(0.25) == (training, validation)
+    assert training.order_is_global and not validation.order_is_global  # 2 replicas in order
     with pytest.raises(ValueError, match="leave rows on both sides"):
         ds.split(0.99)
 
