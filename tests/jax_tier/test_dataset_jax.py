@@ -241,6 +241,24 @@ def test_rows_in_order_are_copied_once(replicas):
     assert shuffled.epoch(0).arrays.columns[0] is not shuffled.epoch(0).arrays.columns[0]
 
 
+def test_a_dataset_let_go_of_frees_its_device_memory(replicas):
+    replicas(4)
+
+    def live_bytes() -> int:
+        gc.collect()
+        return sum(a.nbytes for a in jax.live_arrays())
+
+    before = live_bytes()
+    for seed in range(3):
+        ds = ShardedResidentDataset(np.ones((400, 8), np.float32), np.arange(400), seed=seed,
+                                    per_replica_batch_size=8, transform=lambda x: x * 2)
+        epoch = ds.epoch(0)
+        rows_of(epoch)
+        assert live_bytes() > before
+        del ds, epoch
+    assert live_bytes() == before
+
+
 def test_a_shard_that_does_not_fit_is_refused_before_allocating(replicas):
     replicas(2)
     gc.collect()
