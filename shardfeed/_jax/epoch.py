@@ -100,6 +100,12 @@ class BatchFn:
         columns = _slicer(self.mesh, self.per_replica_batch_size)(arrays.columns, step)
         return self.assemble(columns, arrays.epoch, step)
 
+    @functools.cached_property
+    def jitted(self) -> Callable[..., Batch]:
+        """`jax.jit` of this function, for eager batches (compiled once per
+        `BatchFn`, and let go of with it)."""
+        return jax.jit(self)
+
     def assemble(self, columns: tuple[Any, ...], epoch: Any, step: Any) -> Batch:
         """`Batch` of the user's structures from one step's columns."""
 
@@ -149,20 +155,7 @@ class ResidentEpoch:
         self.epoch, self.training, self.first_step = epoch, training, first_step
         self._mesh = dataset.world.mesh
         self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
-        rows = _order.epoch_rows(plan, dataset.shuffle, dataset.seed, epoch, training)
-        self._rows = rows.rows
-        slots = plan.steps_per_epoch * plan.per_replica_batch_size
-        tables, world = dataset.tables, dataset.world
-        if rows.moved:
-            starts = [start for start, _ in plan.shards]
-            columns = _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots))
-        else:
-            # Positions in each replica's own buffer (replicated: the global rows).
-            local = [
-                _pad(r - (plan.shards[g][0] if plan.placement == "shard" else 0), slots)
-                for g, r in enumerate(rows.rows)
-            ]
-            columns = _exchange.gather_local(world, tables, local)
+        self._rows, columns = dataset.epoch_data(plan, epoch, training)
         number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
         self.arrays: EpochArrays | None = EpochArrays(columns, number)
 
@@ -257,7 +250,7 @@ class ResidentEpoch:
             batch = self.partial_batch()
             assert batch is not None
             return batch
-        return _jitted(self.batch_fn)(arrays, jnp.int32(step))
+        return self.batch_fn.jitted(arrays, jnp.int32(step))
 
     def __iter__(self) -> Iterator[tuple[int, Batch]]:
         for step in range(self.first_step, self.steps):
@@ -292,9 +285,22 @@ class ResidentEpoch:
             )
 
 
-@functools.cache
-def _jitted(batch_fn: BatchFn) -> Callable[..., Batch]:
-    return jax.jit(batch_fn)
+def epoch_columns(
+    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows
+) -> tuple[jax.Array, ...]:
+    """Each replica's copy of the epoch's rows in step order, on its device:
+    gathered from its own buffer, or moved by the all-to-all (`exchange.py`)."""
+    slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    tables, world = dataset.tables, dataset.world
+    if rows.moved:
+        starts = [start for start, _ in plan.shards]
+        return _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots))
+    # Positions in each replica's own buffer (replicated: the global rows).
+    local = [
+        _pad(r - (plan.shards[g][0] if plan.placement == "shard" else 0), slots)
+        for g, r in enumerate(rows.rows)
+    ]
+    return _exchange.gather_local(world, tables, local)
 
 
 def _pad(positions: np.ndarray, slots: int) -> np.ndarray:

@@ -96,12 +96,11 @@ def moves(
     send = np.zeros((n_rep, n_rep, send_rows), np.int32)
     take = np.zeros((n_rep, slots), np.int32)
     for dst, (need, owner) in enumerate(zip(rows, owners, strict=True)):
-        order = np.argsort(owner, kind="stable")
-        first = np.concatenate([[0], np.cumsum(counts[dst])[:-1]])
-        k = np.arange(len(need)) - first[owner[order]]  # position within its source
-        src = owner[order]
-        send[src, dst, k] = need[order] - bounds[src]
-        take[dst, order] = src * send_rows + k
+        for src in range(n_rep):
+            # One pass per source (no sort): its rows, in the order `dst` takes them.
+            slots_from = np.flatnonzero(owner == src)
+            send[src, dst, : len(slots_from)] = need[slots_from] - bounds[src]
+            take[dst, slots_from] = src * send_rows + np.arange(len(slots_from))
     return Moves(send, take)
 
 

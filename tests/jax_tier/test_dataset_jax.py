@@ -227,6 +227,38 @@ def test_repeated_epochs_keep_device_memory_flat(replicas):
     assert live() == before
 
 
+def test_rows_in_order_are_copied_once(replicas):
+    replicas(2)
+    ds = ShardedResidentDataset(np.arange(40, dtype=np.float32), np.arange(40),
+                                per_replica_batch_size=4, shuffle=False)
+    first, again = ds.epoch(0), ds.epoch(3, training=True)
+    assert first.arrays.columns[0] is again.arrays.columns[0]
+    np.testing.assert_array_equal(rows_of(first), rows_of(again))
+    assert ds.memory_reports[0].source == "meminfo"  # CPU devices: the host's RAM, once
+    assert len(ds.memory_reports) == 1
+    shuffled = ShardedResidentDataset(np.arange(40, dtype=np.float32), np.arange(40),
+                                      per_replica_batch_size=4, seed=0)
+    assert shuffled.epoch(0).arrays.columns[0] is not shuffled.epoch(0).arrays.columns[0]
+
+
+def test_a_dataset_let_go_of_frees_its_device_memory(replicas):
+    replicas(4)
+
+    def live_bytes() -> int:
+        gc.collect()
+        return sum(a.nbytes for a in jax.live_arrays())
+
+    before = live_bytes()
+    for seed in range(3):
+        ds = ShardedResidentDataset(np.ones((400, 8), np.float32), np.arange(400), seed=seed,
+                                    per_replica_batch_size=8, transform=lambda x: x * 2)
+        epoch = ds.epoch(0)
+        rows_of(epoch)
+        assert live_bytes() > before
+        del ds, epoch
+    assert live_bytes() == before
+
+
 def test_a_shard_that_does_not_fit_is_refused_before_allocating(replicas):
     replicas(2)
     gc.collect()
@@ -269,6 +301,8 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
          "a `tf.distribute` strategy has no role"),
         (dict(load_options=LoadOptions(streaming=True), shuffle=False), ValueError,
          "not implemented on the JAX backend"),  # streaming: TensorFlow only, for now
+        (dict(load_options=LoadOptions(exchange_fraction=0.5), seed=0), ValueError,
+         "partial exchange"),
     ],
 )
 def test_bad_arguments_give_the_tensorflow_sides_messages(replicas, kwargs, error, match):
@@ -296,8 +330,23 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
     assert training.seed == 9 and validation.per_replica_batch_size == 2
     assert sorted(rows_of(validation.epoch(0, training=False))) == list(range(15, 20))
     assert ds.split(0.25) == (training, validation)
+    assert training.order_is_global and not validation.order_is_global  # 2 replicas in order
     with pytest.raises(ValueError, match="leave rows on both sides"):
         ds.split(0.99)
+
+
+def test_label_stats_are_reduced_on_each_replicas_rows(replicas):
+    replicas(2)
+    y = {"kind": np.array([0, 3, 1, 7, 7, 2, 9]), "score": np.array([0, 1, 2, 3.5, 4, 5, 6])}
+    ds = ShardedResidentDataset(np.zeros((7, 1), np.float32), y, per_replica_batch_size=2,
+                                shuffle=False)  # rows [0, 4) and [4, 7): 3 rows and a padding row
+    kind = ds.label_stats(("kind",))
+    np.testing.assert_array_equal(np.stack(kind), [[0, 7, 0], [2, 9, 0]])
+    np.testing.assert_array_equal(ds.label_stats(("kind",), ignore=9)[1], [0, 7, 0])
+    np.testing.assert_array_equal(np.stack(ds.label_stats(("score",))), [[0, 3.5, 1], [4, 6, 0]])
+    assert ds.label_stats(("kind",)) is kind  # cached
+    with pytest.raises(ValueError, match="`target` must lead to one array of `y`"):
+        ds.label_stats(("nothing",))
 
 
 def test_moves_bring_each_replica_its_rows():
