@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from shardfeed._data.options import LoadOptions
+from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import world as _world
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.exchange import moves
@@ -347,6 +348,18 @@ def test_label_stats_are_reduced_on_each_replicas_rows(replicas):
     assert ds.label_stats(("kind",)) is kind  # cached
     with pytest.raises(ValueError, match="`target` must lead to one array of `y`"):
         ds.label_stats(("nothing",))
+
+
+def test_the_exchange_compiles_once_over_epochs(replicas):
+    world = replicas(4)
+    ds = ShardedResidentDataset(np.ones((4000, 3), np.float32), np.arange(4000),
+                                per_replica_batch_size=10, seed=0)
+    exchange = _exchange._exchange_fn(world.mesh)
+    sizes = []
+    for e in range(8):
+        ds.epoch(e)
+        sizes.append(exchange._cache_size())
+    assert sizes == [1] * 8  # `send_rows` rounded: every epoch's moves fit one compiled shape
 
 
 def test_moves_bring_each_replica_its_rows():
