@@ -359,7 +359,7 @@ def test_the_exchange_compiles_once_over_epochs(replicas):
     for e in range(8):
         ds.epoch(e)
         sizes.append(exchange._cache_size())
-    assert sizes == [1] * 8  # `send_rows` rounded: every epoch's moves fit one compiled shape
+    assert sizes == [sizes[0]] * 8  # (earlier tests' shapes may be in the cache too)  # `send_rows` rounded: every epoch's moves fit one compiled shape
 
 
 def test_moves_bring_each_replica_its_rows():
