@@ -172,6 +172,31 @@ def test_dict_inputs_sample_weights_and_uint8_are_kept(replicas):
     assert ds.has_targets and "JAX" in ds.describe()
 
 
+class ReadRecorder:
+    """An array-like over a NumPy array (as `shardfeed.files`' readers are)
+    that records the row ranges read from it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.shape, self.dtype, self.reads = array, array.shape, array.dtype, []
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        self.reads.append((rows.start, rows.stop))
+        return self.array[rows]
+
+
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+def test_uploads_in_chunks_and_reads_each_row_once(replicas, placement):
+    replicas(4)
+    x = ReadRecorder(np.arange(100 * 4, dtype=np.float32).reshape(100, 4))  # 16 bytes a row
+    ds = ShardedResidentDataset(x, per_replica_batch_size=5, shuffle=False, placement=placement,
+                                load_options=LoadOptions(chunk_bytes=7 * 16, check_agreement=False))
+    assert all(stop - start <= 7 for start, stop in x.reads)  # 7 rows per transfer at most
+    read = np.concatenate([np.arange(start, stop) for start, stop in x.reads])
+    np.testing.assert_array_equal(np.sort(read), np.arange(100))  # replicated rows: read once
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b.x) for _, b in ds.epoch(0)]),
+                                  x.array[ds.epoch(0).slot_rows()])
+
+
 def test_batch_fn_in_the_users_jit_with_a_traced_step(replicas):
     replicas(4)
     ds = ShardedResidentDataset(np.arange(80, dtype=np.float32), np.arange(80),
@@ -359,7 +384,9 @@ def test_the_exchange_compiles_once_over_epochs(replicas):
     for e in range(8):
         ds.epoch(e)
         sizes.append(exchange._cache_size())
-    assert sizes == [sizes[0]] * 8  # (earlier tests' shapes may be in the cache too)  # `send_rows` rounded: every epoch's moves fit one compiled shape
+    # `send_rows` rounded: every epoch's moves fit one compiled shape (earlier tests'
+    # shapes may be in the cache too).
+    assert sizes == [sizes[0]] * 8
 
 
 def test_moves_bring_each_replica_its_rows():
