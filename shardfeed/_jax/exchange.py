@@ -96,11 +96,14 @@ def moves(
     send = np.zeros((n_rep, n_rep, send_rows), np.int32)
     take = np.zeros((n_rep, slots), np.int32)
     for dst, (need, owner) in enumerate(zip(rows, owners, strict=True)):
-        for src in range(n_rep):
-            # One pass per source (no sort): its rows, in the order `dst` takes them.
-            slots_from = np.flatnonzero(owner == src)
-            send[src, dst, : len(slots_from)] = need[slots_from] - bounds[src]
-            take[dst, slots_from] = src * send_rows + np.arange(len(slots_from))
+        # Grouped by source, each group in the order `dst` takes its rows: a stable
+        # sort of small ints is NumPy's radix sort, linear for any number of replicas.
+        order = np.argsort(owner.astype(np.int16 if n_rep < 2**15 else np.int32), kind="stable")
+        src = owner[order]
+        first = np.concatenate([[0], np.cumsum(counts[dst])[:-1]])
+        k = np.arange(len(need)) - first[src]  # position within its source's block
+        send[src, dst, k] = need[order] - bounds[src]
+        take[dst, order] = src * send_rows + k
     return Moves(send, take)
 
 

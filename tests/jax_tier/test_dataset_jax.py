@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from shardfeed._data.options import LoadOptions
+from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import world as _world
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.exchange import moves
@@ -169,6 +170,31 @@ def test_dict_inputs_sample_weights_and_uint8_are_kept(replicas):
                                   sw[rows])
     assert ds.nbytes_on_device == image.nbytes + extra.nbytes + 4 * n * 3
     assert ds.has_targets and "JAX" in ds.describe()
+
+
+class ReadRecorder:
+    """An array-like over a NumPy array (as `shardfeed.files`' readers are)
+    that records the row ranges read from it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.shape, self.dtype, self.reads = array, array.shape, array.dtype, []
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        self.reads.append((rows.start, rows.stop))
+        return self.array[rows]
+
+
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+def test_uploads_in_chunks_and_reads_each_row_once(replicas, placement):
+    replicas(4)
+    x = ReadRecorder(np.arange(100 * 4, dtype=np.float32).reshape(100, 4))  # 16 bytes a row
+    ds = ShardedResidentDataset(x, per_replica_batch_size=5, shuffle=False, placement=placement,
+                                load_options=LoadOptions(chunk_bytes=7 * 16, check_agreement=False))
+    assert all(stop - start <= 7 for start, stop in x.reads)  # 7 rows per transfer at most
+    read = np.concatenate([np.arange(start, stop) for start, stop in x.reads])
+    np.testing.assert_array_equal(np.sort(read), np.arange(100))  # replicated rows: read once
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b.x) for _, b in ds.epoch(0)]),
+                                  x.array[ds.epoch(0).slot_rows()])
 
 
 def test_batch_fn_in_the_users_jit_with_a_traced_step(replicas):
@@ -347,6 +373,20 @@ def test_label_stats_are_reduced_on_each_replicas_rows(replicas):
     assert ds.label_stats(("kind",)) is kind  # cached
     with pytest.raises(ValueError, match="`target` must lead to one array of `y`"):
         ds.label_stats(("nothing",))
+
+
+def test_the_exchange_compiles_once_over_epochs(replicas):
+    world = replicas(4)
+    ds = ShardedResidentDataset(np.ones((4000, 3), np.float32), np.arange(4000),
+                                per_replica_batch_size=10, seed=0)
+    exchange = _exchange._exchange_fn(world.mesh)
+    sizes = []
+    for e in range(8):
+        ds.epoch(e)
+        sizes.append(exchange._cache_size())
+    # `send_rows` rounded: every epoch's moves fit one compiled shape (earlier tests'
+    # shapes may be in the cache too).
+    assert sizes == [sizes[0]] * 8
 
 
 def test_moves_bring_each_replica_its_rows():
