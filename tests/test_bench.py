@@ -197,6 +197,9 @@ def test_bench_flags_accept_letters_and_reject_unknown_names(capsys):
     assert parser.parse_args(["bench"]).variants == list(_variants.VARIANTS)  # jax ones too
     assert args.workloads == ["W3"]
     assert args.epochs == 3 and args.rows_scale == 1.0  # full size unless asked
+    assert (args.engine_workloads, args.engine_rows) == (["W2"], None)  # W2's 200,000 rows
+    w5 = parser.parse_args(["bench", "--workloads", "w5", "--engine-workloads", "w2,W5"])
+    assert (w5.workloads, w5.engine_workloads) == (["W5"], ["W2", "W5"])
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--variants", "keras"])
     assert "unknown name 'keras'" in capsys.readouterr().err
