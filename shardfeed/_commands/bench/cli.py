@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shardfeed._commands.bench.engines import default_rows
 from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
 from shardfeed._commands.bench.variants import VARIANT_ALIASES, VARIANT_NOTES, VARIANTS
-from shardfeed._commands.bench.workloads import BATCH_SIZE, LEARNING_RATE, MIN_ROWS, WORKLOADS
+from shardfeed._commands.bench.workloads import LEARNING_RATE, WORKLOADS
 
 
 def _csv_choice(
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads",
         type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
         default=list(WORKLOADS),
-        help="comma-separated, from W1,W2,W3,W4 (default: all)",
+        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
         "--variants",
@@ -93,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rows-scale",
         type=_positive(float),
         default=1.0,
-        help=f"scale every workload's rows (at least {MIN_ROWS}), e.g. 0.05 for a quick check",
+        help="scale every workload's rows (at least two of its batches), e.g. 0.05 for a quick "
+        "check",
     )
     parser.add_argument(
         "--out",
@@ -112,13 +114,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines",
         action="store_true",
         help="also time the engines (single device, MirroredStrategy over 2 CPU devices, "
-        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on the W2 model",
+        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on --engine-workloads",
+    )
+    parser.add_argument(
+        "--engine-workloads",
+        type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
+        default=["W2"],
+        help="the workloads --engines trains, each at its batch per replica (default: W2; "
+        "W5 for the embedding towers, whose gradients are IndexedSlices)",
     )
     parser.add_argument(
         "--engine-rows",
         type=_positive(int),
-        default=200_000,
-        help="rows for --engines (default: 200,000)",
+        help="rows for --engines and --shuffles (default: 200,000 for W2, else the "
+        "workload's rows)",
     )
     parser.add_argument(
         "--shuffles",
@@ -159,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "machine": machine_info(args.jax_python),
         "conditions": {
-            "batch_size": BATCH_SIZE,
+            "batch_size": {name: WORKLOADS[name].batch_size for name in args.workloads},
             "optimizer": f"Adam(learning_rate={LEARNING_RATE})",
             "timed_epochs": args.epochs,
             "statistic": f"median of {args.epochs} timed epoch(s) per variant",
@@ -174,23 +183,28 @@ def run(args: argparse.Namespace) -> int:
     for name in args.workloads:
         report["workloads"][name] = run_workload(WORKLOADS[name], args)
         release_loops()
+    engine_markdown = []
     if args.engines:
         from shardfeed._commands.bench import engines as _engines
 
-        report["engines"] = _engines.run_engines(args.engine_rows, args.epochs, args.horovod_python)
+        report["engines"] = []
+        for name in args.engine_workloads:
+            rows = args.engine_rows or default_rows(name)
+            results = _engines.run_engines(rows, args.epochs, args.horovod_python, workload=name)
+            report["engines"] += results
+            engine_markdown.append(_engines.to_markdown(results, rows, args.epochs, name))
+    shuffle_rows = args.engine_rows or default_rows("W2")  # the shuffles train W2's model
     if args.shuffles:
         from shardfeed._commands.bench import shuffles as _shuffles
 
-        report["shuffles"] = _shuffles.run_shuffles(args.engine_rows, args.epochs)
+        report["shuffles"] = _shuffles.run_shuffles(shuffle_rows, args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(report)
-    if args.engines:
-        markdown += (
-            "\n" + _engines.to_markdown(report["engines"], args.engine_rows, args.epochs) + "\n"
-        )
+    for table in engine_markdown:
+        markdown += "\n" + table + "\n"
     if args.shuffles:
         markdown += (
-            "\n" + _shuffles.to_markdown(report["shuffles"], args.engine_rows, args.epochs) + "\n"
+            "\n" + _shuffles.to_markdown(report["shuffles"], shuffle_rows, args.epochs) + "\n"
         )
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)

@@ -45,8 +45,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"start; {m['os']}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
         f"Keras {m['keras']}, NumPy {m['numpy']}"
         + (f", JAX {m['jax']}." if m.get("jax") else ", no JAX."),
-        f"Batch {c['batch_size']}, {c['optimizer']}; {c['statistic']}; {c['schedule']}; "
-        f"rows scale {c['rows_scale']}.",
+        f"{c['optimizer']}; {c['statistic']}; {c['schedule']}; rows scale {c['rows_scale']}.",
     ]
     if c["timed_epochs"] < 3 or c["rows_scale"] < 1:
         lines.append(
@@ -59,7 +58,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             "",
             f"### {name}: {w['description']}",
             "",
-            f"{w['rows']:,} rows, {w['steps_per_epoch']} steps/epoch. Inputs: {w['inputs']}",
+            f"{w['rows']:,} rows, batch {w['batch_size']}, {w['steps_per_epoch']} steps/epoch. "
+            f"Inputs: {w['inputs']}",
             "",
             "| variant | settings | s/epoch | ms/step | x floor | speed-up vs fit(numpy) "
             "| final loss | setup s | warm-up s |",

@@ -19,13 +19,7 @@ import time
 from typing import Any
 
 from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS, Variant
-from shardfeed._commands.bench.workloads import (
-    BATCH_SIZE,
-    MIN_ROWS,
-    Workload,
-    build_model,
-    make_data,
-)
+from shardfeed._commands.bench.workloads import Workload, build_model, make_data
 
 
 def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
@@ -36,7 +30,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         args: The `bench` flags (`variants`, `epochs`, `rows_scale`, `seed`, ...).
 
     Returns:
-        The workload's report: description, inputs, rows, steps per epoch, data
+        The workload's report: description, inputs, rows, batch size, steps per epoch, data
         generation seconds and, per variant, its settings, epoch seconds and the
         numbers derived from them, or `label` and `skipped` (why).
 
@@ -44,9 +38,12 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         >>> run_workload(WORKLOADS["W2"], args)["variants"]["floor"]["ratio_to_floor"]
         1.0
     """
-    rows = max(MIN_ROWS, round(workload.rows * args.rows_scale))
-    steps = math.ceil(rows / BATCH_SIZE)
-    print(f"{workload.name}: {rows:,} rows, {steps} steps/epoch; {workload.description}")
+    rows = max(workload.min_rows, round(workload.rows * args.rows_scale))
+    steps = math.ceil(rows / workload.batch_size)
+    print(
+        f"{workload.name}: {rows:,} rows, batch {workload.batch_size}, {steps} steps/epoch; "
+        f"{workload.description}"
+    )
     start = time.perf_counter()
     data = make_data(workload, rows, args.seed)
     data_s = time.perf_counter() - start
@@ -63,6 +60,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         "description": workload.description,
         "inputs": workload.input_note,
         "rows": rows,
+        "batch_size": workload.batch_size,
         "steps_per_epoch": steps,
         "data_generation_s": data_s,
         "variants": results,

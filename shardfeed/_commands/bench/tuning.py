@@ -19,7 +19,6 @@ import numpy as np
 
 from shardfeed._commands.bench.timing import epoch_timer
 from shardfeed._commands.bench.workloads import (
-    BATCH_SIZE,
     Workload,
     augment_for,
     new_model,
@@ -64,7 +63,7 @@ def probe_keras_settings(
         y: Targets.
         reference: Model whose weights every probe starts from.
         args: Flags (`seed`, `probe_budget_s`).
-        on_numpy: Probe `model.fit(x, y, batch_size=256, shuffle=True)` (the
+        on_numpy: Probe `model.fit(x, y, batch_size=batch, shuffle=True)` (the
             `jax-tuned` variant; no TensorFlow needed) instead of tf.data.
 
     Returns:
@@ -82,8 +81,9 @@ def probe_keras_settings(
     import keras
 
     backend = keras.backend.backend()  # tensorflow for `tuned`, jax for `jax-tuned`
-    steps = min(math.ceil(len(x) / BATCH_SIZE), PROBE_MAX_STEPS)
-    x, y = x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE]
+    batch = workload.batch_size
+    steps = min(math.ceil(len(x) / batch), PROBE_MAX_STEPS)
+    x, y = x[: steps * batch], y[: steps * batch]
     data = None if on_numpy else tf_data(x, y, workload)
     configs = []
     for spe in PROBE_SPE:
@@ -101,7 +101,7 @@ def probe_keras_settings(
             start = time.perf_counter()
             common = {"epochs": PROBE_EPOCHS, "verbose": 0, "callbacks": [timer]}
             if data is None:
-                model.fit(x, y, batch_size=BATCH_SIZE, shuffle=True, **common)
+                model.fit(x, y, batch_size=batch, shuffle=True, **common)
             else:
                 model.fit(data, shuffle=False, **common)  # the pipeline shuffles
             done = len(timer.seconds) == PROBE_EPOCHS and timer.stopped_after_s is None
