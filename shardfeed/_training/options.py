@@ -7,6 +7,7 @@ for `LoadOptions`, the storage layer's).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
@@ -80,6 +81,13 @@ class FitOptions:
         _as_int(self, "steps_per_execution")
         if not isinstance(self.sync_check, bool):
             _as_int(self, "sync_check")
+
+
+def auto_steps_per_execution(steps: int) -> int:
+    """`steps_per_execution="auto"` for an epoch of `steps` full steps: about
+    ten calls per epoch, between 1 and 512 steps per call (one rule for both
+    backends' loops and the bench's floors)."""
+    return max(1, min(512, math.ceil(steps / 10)))
 
 
 def with_model_steps(options: FitOptions, model: Any) -> FitOptions:

@@ -21,7 +21,7 @@ from shardfeed._commands.bench.timing import epoch_timer
 from shardfeed._commands.bench.workloads import (
     BATCH_SIZE,
     Workload,
-    augment_for,
+    augments,
     new_model,
     tf_data,
 )
@@ -93,7 +93,7 @@ def probe_keras_settings(
                 reference,
                 True,
                 args.seed,
-                keras_augment=on_numpy and augment_for(workload) is not None,  # as the variant
+                keras_augment=on_numpy and augments(workload),  # as the variant
                 steps_per_execution=spe,
                 jit_compile=jit,
             )
