@@ -121,3 +121,8 @@ def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
             )
         )
     return options
+
+
+def auto_steps_per_execution(steps: int) -> int:
+    """About ten calls per epoch, between 1 and 512 steps per call."""
+    return max(1, min(512, math.ceil(steps / 10)))
