@@ -83,13 +83,6 @@ class FitOptions:
             _as_int(self, "sync_check")
 
 
-def auto_steps_per_execution(steps: int) -> int:
-    """`steps_per_execution="auto"` for an epoch of `steps` full steps: about
-    ten calls per epoch, between 1 and 512 steps per call (one rule for both
-    backends' loops and the bench's floors)."""
-    return max(1, min(512, math.ceil(steps / 10)))
-
-
 def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
     """`options` with the model's `compile(steps_per_execution=k)` applied.
 

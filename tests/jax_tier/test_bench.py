@@ -8,7 +8,6 @@ of it fails the run or shows in a variant's skip reason.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -78,12 +77,7 @@ def test_jax_bench_runs_every_jax_variant_without_tensorflow(tmp_path):
     assert machine["devices"] and all(":" in d for d in machine["devices"])  # jax.devices()
     variants = report["workloads"]["W2"]["variants"]
     assert list(variants) == list(_jax.JAX_VARIANTS)
-    has_jax_fit = importlib.util.find_spec("shardfeed._jax.training") is not None
     for name, result in variants.items():
-        if name == "shardfeed" and not has_jax_fit:
-            # Until the JAX fit exists: skipped, saying so, without TensorFlow.
-            assert "has no implementation on the JAX backend" in result["skipped"]
-            continue
         assert "skipped" not in result, (name, result.get("skipped"))
         _check_ran(result, name)
     assert variants["floor"]["ratio_to_floor"] == 1.0

@@ -3,8 +3,9 @@
 Separation of concerns: this module owns what `shardfeed bench` times when
 Keras runs on JAX -- `jax` and `jax-tuned` (the same `_KerasFit` and `_Tuned`
 that a TensorFlow bench runs in a worker process, here in the bench's own
-process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor`
-(Keras' own stateless train step on one fixed batch in a jitted `lax.scan`) --
+process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor` (the
+JAX loop's compiled training call -- Keras' own stateless train step in a
+jitted `lax.scan` -- on one fixed batch) --
 and which variants a JAX bench refuses (the tf.data and TensorFlow-loop ones).
 The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
 schedule, timing, tuning probe and report are the TensorFlow bench's.
@@ -23,10 +24,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
+from shardfeed._commands.bench.timing import epoch_timer
 from shardfeed._commands.bench.variants import IN_WORKER_TYPES, Variant
 from shardfeed._commands.bench.workloads import augments, new_model
 from shardfeed._common.errors import message
-from shardfeed._training.options import auto_steps_per_execution
 
 # A JAX bench's variants, in their default order; `jax` is the speed-up's baseline.
 JAX_VARIANTS = ("jax", "jax-tuned", "shardfeed", "floor")
@@ -49,11 +52,10 @@ JAX_VARIANT_NOTES: dict[str, str] = {
         "as `jax.Array`s, batches taken on the device, many Keras train steps per jitted call."
     ),
     "floor": (
-        "Keras' own stateless `model.train_step` (the JAX trainer's, what `model.fit` and "
-        "`shardfeed.fit` run on JAX) on one fixed device batch, in one jitted `lax.scan` per "
-        "call of `FitOptions()`'s steps per call ('auto': about 10 calls per epoch): no input "
-        "work at all. ceil(rows/256) steps per epoch. Its loss (one batch seen over and over) "
-        "is not reported."
+        "The compiled training call `shardfeed.fit` runs on JAX (Keras' stateless "
+        "`model.train_step` in a jitted `lax.scan`, the same steps per call) on one fixed "
+        "device batch: no input work at all. ceil(rows/256) steps per epoch. Its loss (one "
+        "batch seen over and over) is not reported."
     ),
 }
 # Appended to every note: W3 and W4 train one model on every variant here.
@@ -96,38 +98,24 @@ def _model(variant: Variant) -> Any:
     return new_model(w, variant.reference, True, variant.args.seed, augments(w))
 
 
-def _has_convolutions(model: Any) -> bool:
-    import keras
-
-    return any(isinstance(layer, keras.layers.Conv2D) for layer in model._flatten_layers())
-
-
 class _JaxShardfeed(Variant):
-    """`shardfeed.fit` on the JAX backend; skipped, saying why, where it has none."""
+    """`shardfeed.fit` on the JAX backend with default options."""
 
     name = "shardfeed"
 
     def setup(self) -> None:
-        import shardfeed
+        from shardfeed._jax.dataset import ShardedResidentDataset
 
-        try:
-            dataset_type, self._fit = shardfeed.ShardedResidentDataset, shardfeed.fit
-        except (ImportError, NotImplementedError) as error:  # no JAX implementation here
-            self.skipped = (
-                f"shardfeed.fit has no JAX implementation in this checkout "
-                f"({type(error).__name__}: {str(error).splitlines()[0]})"
-            )
-            return
         self.model = _model(self)
-        self.dataset = dataset_type(
+        self.dataset = ShardedResidentDataset(
             self.x, self.y, per_replica_batch_size=self.workload.batch_size, seed=self.args.seed
         )
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
-        from shardfeed._commands.bench.timing import epoch_timer
+        from shardfeed._jax.training import fit
 
         timer = epoch_timer()
-        history = self._fit(
+        history = fit(
             self.model,
             self.dataset,
             epochs=epoch + 1,
@@ -138,64 +126,53 @@ class _JaxShardfeed(Variant):
         if epoch == 0:
             params = history.params
             self.settings = {
-                "steps_per_execution": params.get("steps_per_execution"),
-                "jit_compile": params.get("jit_compile"),
+                "steps_per_execution": params["steps_per_execution"],
+                "jit_compile": params["jit_compile"],
             }
         return timer.seconds[-1], timer.losses[-1]
 
 
+def _fixed_batch(batch: Any, step: Any) -> Any:
+    """The floor's `batch_fn`: the same batch at every step (no input work)."""
+    return batch
+
+
 class _JaxFloor(Variant):
-    """Keras' stateless `train_step` on one fixed batch, k steps per jitted `lax.scan`."""
+    """The compiled training call `shardfeed.fit` runs on JAX, on one fixed batch."""
 
     name = "floor"
 
     def setup(self) -> None:
-        import jax
-        import jax.numpy as jnp
+        from shardfeed._jax.dataset import ShardedResidentDataset
+        from shardfeed._jax.evaluation import loop_for
+        from shardfeed._training.options import FitOptions
 
         b = self.workload.batch_size
-        model = _model(self)
-        batch = (jnp.asarray(self.x[:b]), jnp.asarray(self.y[:b]), None)
-        model._symbolic_build(data_batch=batch)  # Keras' own build, as train_on_batch does
-        self.state = tuple(
-            [v.value for v in variables]
-            for variables in (
-                model.trainable_variables,
-                model.non_trainable_variables,
-                model.optimizer.variables,
-                model.metrics_variables,
-            )
+        self.model = _model(self)
+        # The loop is built for the first batch only; the other rows never
+        # enter the timed calls.
+        dataset = ShardedResidentDataset(
+            self.x[:b], self.y[:b], per_replica_batch_size=b, shuffle=False
         )
-        steps = math.ceil(len(self.x) / b)
-        full_steps = len(self.x) // b
-        # FitOptions()' "auto", resolved as shardfeed.fit resolves it.
-        k = auto_steps_per_execution(full_steps) if full_steps else 1
+        loop = loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
+        epoch = dataset.epoch(0)
+        loop.build(epoch)
+        self.batch = epoch.batch(0)  # on the device, laid out as fit's batches
+        steps, full_steps = math.ceil(len(self.x) / b), len(self.x) // b
+        k = loop.steps_per_call(full_steps) if full_steps else 1
         self.calls = [min(k, steps - s) for s in range(0, steps, k)]
-        self.batch = batch
-
-        def chunk(state: Any, batch: Any, steps: int) -> tuple[Any, Any]:
-            def one_step(state: Any, _: Any) -> tuple[Any, Any]:
-                logs, state = model.train_step(state, batch)
-                return state, logs["loss"]
-
-            state, losses = jax.lax.scan(one_step, state, None, length=steps, unroll=unroll)
-            return state, jnp.sum(losses)
-
-        # XLA:CPU runs convolutions inside a rolled loop catastrophically slowly
-        # (W4, 256 images: 192 s for the first step of a 2-step scan vs 2 s/step
-        # unrolled, on this project's 2-core CPU): unroll there, not on GPUs.
-        unroll = jax.default_backend() == "cpu" and _has_convolutions(model)
-
-        # The state is donated, as Keras' own jitted train step donates it.
-        self.fn: Callable[..., Any] = jax.jit(chunk, static_argnums=2, donate_argnums=0)
-        self.settings = {"steps_per_execution": k, "jit_compile": True, "unrolled": unroll}
-        self.model = model
+        # The one place the bench reaches into the JAX loop: its compiled
+        # k-step training call (Keras' `train_step` in `lax.scan`), here fed
+        # by `_fixed_batch`, so the floor moves whenever fit's step does.
+        self.fn = loop._compiled("train", False)
+        self.state = loop.state("train")
+        self.settings = {"steps_per_execution": k, "jit_compile": True}
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
         start = time.perf_counter()
         for steps in self.calls:
-            self.state, total = self.fn(self.state, self.batch, steps)
-        float(total)  # waits for the last call, and so for all of them
+            logs, self.state = self.fn(self.state, self.batch, np.int32(0), _fixed_batch, steps)
+        float(logs["loss"])  # waits for the last call, and so for all of them
         return time.perf_counter() - start, None
 
 
