@@ -15,6 +15,8 @@
 #   SHARDFEED_GPU_ROWS_SCALE rows scale (default 1; e.g. 0.005 for the CPU check)
 #   SHARDFEED_GPU_EPOCHS     timed epochs per variant (default 3)
 #   SHARDFEED_GPU_BUDGET_S   seconds for the whole check (default 450 = 7.5 min)
+#   SHARDFEED_GPU_PROBE_BUDGET_S  per tuning-probe configuration (default 20; a CPU
+#                            needs about 150 for W4's CNN)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${SHARDFEED_GPU_WHEELS:-build/gpu-wheels}
@@ -23,6 +25,7 @@ out=${OUT:-gpu-check-results}
 rows_scale=${SHARDFEED_GPU_ROWS_SCALE:-1}
 epochs=${SHARDFEED_GPU_EPOCHS:-3}
 budget_s=${SHARDFEED_GPU_BUDGET_S:-450}
+probe_budget_s=${SHARDFEED_GPU_PROBE_BUDGET_S:-20}
 # Keras 3.15.1 and what it needs beyond what JAX brings (numpy, ml_dtypes come with
 # JAX; carried anyway in case the device's are older), for CPython 3.12 x86_64.
 packages=(keras==3.15.1 namex optree rich markdown-it-py mdurl pygments absl-py h5py
@@ -78,7 +81,7 @@ for workload in W1 W2 W4; do
   status=0
   timeout "$left" "$python" -m shardfeed bench --workloads "$workload" \
     --variants jax-tuned,shardfeed,floor --rows-scale "$rows_scale" --epochs "$epochs" \
-    --probe-budget-s 20 --out "$out/$workload" >> "$log" 2>&1 || status=$?
+    --probe-budget-s "$probe_budget_s" --out "$out/$workload" >> "$log" 2>&1 || status=$?
   if [ "$status" -eq 0 ]; then
     cat "$out/$workload/bench.md" >> "$out/bench.md"
   else
