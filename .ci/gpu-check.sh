@@ -12,20 +12,22 @@
 #                            the device tool carries it only when told: carry it)
 #   SHARDFEED_GPU_PYTHON     the Python with JAX (default python3)
 #   OUT                      where bench.md / bench.json go (default gpu-check-results)
+#   SHARDFEED_GPU_WORKLOADS  which, in order (default "W1 W2 W4")
 #   SHARDFEED_GPU_ROWS_SCALE rows scale (default 1; e.g. 0.005 for the CPU check)
 #   SHARDFEED_GPU_EPOCHS     timed epochs per variant (default 3)
 #   SHARDFEED_GPU_BUDGET_S   seconds for the whole check (default 450 = 7.5 min)
-#   SHARDFEED_GPU_PROBE_BUDGET_S  per tuning-probe configuration (default 20; a CPU
+#   SHARDFEED_GPU_PROBE_BUDGET_S  per tuning-probe configuration (default 45; a CPU
 #                            needs about 150 for W4's CNN)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${SHARDFEED_GPU_WHEELS:-build/gpu-wheels}
 python=${SHARDFEED_GPU_PYTHON:-python3}
 out=${OUT:-gpu-check-results}
+workloads=${SHARDFEED_GPU_WORKLOADS:-W1 W2 W4}
 rows_scale=${SHARDFEED_GPU_ROWS_SCALE:-1}
 epochs=${SHARDFEED_GPU_EPOCHS:-3}
 budget_s=${SHARDFEED_GPU_BUDGET_S:-450}
-probe_budget_s=${SHARDFEED_GPU_PROBE_BUDGET_S:-20}
+probe_budget_s=${SHARDFEED_GPU_PROBE_BUDGET_S:-45}
 # Keras 3.15.1 and what it needs beyond what JAX brings (numpy, ml_dtypes come with
 # JAX; carried anyway in case the device's are older), for CPython 3.12 x86_64.
 packages=(keras==3.15.1 namex optree rich markdown-it-py mdurl pygments absl-py h5py
@@ -70,7 +72,7 @@ keras.__version__)' 2>&1 | tee -a "$log"
 # slow W4 cannot take W1's and W2's reports with it.
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 : > "$out/bench.md"
-for workload in W1 W2 W4; do
+for workload in $workloads; do
   left=$((budget_s - (SECONDS - start)))
   if [ "$left" -lt 30 ]; then
     say "$workload: not run, ${left} s of the ${budget_s} s budget left"

@@ -1,7 +1,9 @@
 """`shardfeed bench` on Keras' JAX backend runs end to end and never imports TensorFlow.
 
 No timing assertions (speed claims belong to the bench's own report, with its
-machine line). The bench runs in a subprocess whose import system refuses
+machine line). W2 only: W4's CNN inside XLA:CPU's rolled loop takes minutes
+per step on a 2-core CPU (docs/performance.md), so W4 on JAX is for GPUs
+(`.ci/gpu-check.sh`). The bench runs in a subprocess whose import system refuses
 TensorFlow, so the check holds in a venv that has TensorFlow too: any import
 of it fails the run or shows in a variant's skip reason.
 """
@@ -86,15 +88,6 @@ def test_jax_bench_runs_every_jax_variant_without_tensorflow(tmp_path):
     markdown = (tmp_path / "bench.md").read_text()
     assert f"Keras {machine['keras']} on jax" in markdown, markdown[:600]
     assert f"devices {machine['devices'][0]}" in markdown, markdown[:600]
-
-
-@pytest.mark.slow
-def test_jax_bench_trains_w4_images_with_keras_augmentation(tmp_path):
-    report = _bench(tmp_path, "--workloads", "W4", "--variants", "jax,floor")
-
-    variants = report["workloads"]["W4"]["variants"]
-    for name, result in variants.items():
-        _check_ran(result, name)
 
 
 def test_jax_bench_refuses_tensorflow_variants():

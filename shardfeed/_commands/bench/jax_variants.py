@@ -5,8 +5,8 @@ Keras runs on JAX -- `jax` and `jax-tuned` (the same `_KerasFit` and `_Tuned`
 that a TensorFlow bench runs in a worker process, here in the bench's own
 process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor` (the
 JAX loop's compiled training call -- Keras' own stateless train step in a
-jitted `lax.scan` -- on one fixed batch) --
-and which variants a JAX bench refuses (the tf.data and TensorFlow-loop ones).
+jitted `lax.scan` -- on one fixed batch) -- and refusing the others, which
+train on TensorFlow.
 The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
 schedule, timing, tuning probe and report are the TensorFlow bench's.
 
@@ -34,8 +34,6 @@ from shardfeed._common.errors import message
 # A JAX bench's variants, in their default order; `jax` is the speed-up's baseline.
 JAX_VARIANTS = ("jax", "jax-tuned", "shardfeed", "floor")
 JAX_BASELINE = "jax"
-# Why a JAX bench can't run the others: they are TensorFlow's.
-TENSORFLOW_ONLY = ("numpy", "tfdata", "tuned", "streaming")
 
 JAX_VARIANT_NOTES: dict[str, str] = {
     "jax": (
