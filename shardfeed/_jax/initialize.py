@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import ipaddress
 import logging
 import math
 import os
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
@@ -211,6 +213,35 @@ def exposure_line(coordinator: Coordinator) -> str | None:
     )
 
 
+def check_coordinator_port_free(coordinator: Coordinator) -> None:
+    """On process 0, fails at once naming the port when the coordinator's is taken
+    (JAX says only "Failed to start RPC server"). The port is free again after.
+
+    Raises:
+        OSError: (errno EADDRINUSE) If another socket holds the port.
+    """
+    port = int(coordinator.address.rsplit(":", 1)[1])
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        probe.bind(("127.0.0.1" if coordinator.loopback else "", port))
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            return  # e.g. no IPv4 here: leave the verdict to JAX
+        raise OSError(
+            errno.EADDRINUSE,
+            _errors.message(
+                f"Port {port} is in use: process 0 runs the `jax.distributed` coordinator "
+                "on it.",
+                f"coordinator address={coordinator.address!r}",
+                f"Stop the program that holds the port (`ss -ltnp 'sport = :{port}'` names "
+                "it) and rerun; `shardfeed launch` picks free ports on each run.",
+            ),
+        ) from None
+    finally:
+        probe.close()
+
+
 def init(
     engine: EngineName = "auto",
     cpu_devices: int | None = None,
@@ -249,6 +280,7 @@ def init(
             variables naming no coordinator, or `cpu_devices` with GPUs.
         RuntimeError: For `cpu_devices` after JAX started its backends with
             another number of CPU devices, naming the fix.
+        OSError: On process 0, if the coordinator's port is in use (named).
 
     Example:
         >>> world = shardfeed.init()
@@ -265,9 +297,11 @@ def init(
     coordinator = None
     if launch_env.world_size > 1 and not jax.distributed.is_initialized():
         coordinator = coordinator_for(launch_env, os.environ)
-        line = exposure_line(coordinator)
-        if line is not None and coordinator.process_id == 0:
-            logger.warning(line)
+        if coordinator.process_id == 0:
+            check_coordinator_port_free(coordinator)
+            line = exposure_line(coordinator)
+            if line is not None:
+                logger.warning(line)
     # `jax.distributed.initialize` installs a native SIGTERM handler (its
     # preemption notifier: measured, SIGTERM then no longer ends the process);
     # put back what was there, so a launcher or scheduler stopping workers

@@ -10,9 +10,11 @@ rank within a bound, each process reaped.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -69,7 +71,7 @@ def test_a_tensorflow_engine_is_refused_naming_the_fix():
     ],
 )
 def test_other_refusals(engine, launch_env, fragment):
-    with pytest.raises(ValueError, match=None) as err:
+    with pytest.raises(ValueError) as err:
         initialize.resolve_engine(engine, launch_env)
     assert str(err.value).startswith(fragment)
 
@@ -136,6 +138,22 @@ def test_several_workers_without_a_coordinator_address_are_refused():
         initialize.coordinator_for(LaunchEnv("tf_config", 0, 2, None), {})
     with pytest.raises(ValueError, match="horovodrun starts Horovod workers"):
         initialize.resolve_engine("auto", detect_launch_env(environ))
+
+
+def test_a_taken_coordinator_port_is_named():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        coordinator = initialize.Coordinator(f"127.0.0.1:{port}", 2, 0, loopback=True)
+        with pytest.raises(OSError) as err:
+            initialize.check_coordinator_port_free(coordinator)
+    assert err.value.errno == errno.EADDRINUSE
+    assert str(err.value).startswith(
+        f"[Errno 98] Port {port} is in use: process 0 runs the `jax.distributed` coordinator on "
+        f"it. Received: coordinator address='127.0.0.1:{port}'. Stop the program"
+    )
+    initialize.check_coordinator_port_free(coordinator)  # free again: no error
 
 
 def test_init_in_one_process_splits_the_cpu_and_refuses_a_late_split():
