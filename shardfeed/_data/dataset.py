@@ -23,7 +23,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment as _augment
 from shardfeed._data import dataset_args as _args
@@ -452,20 +451,7 @@ class ShardedResidentDataset:
             `fractional` is 1.0 if some value is not a whole number or NaN) over
             the rows that replica holds; `[inf, -inf, 0]` if it holds none.
         """
-        column = self.columns.y
-        try:
-            for key in target:
-                column = column[key]
-        except (KeyError, IndexError, TypeError):
-            column = None
-        if not isinstance(column, int):
-            raise ValueError(
-                _errors.message(
-                    "`target` must lead to one array of `y`.",
-                    f"target={target!r}",
-                    "Pass the keys and positions of one leaf of `element_spec.y`.",
-                )
-            )
+        column = _args.label_column(self.columns.y, target)
         key = (column, ignore)
         if key not in self._label_stats:
             self._label_stats[key] = [

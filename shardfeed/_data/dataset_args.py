@@ -241,3 +241,31 @@ def describe_plan(plan: _plan.ShardPlan, training: bool) -> str:
         f"dropped/epoch{'' if training else ' (evaluation only)'}"
     )
 
+
+
+def label_column(y: Any, target: tuple[Any, ...]) -> int:
+    """The column index of the target of `y` at `target` (keys and positions,
+    `()` for a single `y`), for `label_stats`.
+
+    Raises:
+        ValueError: If `target` does not lead to one array of `y`.
+
+    Example:
+        >>> label_column({"kind": 1, "score": 2}, ("kind",))
+        1
+    """
+    column = y
+    try:
+        for key in target:
+            column = column[key]
+    except (KeyError, IndexError, TypeError):
+        column = None
+    if not isinstance(column, int):
+        raise ValueError(
+            _errors.message(
+                "`target` must lead to one array of `y`.",
+                f"target={target!r}",
+                "Pass the keys and positions of one leaf of `element_spec.y`.",
+            )
+        )
+    return column

@@ -24,6 +24,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import labels as _labels
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax.world import World, current_world
@@ -54,6 +55,15 @@ def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> No
                 "0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)`, or use the TensorFlow backend.",
             )
         )
+    if options.exchange_fraction != 1:
+        raise ValueError(
+            _errors.message(
+                "A partial exchange (`exchange_fraction` below 1) is not implemented on the "
+                "JAX backend: its global order moves every row to its step once per epoch.",
+                f"LoadOptions(exchange_fraction={options.exchange_fraction})",
+                "Leave `exchange_fraction=1`, or use shuffle=\"local\" for no exchange.",
+            )
+        )
     if options.streaming is True:
         raise ValueError(
             _errors.message(
@@ -82,6 +92,10 @@ class ShardedResidentDataset:
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
       Keras on JAX feeds them); integers that do not fit are refused.
     - No streaming: a shard that does not fit is a `MemoryError`.
+    - The global order of sharded rows moves all of an epoch's rows in one
+      all-to-all, staging about twice a replica's epoch rows (counted in the
+      memory check; `LoadOptions.exchange_buffer_bytes` does not apply, and
+      `exchange_fraction` below 1 is refused).
 
     Each epoch holds a copy of its rows in step order on each device (the
     fast path of contiguous slices per step), counted in the memory check,
@@ -123,6 +137,7 @@ class ShardedResidentDataset:
         self._transform, self._augment, self._load_options = transform, augment, options
         self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
         self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
+        self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
         # The copy of an order that never changes (see `epoch_data`).
         self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
         plans = _args.plans(
@@ -230,6 +245,21 @@ class ShardedResidentDataset:
     def has_targets(self) -> bool:
         return self.columns.y is not None
 
+    @property
+    def order_is_global(self) -> bool:
+        """Whether step `s` of a training epoch takes the same global rows on
+        any number of replicas: replicated rows, the global order
+        (`shuffle=True`), or one replica holding every row in order."""
+        if self.plan.placement == "replicate" or self.shuffle is True:
+            return True
+        return self.shuffle is False and self.plan.num_replicas == 1
+
+    @property
+    def order_is_replayable(self) -> bool:
+        """Whether epoch `e`'s order depends only on `(seed, e)` and the plan:
+        always on JAX (no partial exchange)."""
+        return True
+
     # -- what it holds -----------------------------------------------------------
 
     @property
@@ -263,6 +293,27 @@ class ShardedResidentDataset:
 
     def __repr__(self) -> str:
         return self.describe()
+
+    def label_stats(
+        self, target: tuple[Any, ...] = (), ignore: int | None = None
+    ) -> list[Any]:
+        """Smallest and largest value of a target, and whether any is
+        fractional, per local replica, reduced on its device (as on
+        TensorFlow; cached per `(target, ignore)`).
+
+        Example:
+            >>> ds.label_stats()  # a single `y` of classes 0..9
+            [array([0., 9., 0.])]
+        """
+        column = _args.label_column(self.columns.y, target)
+        key = (column, ignore)
+        if key not in self._label_stats:
+            world = self.world
+            self._label_stats[key] = _labels.label_stats(
+                self.tables[column], self.eval_plan, world.global_replica_ids,
+                world.local_devices, ignore,
+            )
+        return self._label_stats[key]
 
     # -- Keras' validation_split -------------------------------------------------
 

@@ -100,6 +100,12 @@ class BatchFn:
         columns = _slicer(self.mesh, self.per_replica_batch_size)(arrays.columns, step)
         return self.assemble(columns, arrays.epoch, step)
 
+    @functools.cached_property
+    def jitted(self) -> Callable[..., Batch]:
+        """`jax.jit` of this function, for eager batches (compiled once per
+        `BatchFn`, and let go of with it)."""
+        return jax.jit(self)
+
     def assemble(self, columns: tuple[Any, ...], epoch: Any, step: Any) -> Batch:
         """`Batch` of the user's structures from one step's columns."""
 
@@ -244,7 +250,7 @@ class ResidentEpoch:
             batch = self.partial_batch()
             assert batch is not None
             return batch
-        return _jitted(self.batch_fn)(arrays, jnp.int32(step))
+        return self.batch_fn.jitted(arrays, jnp.int32(step))
 
     def __iter__(self) -> Iterator[tuple[int, Batch]]:
         for step in range(self.first_step, self.steps):
@@ -295,11 +301,6 @@ def epoch_columns(
         for g, r in enumerate(rows.rows)
     ]
     return _exchange.gather_local(world, tables, local)
-
-
-@functools.cache
-def _jitted(batch_fn: BatchFn) -> Callable[..., Batch]:
-    return jax.jit(batch_fn)
 
 
 def _pad(positions: np.ndarray, slots: int) -> np.ndarray:

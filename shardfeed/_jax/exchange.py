@@ -96,10 +96,12 @@ def moves(
     send = np.zeros((n_rep, n_rep, send_rows), np.int32)
     take = np.zeros((n_rep, slots), np.int32)
     for dst, (need, owner) in enumerate(zip(rows, owners, strict=True)):
-        order = np.argsort(owner, kind="stable")
-        first = np.concatenate([[0], np.cumsum(counts[dst])[:-1]])
-        k = np.arange(len(need)) - first[owner[order]]  # position within its source
+        # Grouped by source, each group in the order `dst` takes its rows: a stable
+        # sort of small ints is NumPy's radix sort, linear for any number of replicas.
+        order = np.argsort(owner.astype(np.int16 if n_rep < 2**15 else np.int32), kind="stable")
         src = owner[order]
+        first = np.concatenate([[0], np.cumsum(counts[dst])[:-1]])
+        k = np.arange(len(need)) - first[src]  # position within its source's block
         send[src, dst, k] = need[order] - bounds[src]
         take[dst, order] = src * send_rows + k
     return Moves(send, take)

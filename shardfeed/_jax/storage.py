@@ -123,16 +123,20 @@ def _upload_column(
     rows_each = rows_per_replica(plan)
     dtype = stored_dtype(column.dtype)
     chunk_rows = max(1, options.chunk_bytes // max(1, column.row_bytes))
-    buffers = []
-    for replica, device in zip(world.global_replica_ids, world.local_devices, strict=True):
-        start, stop = plan.shards[replica]
-        buffer = jnp.zeros((rows_each, *column.row_shape), dtype, device=device)
+    devices = world.local_devices
+    buffers = [jnp.zeros((rows_each, *column.row_shape), dtype, device=d) for d in devices]
+    # Local replicas holding one range (replicated rows) share each chunk's read.
+    holders: dict[tuple[int, int], list[int]] = {}
+    for local, replica in enumerate(world.global_replica_ids):
+        holders.setdefault(plan.shards[replica], []).append(local)
+    for (start, stop), locals_ in holders.items():
         for first in range(start, stop, chunk_rows):
             rows = column.read(first, min(stop, first + chunk_rows), options.check_finite)
             _check_range(column, rows, first, dtype)
-            chunk = jax.device_put(rows.astype(dtype, copy=False), device)
-            buffer = _write(buffer, chunk, jnp.int32(first - start))
-        buffers.append(buffer)
+            rows = rows.astype(dtype, copy=False)
+            for local in locals_:
+                chunk = jax.device_put(rows, devices[local])
+                buffers[local] = _write(buffers[local], chunk, jnp.int32(first - start))
     sharding = NamedSharding(world.mesh, P(REPLICA_AXIS))
     shape = (plan.num_replicas * rows_each, *column.row_shape)
     return jax.make_array_from_single_device_arrays(shape, sharding, buffers)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from shardfeed._data.options import LoadOptions
+from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import world as _world
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.exchange import moves
@@ -171,6 +172,31 @@ def test_dict_inputs_sample_weights_and_uint8_are_kept(replicas):
     assert ds.has_targets and "JAX" in ds.describe()
 
 
+class ReadRecorder:
+    """An array-like over a NumPy array (as `shardfeed.files`' readers are)
+    that records the row ranges read from it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.shape, self.dtype, self.reads = array, array.shape, array.dtype, []
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        self.reads.append((rows.start, rows.stop))
+        return self.array[rows]
+
+
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+def test_uploads_in_chunks_and_reads_each_row_once(replicas, placement):
+    replicas(4)
+    x = ReadRecorder(np.arange(100 * 4, dtype=np.float32).reshape(100, 4))  # 16 bytes a row
+    ds = ShardedResidentDataset(x, per_replica_batch_size=5, shuffle=False, placement=placement,
+                                load_options=LoadOptions(chunk_bytes=7 * 16, check_agreement=False))
+    assert all(stop - start <= 7 for start, stop in x.reads)  # 7 rows per transfer at most
+    read = np.concatenate([np.arange(start, stop) for start, stop in x.reads])
+    np.testing.assert_array_equal(np.sort(read), np.arange(100))  # replicated rows: read once
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b.x) for _, b in ds.epoch(0)]),
+                                  x.array[ds.epoch(0).slot_rows()])
+
+
 def test_batch_fn_in_the_users_jit_with_a_traced_step(replicas):
     replicas(4)
     ds = ShardedResidentDataset(np.arange(80, dtype=np.float32), np.arange(80),
@@ -241,6 +267,24 @@ def test_rows_in_order_are_copied_once(replicas):
     assert shuffled.epoch(0).arrays.columns[0] is not shuffled.epoch(0).arrays.columns[0]
 
 
+def test_a_dataset_let_go_of_frees_its_device_memory(replicas):
+    replicas(4)
+
+    def live_bytes() -> int:
+        gc.collect()
+        return sum(a.nbytes for a in jax.live_arrays())
+
+    before = live_bytes()
+    for seed in range(3):
+        ds = ShardedResidentDataset(np.ones((400, 8), np.float32), np.arange(400), seed=seed,
+                                    per_replica_batch_size=8, transform=lambda x: x * 2)
+        epoch = ds.epoch(0)
+        rows_of(epoch)
+        assert live_bytes() > before
+        del ds, epoch
+    assert live_bytes() == before
+
+
 def test_a_shard_that_does_not_fit_is_refused_before_allocating(replicas):
     replicas(2)
     gc.collect()
@@ -283,6 +327,8 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
          "a `tf.distribute` strategy has no role"),
         (dict(load_options=LoadOptions(streaming=True), shuffle=False), ValueError,
          "not implemented on the JAX backend"),  # streaming: TensorFlow only, for now
+        (dict(load_options=LoadOptions(exchange_fraction=0.5), seed=0), ValueError,
+         "partial exchange"),
     ],
 )
 def test_bad_arguments_give_the_tensorflow_sides_messages(replicas, kwargs, error, match):
@@ -310,8 +356,37 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
     assert training.seed == 9 and validation.per_replica_batch_size == 2
     assert sorted(rows_of(validation.epoch(0, training=False))) == list(range(15, 20))
     assert ds.split(0.25) == (training, validation)
+    assert training.order_is_global and not validation.order_is_global  # 2 replicas in order
     with pytest.raises(ValueError, match="leave rows on both sides"):
         ds.split(0.99)
+
+
+def test_label_stats_are_reduced_on_each_replicas_rows(replicas):
+    replicas(2)
+    y = {"kind": np.array([0, 3, 1, 7, 7, 2, 9]), "score": np.array([0, 1, 2, 3.5, 4, 5, 6])}
+    ds = ShardedResidentDataset(np.zeros((7, 1), np.float32), y, per_replica_batch_size=2,
+                                shuffle=False)  # rows [0, 4) and [4, 7): 3 rows and a padding row
+    kind = ds.label_stats(("kind",))
+    np.testing.assert_array_equal(np.stack(kind), [[0, 7, 0], [2, 9, 0]])
+    np.testing.assert_array_equal(ds.label_stats(("kind",), ignore=9)[1], [0, 7, 0])
+    np.testing.assert_array_equal(np.stack(ds.label_stats(("score",))), [[0, 3.5, 1], [4, 6, 0]])
+    assert ds.label_stats(("kind",)) is kind  # cached
+    with pytest.raises(ValueError, match="`target` must lead to one array of `y`"):
+        ds.label_stats(("nothing",))
+
+
+def test_the_exchange_compiles_once_over_epochs(replicas):
+    world = replicas(4)
+    ds = ShardedResidentDataset(np.ones((4000, 3), np.float32), np.arange(4000),
+                                per_replica_batch_size=10, seed=0)
+    exchange = _exchange._exchange_fn(world.mesh)
+    sizes = []
+    for e in range(8):
+        ds.epoch(e)
+        sizes.append(exchange._cache_size())
+    # `send_rows` rounded: every epoch's moves fit one compiled shape (earlier tests'
+    # shapes may be in the cache too).
+    assert sizes == [sizes[0]] * 8
 
 
 def test_moves_bring_each_replica_its_rows():
