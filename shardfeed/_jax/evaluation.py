@@ -92,8 +92,9 @@ def evaluate(
     needs_targets = not _inputs.overrides(model, "test_step")
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
     transform = _inputs.resolve_transform(model, data, transform)
+    cap = max_steps(None)
     dataset = _inputs.as_dataset(
-        data, y, sample_weight, per_replica_batch_size, transform=transform
+        data, y, sample_weight, per_replica_batch_size, transform=transform, max_steps=cap
     )
     _inputs.check_dataset(dataset, needs_targets=needs_targets, name="data")
     loop = loop_for(model, dataset, options or FitOptions())
@@ -106,7 +107,7 @@ def evaluate(
         epochs=1,
         steps=dataset.eval_plan.steps_per_epoch,
     )
-    logs = evaluate_loop(loop, dataset, cbs, max_steps(None))
+    logs = evaluate_loop(loop, dataset, cbs, cap)
     if return_dict:
         return logs
     values = list(logs.values())
@@ -131,19 +132,21 @@ def predict(
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
     transform = _inputs.resolve_transform(model, data, transform)
-    dataset = _inputs.as_dataset(data, None, None, per_replica_batch_size, transform=transform)
+    cap = max_steps(None)
+    dataset = _inputs.as_dataset(
+        data, None, None, per_replica_batch_size, transform=transform, max_steps=cap
+    )
     loop = loop_for(model, dataset, options or FitOptions())
     # Nothing can set it during the call (no callbacks), but Keras resets it too.
     model.stop_predicting = False
     epoch = dataset.epoch(0, training=False)
     try:
         loop.build(epoch)
-        cap = max_steps(None)
-        results = list(loop.iterate("predict", epoch, 0, min(cap, epoch.steps) if cap else None))
-        rows = epoch.slot_rows()
+        outputs = gather_outputs(list(loop.iterate("predict", epoch)), epoch.slot_rows())
     finally:
         epoch.close()
     if cap:
-        # Keras predicts the first `cap` batches: ours are global batches in row order.
-        rows = rows[: cap * dataset.eval_plan.global_batch_size]
-    return keras.tree.map_structure(np.asarray, gather_outputs(results, rows))
+        # Keras predicts the first `cap` batches; ours are global batches in row order.
+        rows = cap * dataset.eval_plan.global_batch_size
+        outputs = keras.tree.map_structure(lambda a: a[:rows], outputs)
+    return keras.tree.map_structure(np.asarray, outputs)

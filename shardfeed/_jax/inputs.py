@@ -50,12 +50,15 @@ def as_dataset(
     per_replica_batch_size: int | None,
     template: ShardedResidentDataset | None = None,
     transform: _arguments.Transform | None = None,
+    max_steps: int | None = None,
 ) -> ShardedResidentDataset:
     """Wraps arrays in an unshuffled dataset on the current world's replicas,
     for evaluation or prediction, applying `transform` to their `x`.
 
     `template` (the training dataset, for `validation_data`) lends its
-    placement, transform, batch size and load options.
+    placement, transform, batch size and load options. `max_steps` (Keras'
+    `max_steps_per_epoch` cap) keeps only the rows of that many global
+    batches, as Keras takes the first batches in row order.
     """
     _arguments.check_batch_size(per_replica_batch_size)
     if isinstance(data, ShardedResidentDataset):
@@ -68,7 +71,14 @@ def as_dataset(
     else:
         batch = _arguments.DEFAULT_EVAL_BATCH_SIZE
     # Small arrays: shrink the batch so a step holds a real row on most replicas.
-    batch = max(1, min(batch, rows // current_world().num_replicas_in_sync))
+    replicas = current_world().num_replicas_in_sync
+    batch = max(1, min(batch, rows // replicas))
+    if max_steps and max_steps * batch * replicas < rows:
+        keep = max_steps * batch * replicas
+        data, y, sample_weight = (
+            None if v is None else keras.tree.map_structure(lambda a: a[:keep], v)
+            for v in (data, y, sample_weight)
+        )
     return ShardedResidentDataset(
         data,
         y,

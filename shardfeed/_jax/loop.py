@@ -114,7 +114,6 @@ class Loop:
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
         self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
-        self.traces = 0  # Python traces of the compiled calls, for tests
 
     def steps_per_call(self, full_steps: int) -> int:
         k = self.steps_per_execution
@@ -137,13 +136,9 @@ class Loop:
     # -- state ------------------------------------------------------------------
 
     def _place(self, value: Any) -> jax.Array:
-        if isinstance(value, jax.Array) and (
-            value.sharding == self.replicated
-            or (  # e.g. a `keras.distribution` layout over the same devices
-                value.sharding.is_fully_replicated
-                and value.sharding.device_set == self.replicated.device_set
-            )
-        ):
+        # Only this exact sharding: an equivalent one (a single device's, a
+        # `keras.distribution` layout) would be another compile of every call.
+        if isinstance(value, jax.Array) and value.sharding == self.replicated:
             return value
         # One copy per local device, from this process's value (a single-device
         # array or NumPy), which also builds the global array across processes.
@@ -210,14 +205,12 @@ class Loop:
         if partial:
 
             def one(state: Any, batch: Any) -> Any:
-                self.traces += 1
                 return step(state, _data(batch))
 
             fn = jax.jit(one, donate_argnums=donate, out_shardings=out)
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
-                self.traces += 1
 
                 def body(state: Any, i: Any) -> tuple[Any, Any]:
                     result, state = step(state, _data(batch_fn(arrays, start + i)))
@@ -255,29 +248,27 @@ class Loop:
         for call in self.calls(epoch, start, stop):
             yield call, self.run(mode, epoch, call)
 
-    def cache_size(self) -> int:
-        """Compiled executables held (one per mode and call length), for tests."""
-        return sum(fn._cache_size() for fn in self._jitted.values())  # type: ignore[attr-defined]
+
+def _rows_on_host(value: Any, call: Call) -> np.ndarray:
+    """One call's output leaf as rows, every process's (a full call's
+    `[steps, global batch, ...]` is sharded over processes; the partial
+    step's is replicated)."""
+    if call.partial:
+        return to_host(value)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        value = multihost_utils.process_allgather(value, tiled=True)
+    array = np.asarray(value)
+    return array.reshape(-1, *array.shape[2:])
 
 
 def gather_outputs(results: list[tuple[Call, Any]], slot_rows: np.ndarray) -> Any:
     """`predict`'s outputs of every call, one per row in the original order,
     on every process (`slot_rows`: each emitted row's global row number)."""
-
-    def host(value: Any, call: Call) -> np.ndarray:
-        if call.partial:
-            return to_host(value)
-        if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            value = multihost_utils.process_allgather(value, tiled=True)
-        array = np.asarray(value)
-        return array.reshape(-1, *array.shape[2:])  # [steps, batch, ...] -> rows
-
-    structure = results[0][1]
-    leaves = [
-        np.concatenate([host(leaf, call) for call, leaf in zip(
-            [c for c, _ in results], per_call, strict=True
-        )])
-        for per_call in zip(*(jax.tree.leaves(r) for _, r in results), strict=True)
-    ]
+    calls = [call for call, _ in results]
+    per_call_leaves = [jax.tree.leaves(outputs) for _, outputs in results]
     order = np.argsort(slot_rows, kind="stable")
-    return jax.tree.unflatten(jax.tree.structure(structure), [leaf[order] for leaf in leaves])
+    leaves = []
+    for leaf_per_call in zip(*per_call_leaves, strict=True):
+        parts = [_rows_on_host(v, call) for call, v in zip(calls, leaf_per_call, strict=True)]
+        leaves.append(np.concatenate(parts)[order])
+    return jax.tree.unflatten(jax.tree.structure(results[0][1]), leaves)

@@ -8,17 +8,15 @@ import jax
 import keras
 import numpy as np
 import pytest
-
-from shardfeed._jax.dataset import ShardedResidentDataset
-from shardfeed._jax.training import fit
-from shardfeed._training.options import FitOptions
-from tests.jax._helpers import (
+from _helpers_fit import (
     assert_history_close,
     max_weight_diff,
     mlp,
     regression_data,
     replicas,
 )
+
+from shardfeed import FitOptions, ShardedResidentDataset, fit
 
 
 def _two_input_model(seed: int = 3) -> keras.Model:
@@ -192,7 +190,8 @@ def test_a_callback_that_sets_weights_is_honoured():
     assert max_weight_diff(ours, theirs) < 1e-6
 
 
-def test_no_recompiles_across_calls_and_epochs():
+@pytest.mark.parametrize("n", [1, 2])
+def test_no_recompiles_across_calls_and_epochs(n):
     traces: list[int] = []
 
     class Counted(keras.layers.Dense):
@@ -213,8 +212,8 @@ def test_no_recompiles_across_calls_and_epochs():
     model.compile(optimizer="adam", loss="mse", steps_per_execution=3)
     x, y = regression_data(115)  # batch 10: 11 full steps (calls of 3, 3, 3, 2) + partial
     per_epoch = PerEpoch()
-    with replicas(2):
-        ds = ShardedResidentDataset(x, y, per_replica_batch_size=5, seed=0)
+    with replicas(n):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10 // n, seed=0)
         history = fit(model, ds, epochs=3, verbose=0, callbacks=[per_epoch])
     assert history.params["steps_per_execution"] == 3
     counts = np.array(per_epoch.counts).reshape(3, 5)  # 5 calls per epoch
@@ -259,3 +258,97 @@ def test_what_jax_fit_refuses_names_the_fix(kwargs, message):
             fit(mlp(), ds, **kwargs)
     assert str(raised.value).startswith(message)
     assert "Received:" in str(raised.value)
+
+
+def test_the_datasets_augment_applies_to_training_batches_only():
+    x, y = regression_data(96)
+    seen_keys = []
+
+    def augment(x, key):
+        seen_keys.append(key)
+        return x * 0.0  # what the model then sees
+
+    with replicas(2):
+        augmented = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=0,
+                                           augment=augment)
+        history = fit(ours := mlp(), augmented, epochs=2, verbose=0, validation_data=(x, y))
+        zeros = ShardedResidentDataset(np.zeros_like(x), y, per_replica_batch_size=8, seed=0)
+        expected = fit(theirs := mlp(), zeros, epochs=2, verbose=0, validation_data=(x, y))
+    assert seen_keys  # traced inside the training call
+    assert max_weight_diff(ours, theirs) < 1e-6
+    # Validation sees the rows as they are.
+    np.testing.assert_allclose(history.history["val_loss"], expected.history["val_loss"], rtol=1e-5)
+
+
+@pytest.fixture
+def keras_caps():
+    yield keras.config
+    keras.config.set_max_epochs(None)
+    keras.config.set_max_steps_per_epoch(None)
+
+
+def test_keras_debugging_caps_limit_fit_evaluate_and_predict_as_keras(keras_caps):
+    from shardfeed import evaluate, predict
+
+    x, y = regression_data(200)
+    keras_caps.set_max_epochs(2)
+    keras_caps.set_max_steps_per_epoch(3)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        with pytest.warns(UserWarning) as caught:
+            history = fit(ours := mlp(), ds, epochs=5, verbose=0)
+        with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+            logs = evaluate(ours, x, y, per_replica_batch_size=8)
+        with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+            outputs = predict(ours, x, per_replica_batch_size=8)
+    with pytest.warns(UserWarning):
+        expected = (theirs := mlp()).fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0)
+    assert {str(w.message) for w in caught} == {
+        "Limiting epochs to 2", "Limiting steps_per_epoch to 3",
+    }
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5
+    with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+        np.testing.assert_allclose(logs, theirs.evaluate(x, y, batch_size=16, verbose=0),
+                                   rtol=1e-5)
+    with pytest.warns(UserWarning, match="Limiting steps_per_epoch to 3"):
+        theirs_out = theirs.predict(x, batch_size=16, verbose=0)
+    assert outputs.shape == theirs_out.shape == (48, 1)
+    np.testing.assert_allclose(outputs, theirs_out, rtol=1e-5, atol=1e-6)
+
+
+def test_callbacks_that_change_the_learning_rate_or_stop_act_as_under_keras():
+    def callbacks():
+        return [
+            keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.1 if epoch else lr),
+            keras.callbacks.EarlyStopping("loss", patience=0, min_delta=10.0,
+                                          restore_best_weights=True),
+        ]
+
+    x, y = regression_data(128)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        history = fit(ours := mlp(), ds, epochs=5, verbose=0, callbacks=callbacks())
+    expected = (theirs := mlp()).fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0,
+                                     callbacks=callbacks())
+    assert history.epoch == expected.epoch == [0, 1]  # stopped after epoch 1
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5
+
+
+def test_resuming_inside_an_epoch_with_initial_step_equals_an_uninterrupted_fit():
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = True  # after the first call: steps 0-3
+
+    x, y = regression_data(160)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=5)
+        options = FitOptions(steps_per_execution=4)
+        fit(whole := mlp(), ds, epochs=2, verbose=0, options=options)
+        fit(resumed := mlp(), ds, epochs=1, verbose=0, options=options, callbacks=[StopAfter()])
+        history = fit(resumed, ds, epochs=2, initial_step=4, verbose=0, options=options)
+    assert history.epoch == [0, 1]
+    assert max_weight_diff(whole, resumed) < 1e-6

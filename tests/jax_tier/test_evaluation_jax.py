@@ -5,11 +5,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from _helpers_fit import mlp, regression_data, replicas
 
-from shardfeed._jax.dataset import ShardedResidentDataset
-from shardfeed._jax.evaluation import evaluate, predict
-from shardfeed._training.options import FitOptions
-from tests.jax._helpers import mlp, regression_data, replicas
+from shardfeed import FitOptions, ShardedResidentDataset, evaluate, predict
 
 
 def _two_output_model() -> keras.Model:

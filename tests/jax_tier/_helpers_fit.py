@@ -1,4 +1,5 @@
-"""Shared helpers of the JAX-backend tests (run with `KERAS_BACKEND=jax`)."""
+"""Helpers shared by the JAX tier's `fit`/`evaluate`/`predict` tests (they import
+JAX and Keras, so they live apart from `_helpers_jax.py`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ def assert_history_close(ours: dict[str, list[float]], keras_: dict[str, list[fl
     assert sorted(ours) == sorted(keras_)
     for name in keras_:
         np.testing.assert_allclose(ours[name], keras_[name], rtol=1e-5, err_msg=name)
+
+
+def train_and_predict(shardfeed: Any) -> dict[str, Any]:
+    """The multi-process check's run (in each worker and in the test): fit on
+    sharded rows in the global order with validation, then evaluate and
+    predict; JSON-ready results."""
+    x, y = regression_data(1003)
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3)
+    model = mlp()
+    history = shardfeed.fit(model, ds, epochs=2, verbose=0, validation_data=(x[:200], y[:200]))
+    return {
+        "replicas": ds.world.num_replicas_in_sync,
+        "history": history.history,
+        "evaluate": shardfeed.evaluate(model, x, y, return_dict=True),
+        "predict": shardfeed.predict(model, x[:77]).tolist(),
+        "weights": [w.tolist() for w in model.get_weights()],
+    }
