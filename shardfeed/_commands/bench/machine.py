@@ -76,6 +76,16 @@ def _devices(backend: str) -> tuple[list[str], str | None]:
     return names, accelerators[0] if accelerators else None
 
 
+def _tensorflow_version(backend: str) -> str | None:
+    """TensorFlow's version: imported on its own backend, else read from the
+    installed metadata (the CPU build's distribution is `tensorflow-cpu`)."""
+    if backend != "jax":
+        import tensorflow as tf
+
+        return str(tf.__version__)
+    return _version("tensorflow") or _version("tensorflow-cpu")
+
+
 def machine_info(jax_python: str | None = None) -> dict[str, Any]:
     """What the numbers were measured on.
 
@@ -121,7 +131,7 @@ def machine_info(jax_python: str | None = None) -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "keras_backend": backend,
-        "tensorflow": _version("tensorflow"),
+        "tensorflow": _tensorflow_version(backend),
         "keras": keras.__version__,
         "numpy": np.__version__,
         "jax": _version_in(jax_python, "jax") if jax_python else _version("jax"),
