@@ -102,18 +102,18 @@ class _JaxShardfeed(Variant):
     name = "shardfeed"
 
     def setup(self) -> None:
-        from shardfeed._jax.dataset import ShardedResidentDataset
+        import shardfeed  # the public names, resolved to the JAX backend's
 
         self.model = _model(self)
-        self.dataset = ShardedResidentDataset(
+        self.dataset = shardfeed.ShardedResidentDataset(
             self.x, self.y, per_replica_batch_size=self.workload.batch_size, seed=self.args.seed
         )
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
-        from shardfeed._jax.training import fit
+        import shardfeed
 
         timer = epoch_timer()
-        history = fit(
+        history = shardfeed.fit(
             self.model,
             self.dataset,
             epochs=epoch + 1,
