@@ -8,10 +8,11 @@
 #   bash .ci/gpu-check.sh            # there: install them offline, bench, report into $OUT
 #
 # Environment (all optional):
+#   PIP                      the pip that downloads (default .venv/bin/pip, from .ci/setup)
 #   SHARDFEED_GPU_WHEELS     wheel folder (default build/gpu-wheels: ignored by git, so
 #                            the device tool carries it only when told: carry it)
 #   SHARDFEED_GPU_PYTHON     the Python with JAX (default python3)
-#   OUT                      where bench.md / bench.json go (default gpu-check-results)
+#   OUT                      where bench.md / bench.json go (default build/gpu-check)
 #   SHARDFEED_GPU_WORKLOADS  which, in order (default "W1 W2 W4")
 #   SHARDFEED_GPU_ROWS_SCALE rows scale (default 1; e.g. 0.005 for the CPU check)
 #   SHARDFEED_GPU_EPOCHS     timed epochs per variant (default 3)
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${SHARDFEED_GPU_WHEELS:-build/gpu-wheels}
 python=${SHARDFEED_GPU_PYTHON:-python3}
-out=${OUT:-gpu-check-results}
+out=${OUT:-build/gpu-check}
 workloads=${SHARDFEED_GPU_WORKLOADS:-W1 W2 W4}
 rows_scale=${SHARDFEED_GPU_ROWS_SCALE:-1}
 epochs=${SHARDFEED_GPU_EPOCHS:-3}
