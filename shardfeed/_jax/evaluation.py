@@ -38,13 +38,15 @@ def evaluate_loop(
     dataset: ShardedResidentDataset,
     cbs: keras.callbacks.CallbackList,
     max_steps: int | None = None,
+    name: str = "data",
 ) -> dict[str, Any]:
     """One evaluation pass, as Keras' `evaluate`: test hooks per call, the
-    model's `stop_evaluating` checked after each, at most `max_steps` steps."""
+    model's `stop_evaluating` checked after each, at most `max_steps` steps
+    (`name`: the argument that held `dataset`, for the label check)."""
     model = loop.model
     epoch = dataset.epoch(0, training=False)
     try:
-        loop.build(epoch)
+        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch))
         model.reset_metrics()
         model.stop_evaluating = False
         cbs.on_test_begin()

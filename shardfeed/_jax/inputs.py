@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
+from jax.experimental import multihost_utils
 from keras.src.backend.jax.trainer import JAXTrainer
 
 from shardfeed._common import errors as _errors
@@ -18,6 +20,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.world import current_world
 from shardfeed._training import arguments as _arguments
+from shardfeed._training import sparse_labels as _sparse_labels
 from shardfeed._training.options import FitOptions
 
 
@@ -149,3 +152,19 @@ def overrides(model: keras.Model, step: str) -> bool:
     """Whether the model's class overrides Keras' JAX `step` (e.g. a
     `train_step` that trains on `x` alone needs no targets)."""
     return getattr(type(model), step) is not getattr(JAXTrainer, step)
+
+
+def _gather_stats(local: list[np.ndarray]) -> np.ndarray:
+    """Every replica's `(1, 3)` label stats, this worker's first, in rank order."""
+    rows = np.concatenate([np.asarray(s) for s in local])
+    if current_world().world_size > 1:
+        rows = np.asarray(multihost_utils.process_allgather(rows))
+    return rows.reshape(-1, 3)
+
+
+def check_sparse_labels(
+    model: keras.Model, dataset: ShardedResidentDataset, name: str, spec: Any
+) -> None:
+    """The backend-neutral sparse-label check with one batch's `spec` (from
+    `Loop.build`), the ranges gathered across processes."""
+    _sparse_labels.check_sparse_labels(model, dataset, name, spec, _gather_stats)

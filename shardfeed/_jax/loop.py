@@ -124,14 +124,16 @@ class Loop:
 
     # -- building -------------------------------------------------------------
 
-    def build(self, epoch: Any) -> None:
+    def build(self, epoch: Any) -> Any:
         """Builds the model, its metrics and optimizer from the batch's shapes
-        (no compute), as Keras' `fit` does before its first step."""
+        (no compute), as Keras' `fit` does before its first step; returns
+        that `Batch` of shapes and dtypes."""
         if epoch.full_steps:
             spec = jax.eval_shape(epoch.batch_fn, epoch.arrays, jnp.int32(0))
         else:
             spec = epoch.partial_batch()
         self.model._symbolic_build(data_batch=_data(spec))
+        return spec
 
     # -- state ------------------------------------------------------------------
 

@@ -141,7 +141,7 @@ def _validation(
     def validate(epoch: int, cbs: keras.callbacks.CallbackList) -> dict[str, Any]:
         if not should_validate(epoch):
             return {}
-        logs = evaluate_loop(loop, val_ds, cbs, cap)
+        logs = evaluate_loop(loop, val_ds, cbs, cap, "validation_data")
         return {f"val_{k}": v for k, v in logs.items()}
 
     return validate
@@ -204,7 +204,7 @@ class _Run:
                 number, start, stop = epoch_span(epoch, self.steps_per_epoch, data_steps)
                 data = self._data_epoch(number)
                 if first:
-                    loop.build(data)
+                    _inputs.check_sparse_labels(model, self.dataset, "dataset", loop.build(data))
                     loop.broadcast_from_chief()
                 skip = initial_step if first else 0
                 first = False

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from _helpers_fit import mlp, regression_data, replicas
 
-from shardfeed import FitOptions, ShardedResidentDataset, evaluate, predict
+from shardfeed import FitOptions, ShardedResidentDataset, evaluate, fit, predict
 
 
 def _two_output_model() -> keras.Model:
@@ -106,3 +106,33 @@ def test_keras_arguments_are_refused_with_the_fix():
         evaluate(mlp(), x, y, steps=2)
     with pytest.raises(TypeError, match="Received: "):
         predict(mlp(), x, batch_size=4)
+
+
+def _classifier() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("where", ["dataset", "validation_data", "data"])
+def test_out_of_range_sparse_labels_are_refused_before_the_first_step(where):
+    x, _ = regression_data(80)
+    good = (np.arange(80) % 3).astype("int32")
+    bad = good.copy()
+    bad[-1] = 7  # held by the last replica only
+    with replicas(4):
+        train = ShardedResidentDataset(x, bad if where == "dataset" else good,
+                                       per_replica_batch_size=4, shuffle=False)
+        with pytest.raises(ValueError) as raised:
+            if where == "data":
+                evaluate(_classifier(), x, bad)
+            else:
+                fit(_classifier(), train, verbose=0,
+                    validation_data=(x, bad) if where == "validation_data" else None)
+    assert str(raised.value) == (
+        "Labels of a sparse categorical crossentropy must be class indices in the valid "
+        "range of [0, 3): the model's output has 3 units. Received: a label value of 7 in "
+        f"y of `{where}` (labels span 0 to 7). Number the classes from 0 to 2, or give the "
+        "output layer one unit per class."
+    )

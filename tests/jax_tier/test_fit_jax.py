@@ -352,3 +352,28 @@ def test_resuming_inside_an_epoch_with_initial_step_equals_an_uninterrupted_fit(
         history = fit(resumed, ds, epochs=2, initial_step=4, verbose=0, options=options)
     assert history.epoch == [0, 1]
     assert max_weight_diff(whole, resumed) < 1e-6
+
+
+def test_batch_norm_statistics_and_dropout_masks_are_the_global_batchs():
+    def build():
+        keras.utils.set_random_seed(6)
+        model = keras.Sequential([
+            keras.Input((8,)),
+            # No bias before the normalisation: its true gradient is 0, and Adam
+            # would scale the rounding noise up to a visible difference.
+            keras.layers.Dense(16, use_bias=False),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    x, y = regression_data(200)
+    with replicas(4):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        history = fit(ours := build(), ds, epochs=2, verbose=0)
+    expected = (theirs := build()).fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5  # moving mean/variance and the seed state too
