@@ -37,6 +37,9 @@ excluded; the warm-up column is the whole first `fit` call, compilation
 included. Variants run round-robin one epoch each, in a rotated order each
 round, so drift in machine load spreads over all of them.
 
+With `KERAS_BACKEND=jax` the whole bench runs on Keras' JAX backend, no
+TensorFlow imported: `jax_variants` (jax, jax-tuned, shardfeed, floor).
+
 This `__init__` imports nothing: `shardfeed demo` imports `workloads` alone,
 and `shardfeed launch` (which builds the whole CLI parser) never pays for
 TensorFlow.

@@ -10,6 +10,7 @@ import: `shardfeed launch` builds the whole CLI parser.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -21,8 +22,15 @@ from shardfeed._commands.bench.engines import default_rows
 from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
-from shardfeed._commands.bench.variants import VARIANT_ALIASES, VARIANT_NOTES, VARIANTS
+from shardfeed._commands.bench.variants import (
+    VARIANT_ALIASES,
+    VARIANT_NOTES,
+    VARIANT_TYPES,
+    VARIANTS,
+    Variant,
+)
 from shardfeed._commands.bench.workloads import LEARNING_RATE, WORKLOADS
+from shardfeed._common.errors import message
 
 
 def _csv_choice(
@@ -78,11 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
-        default=list(VARIANTS),
         help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming "
         "(or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,streaming, g jax, h jax-tuned; "
         "default: all). jax and jax-tuned run Keras on JAX in a worker process each, "
-        "skipped with the reason when JAX does not import",
+        "skipped with the reason when JAX does not import. With KERAS_BACKEND=jax the whole "
+        "bench runs on Keras' JAX backend, without TensorFlow: variants from jax,jax-tuned,"
+        "shardfeed,floor (default: those four)",
     )
     parser.add_argument(
         "--epochs",
@@ -165,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
         0
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    names, notes, types, baseline, on_jax = _variants_for_backend(args)
+    args = argparse.Namespace(**{**vars(args), "variants": names})
     report: dict[str, Any] = {
-        "machine": machine_info(args.jax_python),
+        "machine": machine_info(None if on_jax else args.jax_python),
         "conditions": {
             "batch_size": {name: WORKLOADS[name].batch_size for name in args.workloads},
             "optimizer": f"Adam(learning_rate={LEARNING_RATE})",
@@ -176,12 +187,12 @@ def run(args: argparse.Namespace) -> int:
             "round-robin one epoch per variant per round, order rotated each round",
             "rows_scale": args.rows_scale,
             "seed": args.seed,
-            "variants": {v: VARIANT_NOTES[v] for v in args.variants},
+            "variants": notes,
         },
         "workloads": {},
     }
     for name in args.workloads:
-        report["workloads"][name] = run_workload(WORKLOADS[name], args)
+        report["workloads"][name] = run_workload(WORKLOADS[name], args, types, baseline)
         release_loops()
     engine_markdown = []
     if args.engines:
@@ -208,7 +219,41 @@ def run(args: argparse.Namespace) -> int:
         )
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)
-    write_chart(report, args.out / "bench.png")
+    written = [args.out / "bench.json", args.out / "bench.md"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        write_chart(report, args.out / "bench.png")
+        written.append(args.out / "bench.png")
     print(markdown)
-    print(f"Wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}, {args.out / 'bench.png'}")
+    print(f"Wrote {', '.join(map(str, written))}", end="")
+    print("" if len(written) == 3 else " (no bench.png: Matplotlib is not installed here)")
     return 0
+
+
+def _variants_for_backend(
+    args: argparse.Namespace,
+) -> tuple[list[str], dict[str, str], Mapping[str, Callable[..., Variant]], str, bool]:
+    """What this run times on Keras' backend: the variant names, their notes,
+    the types that build them, the speed-up's baseline and whether on JAX.
+
+    Raises:
+        ValueError: On JAX, a TensorFlow-only variant, `--engines` or `--shuffles`.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        names = args.variants or list(VARIANTS)
+        return names, {v: VARIANT_NOTES[v] for v in names}, VARIANT_TYPES, "numpy", False
+    from shardfeed._commands.bench import jax_variants as _jax
+
+    names = args.variants or list(_jax.JAX_VARIANTS)
+    _jax.check_variants(names)
+    if args.engines or args.shuffles:
+        raise ValueError(
+            message(
+                "`--engines` and `--shuffles` time TensorFlow's engines and shuffles.",
+                f"engines={args.engines}, shuffles={args.shuffles}, "
+                "keras.backend.backend()='jax'",
+                "Run them with KERAS_BACKEND=tensorflow.",
+            )
+        )
+    return names, _jax.variant_notes(names), _jax.JAX_VARIANT_TYPES, _jax.JAX_BASELINE, True

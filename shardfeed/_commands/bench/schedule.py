@@ -16,18 +16,28 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS, Variant
 from shardfeed._commands.bench.workloads import Workload, build_model, make_data
 
 
-def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+def run_workload(
+    workload: Workload,
+    args: argparse.Namespace,
+    types: Mapping[str, Callable[..., Variant]] = VARIANT_TYPES,
+    baseline: str = "numpy",
+) -> dict[str, Any]:
     """Times `args.variants` on one workload.
 
     Args:
         workload: Which workload.
         args: The `bench` flags (`variants`, `epochs`, `rows_scale`, `seed`, ...).
+        types: What each variant name builds (on Keras' JAX backend:
+            `jax_variants.JAX_VARIANT_TYPES`).
+        baseline: The variant the speed-up column divides: Keras' `model.fit`
+            on NumPy with its defaults (`numpy`; `jax` on the JAX backend).
 
     Returns:
         The workload's report: description, inputs, rows, batch size, steps per epoch, data
@@ -48,9 +58,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     data = make_data(workload, rows, args.seed)
     data_s = time.perf_counter() - start
     reference = build_model(workload, False, args.seed)
-    every = [VARIANT_TYPES[name](workload, data, reference, args) for name in args.variants]
+    every = [types[name](workload, data, reference, args) for name in args.variants]
     try:
-        results = _run_variants(workload, every, steps, args.epochs)
+        results = _run_variants(workload, every, steps, args.epochs, baseline)
     finally:
         for v in every:
             v.close()  # the worker processes of variants on another backend
@@ -68,7 +78,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
 
 
 def _run_variants(
-    workload: Workload, every: list[Variant], steps: int, epochs: int
+    workload: Workload, every: list[Variant], steps: int, epochs: int, baseline: str
 ) -> dict[str, dict[str, Any]]:
     """Sets up, warms up and times `every` variant; the per-variant results."""
     setup_s, warmup_s, warmup_loss = {}, {}, {}
@@ -95,7 +105,7 @@ def _run_variants(
         print(f"  {workload.name} epoch {epoch}/{epochs}: {line}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     floor = statistics.median(seconds["floor"]) if "floor" in seconds else None
-    numpy_s = statistics.median(seconds["numpy"]) if "numpy" in seconds else None
+    numpy_s = statistics.median(seconds[baseline]) if baseline in seconds else None
     for v in every:
         if v.skipped:
             results[v.name] = {"label": VARIANTS[v.name], "skipped": v.skipped}

@@ -30,6 +30,7 @@ from shardfeed._commands.bench.tuning import probe_keras_settings
 from shardfeed._commands.bench.workloads import (
     Workload,
     augment_for,
+    augments,
     new_model,
     tf_data,
     transform_for,
@@ -161,7 +162,7 @@ class _KerasFit(Variant):
             True,
             self.args.seed,
             # W4: model.fit(numpy) augments with Keras' preprocessing layers.
-            keras_augment=self.on_numpy and augment_for(self.workload) is not None,
+            keras_augment=self.on_numpy and augments(self.workload),
             steps_per_execution=self.spe,
             jit_compile=self.jit,
         )

@@ -290,9 +290,16 @@ def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
     return normalise
 
 
+def augments(workload: Workload) -> bool:
+    """Whether the workload augments its training batches (W4), without
+    importing the augmentation (TensorFlow's): the Keras variants then add
+    Keras' preprocessing layers to the model instead."""
+    return workload.name == "W4"
+
+
 def augment_for(workload: Workload) -> Callable[[Any, Any], Any] | None:
     """W4's augmentation (flip, translate by 2 with reflection), else None."""
-    if workload.name != "W4":
+    if not augments(workload):
         return None
     from shardfeed import augment
 
