@@ -85,8 +85,11 @@ class BatchFn:
     `[0, full_steps)`. The batch is `[global_batch_size, ...]` sharded along
     rows (`P(REPLICA_AXIS)`), each replica's part sliced on its own device;
     `transform` (and, for augmented training epochs, `augment`) applied to
-    the global batch's `x`. One object per dataset and batch size, so
-    compiled calls that take it as a static argument are reused.
+    the global batch's `x`. One object per dataset and batch size, equal to
+    another dataset's when their batches trace alike (the same mesh, batch,
+    column structure, transform, and augment with its seed), so compiled calls that
+    take it as a static argument are reused across datasets. It holds no
+    device array.
     """
 
     mesh: Mesh
@@ -95,6 +98,19 @@ class BatchFn:
     transform: Callable[[Any], Any] | None
     augment: Callable[[Any, Any], Any] | None
     seed: int | None
+
+    def _key(self) -> tuple[Any, ...]:
+        leaves, tree = jax.tree.flatten(self.structure, is_leaf=lambda v: v is None)
+        # The seed only reaches a batch through `augment`.
+        seed = None if self.augment is None else self.seed
+        return (self.mesh, self.per_replica_batch_size, tree, tuple(leaves),
+                self.transform, self.augment, seed)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchFn) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def __call__(self, arrays: EpochArrays, step: Any) -> Batch:
         columns = _slicer(self.mesh, self.per_replica_batch_size)(arrays.columns, step)

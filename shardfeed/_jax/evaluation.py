@@ -17,6 +17,7 @@ import numpy as np
 
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax.dataset import ShardedResidentDataset
+from shardfeed._jax import loop as _loop
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
@@ -26,11 +27,12 @@ from shardfeed._training.options import FitOptions, with_model_steps
 
 def loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
     """The loop for `model` on `dataset`'s world with `options`' steps per call
-    (the model's `compile(steps_per_execution=k)` applied)."""
+    (the model's `compile(steps_per_execution=k)` applied), kept across calls
+    (`_jax/loop.py`'s `loop_for`)."""
     _inputs.check_not_eager(model)
     options = with_model_steps(options, model)
     _inputs.check_jax_options(options)
-    return Loop(model, dataset.world, options.steps_per_execution)
+    return _loop.loop_for(model, dataset.world, options.steps_per_execution)
 
 
 def evaluate_loop(

@@ -9,12 +9,15 @@ with a traced `start` (one compile per call length, not per call). The state
 replicated on the world's mesh and the batch is sharded along rows, so XLA's
 partitioner all-reduces the gradients and every mean is the global batch's.
 After each call the state goes back into the model's variables, as Keras'
-`jax_state_sync`, so callbacks read and write the real weights.
+`jax_state_sync`, so callbacks read and write the real weights. `loop_for`
+keeps each model's loops (and so their compiled calls) across `fit`,
+`evaluate` and `predict` calls, as Keras keeps `model.train_function`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -95,6 +98,47 @@ def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The loops of each model's current compile, per mesh and steps per call, so a
+# second `fit`/`evaluate`/`predict` compiles nothing (a `Loop`'s `jax.jit`
+# calls keep their traces). Weak keys, and a `Loop` holds its model weakly: a
+# dropped model frees its weights and its traces. Datasets are arguments of the
+# calls, never held: a dropped dataset frees its device arrays; a new one whose
+# batches trace alike (an equal `BatchFn`, the same shapes) reuses the traces.
+_LOOPS: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Loop]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _compiled_parts(model: keras.Model) -> tuple[Any, ...]:
+    """What a recompile replaces (optimizer, loss, metrics), held weakly:
+    traces of a replaced one must not serve a new one that got its `id`."""
+    parts = (
+        getattr(model, "optimizer", None),
+        getattr(model, "_compile_loss", None),
+        getattr(model, "_compile_metrics", None),
+    )
+    return tuple(None if p is None else weakref.ref(p) for p in parts)
+
+
+def loop_for(
+    model: keras.Model, world: World, steps_per_execution: int | Literal["auto"]
+) -> Loop:
+    """The loop of `model` on `world` with `steps_per_execution`: the one made
+    by an earlier call for the model's current compile, else a new one."""
+    compiled = _compiled_parts(model)
+    cached = _LOOPS.get(model)
+    if cached is None or cached[0] != compiled:
+        # A recompiled model (new optimizer, loss or metrics): its old
+        # traces would run the old ones, so they go.
+        cached = (compiled, {})
+        _LOOPS[model] = cached
+    key = (world.mesh, world.world_size, steps_per_execution)
+    loop = cached[1].get(key)
+    if loop is None:
+        loop = cached[1][key] = Loop(model, world, steps_per_execution)
+    return loop
+
+
 class Loop:
     """Compiled train/test/predict calls for one model on one world.
 
@@ -108,12 +152,19 @@ class Loop:
     def __init__(
         self, model: keras.Model, world: World, steps_per_execution: int | Literal["auto"]
     ) -> None:
-        self.model = model
+        # Weakly: `_LOOPS` keeps loops for as long as their model lives.
+        self._model = weakref.ref(model)
         self.world = world
         self.steps_per_execution = steps_per_execution
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
         self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
+
+    @property
+    def model(self) -> keras.Model:
+        model = self._model()
+        assert model is not None, "a Loop is only used while its model is"
+        return model
 
     def steps_per_call(self, full_steps: int) -> int:
         k = self.steps_per_execution
@@ -195,7 +246,6 @@ class Loop:
         key = (mode, partial)
         if key in self._jitted:
             return self._jitted[key]
-        step = self._step(mode)
         # Logs and state come back replicated; predict's outputs stay sharded
         # along the batch (stacked per step under the scan).
         if mode == "predict":
@@ -206,13 +256,16 @@ class Loop:
 
         if partial:
 
+            # The model's step is looked up when tracing: the compiled call
+            # must not hold the model (`_LOOPS` keys it weakly).
             def one(state: Any, batch: Any) -> Any:
-                return step(state, _data(batch))
+                return self._step(mode)(state, _data(batch))
 
             fn = jax.jit(one, donate_argnums=donate, out_shardings=out)
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
+                step = self._step(mode)
 
                 def body(state: Any, i: Any) -> tuple[Any, Any]:
                     result, state = step(state, _data(batch_fn(arrays, start + i)))

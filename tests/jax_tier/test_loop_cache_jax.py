@@ -1,0 +1,112 @@
+"""The JAX loop's compiled calls kept across `fit`/`evaluate`/`predict` calls,
+and let go of with their model; datasets never held."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import jax
+import keras
+import numpy as np
+from _helpers_fit import mlp, regression_data, replicas
+
+from shardfeed import ShardedResidentDataset, evaluate, fit, predict
+
+
+class _Counted(keras.layers.Dense):
+    """A Dense layer counting its traces (its `call` runs only when traced)."""
+
+    traces = 0
+
+    def call(self, inputs):
+        type(self).traces += 1
+        return super().call(inputs)
+
+
+def _counted_model(**compile_kwargs) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), _Counted(4), keras.layers.Dense(1)])
+    compile_kwargs.setdefault("optimizer", "adam")
+    compile_kwargs.setdefault("loss", "mse")
+    model.compile(**compile_kwargs)
+    return model
+
+
+def _traces_of(run) -> int:
+    before = _Counted.traces
+    run()
+    return _Counted.traces - before
+
+
+def test_repeated_calls_on_the_same_model_compile_nothing_again():
+    x, y = regression_data(115)  # batch 2 * 5: 11 full steps and a partial one
+    model = _counted_model(steps_per_execution=4)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=5, seed=0)
+        assert _traces_of(lambda: fit(model, ds, epochs=1, verbose=0)) > 0
+        assert _traces_of(lambda: fit(model, ds, epochs=2, verbose=0)) == 0
+        # Another dataset whose batches trace alike (shapes, structure, mesh).
+        other = ShardedResidentDataset(x + 1, y, per_replica_batch_size=5, seed=1)
+        assert _traces_of(lambda: fit(model, other, epochs=1, verbose=0)) == 0
+        # Arrays: a new dataset per call, the same traces.
+        assert _traces_of(lambda: evaluate(model, x, y, per_replica_batch_size=5)) > 0
+        assert _traces_of(lambda: evaluate(model, x, y, per_replica_batch_size=5)) == 0
+        assert _traces_of(lambda: predict(model, x, per_replica_batch_size=5)) > 0
+        assert _traces_of(lambda: predict(model, x, per_replica_batch_size=5)) == 0
+        # Other shapes are other traces.
+        assert _traces_of(lambda: evaluate(model, x, y, per_replica_batch_size=3)) > 0
+
+
+def test_a_recompiled_model_runs_its_new_loss_and_optimizer():
+    x, y = regression_data(100)
+    model = _counted_model(metrics=["mae"])
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, shuffle=False)
+        fit(model, ds, epochs=1, verbose=0)
+        mse = evaluate(model, ds, return_dict=True)
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae", metrics=["mse"])
+        logs = evaluate(model, ds, return_dict=True)
+        expected = model.evaluate(x, y, batch_size=20, verbose=0, return_dict=True)
+        assert abs(logs["loss"] - expected["loss"]) < 1e-5
+        assert abs(logs["loss"] - mse["mae"]) < 1e-5 and abs(logs["mse"] - mse["loss"]) < 1e-5
+        # The new optimizer (learning rate 0) runs: the weights stay.
+        weights = model.get_weights()
+        fit(model, ds, epochs=1, verbose=0)
+        assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights(), strict=True))
+
+
+def _live_bytes() -> int:
+    gc.collect()
+    return sum(a.nbytes for a in jax.live_arrays())
+
+
+def test_a_dropped_dataset_frees_its_device_arrays_while_its_model_lives():
+    x, y = regression_data(4000, features=64)
+    model = mlp(features=64)
+    with replicas(2):
+        ShardedResidentDataset(x[:8], y[:8], per_replica_batch_size=2, shuffle=False)  # warm JAX's own arrays
+        before = _live_bytes()
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, seed=0)
+        fit(model, ds, epochs=1, verbose=0)
+        evaluate(model, x, y, per_replica_batch_size=16)
+        assert _live_bytes() > before + x.nbytes
+        del ds
+        # The model's weights and optimizer state stay; no rows do.
+        assert _live_bytes() < before + x.nbytes // 4
+
+
+def test_a_dropped_model_frees_its_weights_and_traces():
+    x, y = regression_data(200)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, seed=0)
+        before = _live_bytes()
+        model = mlp()
+        fit(model, ds, epochs=1, verbose=0)
+        evaluate(model, ds)
+        predict(model, ds)
+        dead = weakref.ref(model)
+        del model
+        gc.collect()
+        assert dead() is None
+        assert _live_bytes() <= before
