@@ -16,8 +16,8 @@ import keras
 import numpy as np
 
 from shardfeed._jax import inputs as _inputs
-from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax import loop as _loop
+from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose

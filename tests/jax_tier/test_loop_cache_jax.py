@@ -85,7 +85,8 @@ def test_a_dropped_dataset_frees_its_device_arrays_while_its_model_lives():
     x, y = regression_data(4000, features=64)
     model = mlp(features=64)
     with replicas(2):
-        ShardedResidentDataset(x[:8], y[:8], per_replica_batch_size=2, shuffle=False)  # warm JAX's own arrays
+        # Warms JAX's own arrays (e.g. the dataset's first epoch number).
+        ShardedResidentDataset(x[:8], y[:8], per_replica_batch_size=2, shuffle=False)
         before = _live_bytes()
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, seed=0)
         fit(model, ds, epochs=1, verbose=0)
