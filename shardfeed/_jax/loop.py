@@ -139,6 +139,26 @@ def loop_for(
     return loop
 
 
+# Layers whose convolutions XLA:CPU runs 4-5x slower inside a rolled loop
+# (`while`) than unrolled (docs/performance.md). A layer calling
+# `keras.ops.conv` itself is not seen.
+_CONVOLUTIONS = (
+    keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
+)
+
+
+def unrolls_steps(model: keras.Model, world: World) -> bool:
+    """Whether a call's steps run unrolled (no `while` loop): a model with a
+    convolution on CPU devices, where XLA's convolutions inside a loop are
+    slow (on GPUs the rolled `lax.scan` is kept: its compile does not grow
+    with the steps per call)."""
+    on_cpu = all(d.platform == "cpu" for d in world.devices)
+    return on_cpu and any(isinstance(layer, _CONVOLUTIONS) for layer in model._flatten_layers())
+
+
 class Loop:
     """Compiled train/test/predict calls for one model on one world.
 
@@ -159,6 +179,7 @@ class Loop:
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
         self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
+        self.unroll = unrolls_steps(model, world)
 
     @property
     def model(self) -> keras.Model:
@@ -168,7 +189,11 @@ class Loop:
 
     def steps_per_call(self, full_steps: int) -> int:
         k = self.steps_per_execution
-        return auto_steps_per_execution(full_steps) if k == "auto" else int(k)
+        if k == "auto":
+            # Unrolled, the compile grows with the steps per call and one step
+            # per call runs as fast (docs/performance.md).
+            return 1 if self.unroll else auto_steps_per_execution(full_steps)
+        return int(k)
 
     def calls(self, epoch: Any, start: int = 0, stop: int | None = None) -> list[Call]:
         return schedule(epoch, self.steps_per_call(epoch.full_steps), start, stop)
@@ -271,7 +296,8 @@ class Loop:
                     result, state = step(state, _data(batch_fn(arrays, start + i)))
                     return state, result
 
-                state, results = jax.lax.scan(body, state, jnp.arange(num_steps, dtype=jnp.int32))
+                steps = jnp.arange(num_steps, dtype=jnp.int32)
+                state, results = jax.lax.scan(body, state, steps, unroll=self.unroll)
                 if mode != "predict":
                     results = jax.tree.map(lambda r: r[-1], results)  # logs after the last step
                 return results, state

@@ -111,3 +111,31 @@ def test_a_dropped_model_frees_its_weights_and_traces():
         gc.collect()
         assert dead() is None
         assert _live_bytes() <= before
+
+
+def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) -> str:
+    from shardfeed._jax.loop import loop_for
+
+    loop = loop_for(model, ds.world, k)
+    epoch = ds.epoch(0)
+    loop.build(epoch)
+    fn = loop._compiled("train", False)
+    return fn.lower(loop.state("train"), epoch.arrays, np.int32(0), epoch.batch_fn, k).as_text()
+
+
+def test_a_convolution_on_cpu_runs_its_steps_unrolled_one_per_call_by_default():
+    keras.utils.set_random_seed(0)
+    cnn = keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3),
+                            keras.layers.Flatten(), keras.layers.Dense(1)])
+    cnn.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).normal(size=(40, 6, 6, 1)).astype("float32")
+    y = x.reshape(40, -1).sum(axis=1, keepdims=True)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+        # XLA:CPU's convolutions inside a `while` loop are several times slower.
+        assert "while" not in _lowered_train_call(cnn, ds, 3)
+        history = fit(cnn, ds, epochs=1, verbose=0)
+        assert history.params["steps_per_execution"] == 1
+        dense = ShardedResidentDataset(x.reshape(40, -1)[:, :8], y, per_replica_batch_size=4,
+                                       seed=0)
+        assert "while" in _lowered_train_call(mlp(), dense, 3)
