@@ -558,6 +558,49 @@ def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("row_budget_steps", "unordered"),
+    [
+        (None, 2),  # room for a whole call: pieces 0 and 1 gathered at once, then one by one
+        (1, 1),  # room for one step: each piece gathered after the steps before it
+    ],
+)
+def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordered, monkeypatch):
+    # A piece's gather waits (control input) for the steps two pieces back
+    # (one back with room for one step only): without that, TensorFlow may
+    # run every gather of the call at once, holding more rows than counted.
+    from shardfeed._data import memory
+    from shardfeed._training.compiled import loop_for
+
+    if row_budget_steps is not None:
+        monkeypatch.setattr(memory, "CALL_ROWS_BYTES", 100 * 9 * 4 * row_budget_steps)
+    x, y = _data(1050)
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=3)
+    options = FitOptions(jit_compile=True, steps_per_execution=8)
+    shardfeed.fit(model, ds, epochs=1, verbose=0, options=options)
+    traced = loop_for(model, ds, options).traces.train_gathered
+    graph = traced._list_all_concrete_functions()[0].graph
+    gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"]
+    calls = [op for op in graph.get_operations() if op.type == "StatefulPartitionedCall"]
+
+    def last_call_before(op) -> int:
+        """The latest piece's steps `op` waits for (data or control), -1: none."""
+        seen, todo = set(), [op]
+        while todo:
+            node = todo.pop()
+            for up in [t.op for t in node.inputs] + list(node.control_inputs):
+                if up.name not in seen:
+                    seen.add(up.name)
+                    todo.append(up)
+        return max((i for i, call in enumerate(calls) if call.name in seen), default=-1)
+
+    columns = 2  # x and y
+    assert len(gathers) == columns * len(calls) and len(calls) > unordered
+    waits = [last_call_before(op) for op in gathers]
+    assert waits == [max(-1, p - unordered) for p in range(len(calls)) for _ in range(columns)]
+
+
+@pytest.mark.parametrize(
     ("steps", "steps_per_gather", "pieces"),
     [
         (118, 992, [(0, 30), (30, 60), (60, 90), (90, 118)]),  # W2's calls

@@ -296,27 +296,28 @@ class Loop:
         epoch = self._open_epoch()
         pieces = gather_pieces(steps, epoch.steps_per_gather)
 
-        def rows_of(a: int, b: int) -> Batch:
-            rows = epoch.gather_rows(handles, tf.reshape(indices[a:b], [-1]))
+        def rows_of(a: int, b: int, after: Any) -> Batch:
+            # After the steps `after` ran: the rows of at most two pieces are
+            # held at a time, what the memory plan counts.
+            with tf.control_dependencies([] if after is None else [after]):
+                flat = tf.reshape(indices[a:b], [-1])
+                rows = epoch.gather_rows(handles, flat)
             return _map_leaves(lambda t: tf.reshape(t, [b - a, batch, *t.shape[1:]]), rows)
 
         self._loss_sum.assign(0.0)
-        # The next piece's gather and this piece's XLA steps share no input,
-        # so TensorFlow's executor runs them side by side (the gather on the
-        # other core); with room for only one piece's rows, one after the other.
+        # The next piece's gather waits only for the piece before this one,
+        # so TensorFlow's executor runs it beside this piece's XLA steps (on
+        # the other core); with room for one piece's rows, after them.
         overlap = epoch.steps_per_gather >= 2
-        rows = rows_of(*pieces[0])
+        rows, before = rows_of(*pieces[0], None), None
         for j, (a, _) in enumerate(pieces):
             after = pieces[j + 1] if j + 1 < len(pieces) else None
             if after is not None and overlap:
-                ahead = rows_of(*after)
+                ahead = rows_of(*after, before)
             offset = tf.constant([0, a], tf.int64)
-            done = self.traces.train_rows(rows, where + offset, replicas)
+            before = self.traces.train_rows(rows, where + offset, replicas)
             if after is not None:
-                if not overlap:
-                    with tf.control_dependencies([done]):
-                        ahead = rows_of(*after)
-                rows = ahead
+                rows = ahead if overlap else rows_of(*after, before)
         return self._loss_sum.read_value()
 
     def _train_rows(self, rows, where, replicas):
