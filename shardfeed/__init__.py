@@ -3,17 +3,24 @@
 The public API is exactly `__all__`; everything else lives in private
 modules. `tests/test_public_api.py` snapshots it. Names are imported on first
 use, so `shardfeed launch`, `split` and `plan` start without importing
-TensorFlow.
+TensorFlow (or Keras).
+
+The same names on both Keras backends: with `keras.backend.backend() ==
+"jax"` a name resolves through `_JAX_EXPORTS` (the `shardfeed._jax`
+implementation, or the backend-neutral module), else through `_EXPORTS`
+(TensorFlow). Keras is imported only when a backend-specific name is asked
+for, so the neutral names and the CLI stay light.
 """
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 import typing as _typing
 
 __version__ = "0.1.0"
 
 # public name -> private module that defines it
 _EXPORTS = {
-    "Batch": "shardfeed._data.epoch",
+    "Batch": "shardfeed._data.batch",
     "FitOptions": "shardfeed._training.options",
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
@@ -32,11 +39,44 @@ _EXPORTS = {
     "save_model": "shardfeed._training.saving",
 }
 
+# On the JAX backend: public name -> its module there, or None where there is
+# no JAX implementation (asking for it raises, naming the fix; a module not in
+# this checkout yet counts as None). Backend-neutral names keep their module.
+_JAX_EXPORTS: dict[str, str | None] = {
+    "Batch": "shardfeed._data.batch",
+    "FitOptions": "shardfeed._training.options",
+    "LoadOptions": "shardfeed._data.options",
+    "MemoryPlan": "shardfeed._data.memplan",
+    "ResidentEpoch": "shardfeed._jax.epoch",
+    "ResidentIterator": None,
+    "ShardPlan": "shardfeed._data.plan",
+    "ShardedResidentDataset": "shardfeed._jax.dataset",
+    "World": "shardfeed._jax.world",
+    "evaluate": "shardfeed._jax.evaluation",
+    "fit": "shardfeed._jax.training",
+    "init": "shardfeed._jax.initialize",
+    "memory_plan": "shardfeed._data.memplan",
+    "on_chief": "shardfeed._training.callbacks",
+    "plan_shards": "shardfeed._data.plan",
+    "predict": "shardfeed._jax.evaluation",
+    "save_model": None,
+}
+
+# Same module on every backend: resolved without asking Keras for its backend.
+_NEUTRAL = frozenset(name for name, module in _JAX_EXPORTS.items() if module == _EXPORTS[name])
+
+_JAX_FIXES = {
+    "ResidentIterator": "Loop over `dataset.epoch(epoch)` (`for step, batch in ...`) and keep "
+    "the step yourself, or use the TensorFlow backend (`KERAS_BACKEND=tensorflow`).",
+    "save_model": "Call `model.save(path)` on the chief only (`if world.is_chief:`), then "
+    "`world.barrier()`, or use the TensorFlow backend (`KERAS_BACKEND=tensorflow`).",
+}
+
 __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
+    from shardfeed._data.batch import Batch as Batch
     from shardfeed._data.dataset import ShardedResidentDataset as ShardedResidentDataset
-    from shardfeed._data.epoch import Batch as Batch
     from shardfeed._data.epoch import ResidentEpoch as ResidentEpoch
     from shardfeed._data.iterator import ResidentIterator as ResidentIterator
     from shardfeed._data.memplan import MemoryPlan as MemoryPlan
@@ -55,13 +95,32 @@ if _typing.TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in _EXPORTS:
         raise AttributeError(f"module 'shardfeed' has no attribute {name!r}")
+    module = _EXPORTS[name] if name in _NEUTRAL else _module_for_backend(name)
     value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
+def _module_for_backend(name: str) -> str:
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "jax":
+        return _EXPORTS[name]
+    module = _JAX_EXPORTS[name]
+    if module is None or _importlib_util.find_spec(module) is None:
+        from shardfeed._common import errors as _errors
+
+        raise NotImplementedError(
+            _errors.message(
+                f"`shardfeed.{name}` has no implementation on the JAX backend yet "
+                "(docs/engines.md lists what each backend supports).",
+                f"name={name!r}, keras.backend.backend()={backend!r}",
+                _JAX_FIXES.get(name, "Use the TensorFlow backend (`KERAS_BACKEND=tensorflow`)."),
+            )
+        )
+    return module
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})

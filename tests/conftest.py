@@ -1,22 +1,74 @@
 """Test setup: stricter than normal use.
 
-The CPU is split into four logical devices before TensorFlow initialises, so
-every test session can build a `MirroredStrategy` over 2 or 4 "devices"
-(Keras' `multi_device` trick). Single-device tests run on the default
-strategy, which places everything on CPU:0.
+On the TensorFlow backend (the default), the CPU is split into four logical
+devices before TensorFlow initialises, so every test session can build a
+`MirroredStrategy` over 2 or 4 "devices" (Keras' `multi_device` trick).
+Single-device tests run on the default strategy, which places everything on
+CPU:0.
+
+With `KERAS_BACKEND=jax` (the JAX tier, in a venv without TensorFlow) this
+file imports no TensorFlow and collects only `tests/jax_tier` (set up by its own
+conftest) and the backend-neutral files below; a test there marked
+`tensorflow` is skipped, saying why.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf
+import pytest
 
 NUM_LOGICAL_CPUS = 4
+ON_JAX = os.environ.get("KERAS_BACKEND", "tensorflow") == "jax"
 
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
+# pytest puts tests/ on sys.path (for `from _helpers import ...`), so a
+# directory tests/jax would be imported as the `jax` package wherever JAX is
+# not installed: Keras' `try: import jax` then got that empty namespace
+# package and failed ("module 'jax' has no attribute 'monitoring'").
+if (Path(__file__).parent / "jax").exists():
+    raise RuntimeError(
+        "A directory tests/jax shadows the `jax` package for every test (tests/ is on "
+        "sys.path). Received: tests/jax exists. Put the JAX tier's tests in tests/jax_tier."
+    )
+# Test files that import no TensorFlow: the JAX tier runs them too.
+BACKEND_NEUTRAL_TEST_FILES = frozenset(
+    {
+        "test_exchange.py",
+        "test_launch.py",
+        "test_launch_integration.py",
+        "test_memplan.py",
+        "test_plan.py",
+        "test_startup.py",
+    }
 )
+
+if ON_JAX:
+    collect_ignore = [
+        "keras_contract",
+        *(
+            path.name
+            for path in Path(__file__).parent.glob("test_*.py")
+            if path.name not in BACKEND_NEUTRAL_TEST_FILES
+        ),
+    ]
+else:
+    collect_ignore = ["jax_tier"]  # run in .venv-jax (.ci/test)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    import tensorflow as tf
+
+    _cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not ON_JAX:
+        return
+    skip = pytest.mark.skip(reason="needs TensorFlow; the JAX tier's venv has none")
+    for item in items:
+        if item.get_closest_marker("tensorflow") is not None:
+            item.add_marker(skip)

@@ -437,7 +437,7 @@ def test_cpu_devices_must_be_a_count(argument, environ, received):
         initialize.cpu_devices_wanted(argument, environ)
     assert str(err.value) == (
         "`cpu_devices` must be an integer >= 1: the number of logical devices to split the "
-        f"CPU into (MirroredStrategy over them). Received: {received}. Pass e.g. "
+        f"CPU into (several replicas in one process). Received: {received}. Pass e.g. "
         "`shardfeed.init(cpu_devices=2)` or set SHARDFEED_CPU_DEVICES=2."
     )
 

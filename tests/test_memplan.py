@@ -734,6 +734,7 @@ def test_cli_shuffle_flag_and_exchange_buffer(capsys):
     assert _plan_cli(capsys, *argv, "--shuffle=global", "--exchange-buffer=100KB")[0] == 0
 
 
+@pytest.mark.tensorflow
 def test_the_memory_plan_imports_one_way_even_for_type_checking():
     """`lint-imports` leaves `TYPE_CHECKING` imports out (pyproject.toml); a loop
     hidden behind one would still be a loop. Here they count: the plan uses
@@ -802,6 +803,7 @@ def test_advice_when_no_count_of_workers_fits_the_staging(monkeypatch):
                         device_memory_bytes=40 * 2**20).advice()[-1].startswith("Stream the")
 
 
+@pytest.mark.tensorflow
 def test_one_replica_counts_the_rows_its_calls_gather_at_once():
     # One replica's compiled calls gather their steps' rows in one go, at most
     # 32 MiB (whole steps), at most an epoch's: the plan and the dataset count them.

@@ -26,6 +26,28 @@ EXPECTED = [
     "save_model",
 ]
 
+# The JAX backend's table: where each public name comes from there (None: not
+# on JAX; a planned module not in the checkout yet raises the same way).
+EXPECTED_JAX = {
+    "Batch": "shardfeed._data.batch",
+    "FitOptions": "shardfeed._training.options",
+    "LoadOptions": "shardfeed._data.options",
+    "MemoryPlan": "shardfeed._data.memplan",
+    "ResidentEpoch": "shardfeed._jax.epoch",
+    "ResidentIterator": None,
+    "ShardPlan": "shardfeed._data.plan",
+    "ShardedResidentDataset": "shardfeed._jax.dataset",
+    "World": "shardfeed._jax.world",
+    "evaluate": "shardfeed._jax.evaluation",
+    "fit": "shardfeed._jax.training",
+    "init": "shardfeed._jax.initialize",
+    "memory_plan": "shardfeed._data.memplan",
+    "on_chief": "shardfeed._training.callbacks",
+    "plan_shards": "shardfeed._data.plan",
+    "predict": "shardfeed._jax.evaluation",
+    "save_model": None,
+}
+
 # Public submodules and their exports.
 EXPECTED_MODULES = {
     "augment": [
@@ -61,6 +83,16 @@ def test_public_names_snapshot():
         assert getattr(shardfeed, name).__module__.startswith("shardfeed._")
     public = {n for n in dir(shardfeed) if not n.startswith("_")}
     assert public - set(EXPECTED_MODULES) == set(EXPECTED)
+
+
+def test_both_backends_export_the_same_names():
+    assert shardfeed._JAX_EXPORTS == EXPECTED_JAX
+    assert sorted(EXPECTED_JAX) == EXPECTED
+    # Backend-neutral names (the same module on both) never need Keras to resolve.
+    assert shardfeed._NEUTRAL == {
+        "Batch", "FitOptions", "LoadOptions", "MemoryPlan", "ShardPlan", "memory_plan",
+        "on_chief", "plan_shards",
+    }
 
 
 def test_public_submodules_snapshot():

@@ -50,6 +50,7 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.multi_process
+@pytest.mark.tensorflow
 def test_sigterm_while_waiting_for_a_peer_ends_the_worker_promptly():
     ports = [free_port(), free_port()]
     addresses = [f"127.0.0.1:{p}" for p in ports]
@@ -74,6 +75,7 @@ def test_sigterm_while_waiting_for_a_peer_ends_the_worker_promptly():
 
 
 @pytest.mark.multi_process
+@pytest.mark.tensorflow
 def test_peer_that_never_starts_is_named_after_the_startup_timeout():
     ports = [free_port(), free_port()]
     addresses = [f"127.0.0.1:{p}" for p in ports]

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.sources import Columns
-from shardfeed._distribute.world import World
+
+if TYPE_CHECKING:  # either backend's World (only its size and all-gather are used)
+    from shardfeed._distribute.world import World
 
 # Rows hashed per column: 16 rows of 1,000 are enough to see a permutation
 # (the chance that all 16 land on fixed points is negligible), and reading

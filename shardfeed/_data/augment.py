@@ -471,24 +471,3 @@ class _Composed:
         for i, block in enumerate(self.blocks):
             x = block(x, seeds[i])
         return x
-
-
-def check_augment(augment: Any, seed: int | None) -> None:
-    """Refuses an `augment` that is not a function, or one without a seed."""
-    if augment is not None and not callable(augment):
-        raise TypeError(
-            _errors.message(
-                "`augment` must be a function `(x, seed) -> x`.",
-                f"type(augment)={type(augment).__name__}",
-                "Pass e.g. `augment=shardfeed.augment.flip_left_right()`.",
-            )
-        )
-    if augment is not None and seed is None:
-        raise ValueError(
-            _errors.message(
-                "Augmenting requires a seed, so that reruns and resumed runs draw "
-                "the same augmentations.",
-                "augment=<function>, seed=None",
-                "Pass `seed=<int>`.",
-            )
-        )

@@ -15,7 +15,6 @@ shuffle) lives in `order.py`; a label column's range in `labels.py`.
 from __future__ import annotations
 
 import logging
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -24,9 +23,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment as _augment
+from shardfeed._data import dataset_args as _args
 from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
 from shardfeed._data import iterator as _iterator
@@ -43,11 +42,6 @@ from shardfeed._data.options import LoadOptions
 from shardfeed._distribute.world import World, current_world
 
 logger = logging.getLogger("shardfeed")
-
-
-# Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
-# `default_rng` (streamed epochs): [0, 2**63) works in both.
-MAX_SEED = 2**63
 
 
 def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
@@ -130,25 +124,10 @@ class ShardedResidentDataset:
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
-        shuffle = _global_order.check_shuffle(shuffle, seed, placement)
-        if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):
-            raise ValueError(
-                _errors.message(
-                    "`seed` must be an integer in [0, 2**63) (TensorFlow's stateless "
-                    "shuffle takes it as an int64; NumPy's generator needs it non-negative).",
-                    f"seed={seed!r}",
-                    "Pass e.g. `seed=0`, or `seed=None` with `shuffle=False`.",
-                )
-            )
-        if transform is not None and not callable(transform):
-            raise TypeError(
-                _errors.message(
-                    "`transform` must be a function of a batch's `x`.",
-                    f"type(transform)={type(transform).__name__}",
-                    "Pass e.g. `transform=lambda x: tf.cast(x, 'float32') / 255`.",
-                )
-            )
-        _augment.check_augment(augment, seed)
+        shuffle = _args.check_shuffle(shuffle, seed, placement)
+        seed = _args.check_seed(seed)
+        _args.check_transform(transform)
+        _args.check_augment(augment, seed)
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         if transform is None:  # the blocks will see the stored rows: check them now
@@ -163,30 +142,15 @@ class ShardedResidentDataset:
         self._load_options = load_options or LoadOptions()
         # Datasets `split` made, per fraction: repeated fits upload them once.
         self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
-        self._eval_plan = _plan.plan_shards(
-            self.columns.num_rows,
-            self.world.num_replicas_in_sync,
-            per_replica_batch_size,
-            placement,
-            training=False,
+        plans = _args.plans(
+            self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
+            placement, drop_remainder,
         )
-        # A dataset only evaluated or predicted on may admit no training epoch
-        # (fewer rows than replicas): that is an error only once `fit` asks.
-        self._train_plan: _plan.ShardPlan | None = None
-        self._train_plan_error: ValueError | None = None
-        try:
-            self._train_plan = _plan.plan_shards(
-                self.columns.num_rows,
-                self.world.num_replicas_in_sync,
-                per_replica_batch_size,
-                placement,
-                drop_remainder,
-                training=True,
-            )
-        except ValueError as err:
-            self._train_plan_error = err
+        self._eval_plan = plans.eval_plan
+        self._train_plan = plans.train_plan
+        self._train_plan_error = plans.train_plan_error
         opts = self.load_options
-        exchanged = _global_order.uses_exchange(self.shuffle, self.eval_plan)
+        exchanged = _args.uses_exchange(self.shuffle, self.eval_plan)
         row_bytes = self.columns.row_bytes
         staged = (
             _global_order.staging_bytes(self.eval_plan, row_bytes, opts, self.world)
@@ -225,18 +189,7 @@ class ShardedResidentDataset:
         # with the exchange (the per-epoch global order of sharded rows);
         # every epoch's order comes from it. `split` lets go of them.
         self._held: _Held | None = self._hold()
-        train_plan = self._train_plan
-        if train_plan is not None and train_plan.dropped_rows_per_epoch and self.world.is_chief:
-            logger.warning(
-                "shardfeed: %d of %d rows are left out of each training epoch so "
-                "every replica runs %d equal steps (%s).",
-                train_plan.dropped_rows_per_epoch,
-                train_plan.num_rows,
-                train_plan.steps_per_epoch,
-                "drop_remainder=True"
-                if train_plan.drop_remainder
-                else "a replica would have no row in the last step",
-            )
+        _args.log_dropped(self._train_plan, self.world.is_chief)
 
     @classmethod
     def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
@@ -409,10 +362,7 @@ class ShardedResidentDataset:
         return (
             f"ShardedResidentDataset: {plan.num_rows:,} rows ({self.columns.describe()}), "
             f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
-            f"placement={plan.placement!r}, {plan.num_replicas} replica(s) x "
-            f"{plan.per_replica_batch_size} rows = global batch {plan.global_batch_size}; "
-            f"{plan.steps_per_epoch} steps/epoch, {plan.dropped_rows_per_epoch} rows "
-            f"dropped/epoch{'' if self._train_plan else ' (evaluation only)'}"
+            f"{_args.describe_plan(plan, self._train_plan is not None)}"
             f"{'; streaming' if self.stream else ''}; {held}"
         )
 
@@ -501,20 +451,7 @@ class ShardedResidentDataset:
             `fractional` is 1.0 if some value is not a whole number or NaN) over
             the rows that replica holds; `[inf, -inf, 0]` if it holds none.
         """
-        column = self.columns.y
-        try:
-            for key in target:
-                column = column[key]
-        except (KeyError, IndexError, TypeError):
-            column = None
-        if not isinstance(column, int):
-            raise ValueError(
-                _errors.message(
-                    "`target` must lead to one array of `y`.",
-                    f"target={target!r}",
-                    "Pass the keys and positions of one leaf of `element_spec.y`.",
-                )
-            )
+        column = _args.label_column(self.columns.y, target)
         key = (column, ignore)
         if key not in self._label_stats:
             self._label_stats[key] = [
@@ -552,51 +489,16 @@ class ShardedResidentDataset:
         Example:
             >>> training, validation = ds.split(0.2)
         """
-        if not (isinstance(validation_split, (int, float)) and 0 < validation_split < 1):
-            raise ValueError(
-                _errors.message(
-                    "`validation_split` must be a fraction between 0 and 1 (exclusive).",
-                    f"validation_split={validation_split!r}",
-                    "Pass e.g. `validation_split=0.2` to validate on the last 20% of the rows.",
-                )
-            )
+        at = _args.split_at(self.num_rows, validation_split)
         cached = self._splits.get(float(validation_split))
         if cached is not None:
             return cached
-        rows = self.num_rows
-        split_at = math.floor(rows * (1.0 - validation_split))  # as Keras
-        if split_at in (0, rows):
-            raise ValueError(
-                _errors.message(
-                    "`validation_split` must leave rows on both sides.",
-                    f"validation_split={validation_split!r} of {rows} rows",
-                    "Use a fraction that leaves at least one training and one validation row.",
-                )
-            )
-        plan = self.plan
-        batch = plan.per_replica_batch_size
-        options: dict[str, Any] = dict(
-            placement=plan.placement,
-            transform=self.transform,
-            load_options=self.load_options,
-            strategy=self.world.strategy,
+        train_kw, val_kw = _args.split_kwargs(
+            self, self.plan, self.num_rows - at, strategy=self.world.strategy
         )
         self._let_go()
-        training = ShardedResidentDataset(
-            *self.columns.rows(0, split_at),
-            per_replica_batch_size=batch,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_remainder=plan.drop_remainder,
-            augment=self.augment,  # training only: validation never augments
-            **options,
-        )
-        validation = ShardedResidentDataset(
-            *self.columns.rows(split_at, rows),
-            per_replica_batch_size=max(1, min(batch, (rows - split_at) // plan.num_replicas)),
-            shuffle=False,
-            **options,
-        )
+        training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
+        validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
         self._splits[float(validation_split)] = (training, validation)
         return training, validation
 

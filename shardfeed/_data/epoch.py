@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -21,22 +21,12 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data import memory as _memory
 from shardfeed._data.augment import step_seed
+from shardfeed._data.batch import Batch as Batch
 from shardfeed._data.order import Order
 from shardfeed._data.plan import ShardPlan
 
 if TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset
-
-
-class Batch(NamedTuple):
-    """One step's rows on one replica (or per-replica values over several).
-
-    `y` and `sample_weight` are None when the dataset has none.
-    """
-
-    x: Any
-    y: Any
-    sample_weight: Any
 
 
 def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, replica: Any) -> Any:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Literal
 
 import numpy as np
 import tensorflow as tf
@@ -65,54 +64,6 @@ class ExchangeReport:
     def gb_per_s(self) -> float:
         """Bytes sent per replica (the largest) per second, in GB/s."""
         return max(self.bytes_sent, default=0) / max(self.seconds, 1e-12) / 1e9
-
-
-def check_shuffle(
-    shuffle: object, seed: int | None, placement: str
-) -> bool | Literal["local"]:
-    """Validates `shuffle` (True: global, "local", False) and returns it.
-
-    Raises:
-        ValueError: For another value, a shuffle without a seed, or
-            `shuffle="local"` with `placement="replicate"`.
-    """
-    if isinstance(shuffle, bool | np.bool_):
-        shuffle = bool(shuffle)
-    elif not (isinstance(shuffle, str) and shuffle == "local"):
-        raise ValueError(
-            _errors.message(
-                '`shuffle` must be True (the global order), "local" (each replica '
-                "shuffles its own shard) or False (rows in order).",
-                f"shuffle={shuffle!r}",
-                'Pass shuffle=True, shuffle="local" or shuffle=False.',
-            )
-        )
-    if shuffle and seed is None:
-        raise ValueError(
-            _errors.message(
-                "Shuffling requires a seed, so that every replica and every "
-                "rerun draws the same epoch order.",
-                f"shuffle={shuffle!r}, seed=None",
-                "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
-            )
-        )
-    if shuffle == "local" and placement == "replicate":
-        raise ValueError(
-            _errors.message(
-                'shuffle="local" needs placement="shard" (each replica shuffles the '
-                "rows it holds; replicated rows already take the global order).",
-                "shuffle='local', placement='replicate'",
-                'Use shuffle=True with placement="replicate".',
-            )
-        )
-    return "local" if shuffle == "local" else bool(shuffle)
-
-
-def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
-    """Whether epochs need the exchange: the global order of sharded rows on
-    several replicas. One replica holds every row: its permutation of them is
-    the global order already (`order.epoch_indices`), and it may stream."""
-    return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
 
 
 def staging_bytes(plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import host as _host
@@ -261,6 +261,7 @@ def memory_reports(
     memory_fraction: float,
     device_memory_bytes: int | None = None,
     workers_on_host: int | None = None,
+    read_free: Callable[[str], tuple[int | None, str]] | None = None,
 ) -> list[MemoryReport]:
     """Bytes needed against bytes usable on each device; allocates nothing.
 
@@ -277,6 +278,8 @@ def memory_reports(
         workers_on_host: Workers sharing this host's RAM; None reads what the
             launcher set (`SHARDFEED_LOCAL_SIZE`, `HOROVOD_LOCAL_SIZE`, ...),
             else 1.
+        read_free: Free bytes of a device name and their source (default
+            `free_bytes`; JAX passes one that reads `Device.memory_stats()`).
 
     Returns:
         One `MemoryReport` per device (one for all CPU devices together).
@@ -298,7 +301,7 @@ def memory_reports(
         if device_memory_bytes is not None:
             free, source = device_memory_bytes, "given"
         else:
-            free, source = free_bytes(device if device != "host" else "CPU:0")
+            free, source = (read_free or free_bytes)(device if device != "host" else "CPU:0")
             # Every local worker reads the same available RAM: each gets its share.
             sharing = (workers_on_host or 1) if shares_host_ram(source) else 1
         usable = usable_bytes(free, memory_fraction, sharing)
@@ -338,7 +341,19 @@ def stream_chunk_steps(
     return min(budget // max(1, plan.per_replica_batch_size * row_bytes), plan.steps_per_epoch)
 
 
-def fit_error(report: MemoryReport, memory_fraction: float) -> str:
+def fit_error(report: MemoryReport, memory_fraction: float, can_stream: bool = True) -> str:
+    """The refusal of resident data that does not fit (`can_stream=False`:
+    a backend without streaming, whose fix leaves it out)."""
+    if not can_stream:
+        return _errors.message(
+            f"The resident data must fit in {memory_fraction:.0%} of the free memory "
+            f"on {report.device} (the rest is headroom for the model).",
+            report.numbers(),
+            "Spread the rows over more replicas with placement='shard' (more devices or "
+            "workers), store a compact dtype (e.g. uint8 images, float16 features) "
+            "and cast in `transform`, or raise `LoadOptions.memory_fraction` if the "
+            "model is small.",
+        )
     return _errors.message(
         f"The resident data must fit in {memory_fraction:.0%} of the free memory "
         f"on {report.device} (the rest is headroom for the model).",

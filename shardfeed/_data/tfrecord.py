@@ -17,7 +17,9 @@ rank over every file, or skipped by passing `num_records` (e.g. counts
 written once next to the files).
 
 TensorFlow is imported inside the functions: `shardfeed.files` stays
-importable without it (the CLI and the format readers never import it).
+importable without it (the CLI and the format readers never import it), and
+without TensorFlow installed (e.g. Keras on JAX) `tfrecord` refuses at once,
+naming the fix.
 """
 
 from __future__ import annotations
@@ -53,6 +55,24 @@ def _files(pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str
     return paths
 
 
+def _tensorflow() -> Any:
+    """TensorFlow, or an ImportError saying what needs it and what to do."""
+    try:
+        import tensorflow as tf
+    except ImportError as err:
+        raise ImportError(
+            _errors.message(
+                "Reading TFRecord files (`shardfeed.files.tfrecord`) needs TensorFlow: it "
+                "parses `tf.train.Example`s with `tf.io`.",
+                f"import tensorflow failed ({err})",
+                "Install TensorFlow (`pip install shardfeed[cpu]`), or convert the records "
+                "once to .npy/.npz/HDF5/Parquet and read those (`shardfeed.files.npy`, ...), "
+                "which need no TensorFlow.",
+            )
+        ) from err
+    return tf
+
+
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -86,7 +106,7 @@ def _damaged(path: str, compression: str, err: Any) -> ValueError:
 
 def count_records(path: str, compression: str = "") -> int:
     """Records in one TFRecord file (reads the framing, parses nothing)."""
-    import tensorflow as tf
+    tf = _tensorflow()
 
     ds = tf.data.TFRecordDataset(path, compression_type=compression)
     try:
@@ -121,7 +141,7 @@ class _TFRecordFeature(FileArray):
         self._cursor: Cursor | None = None
 
     def _parse(self, record: Any) -> Any:
-        import tensorflow as tf
+        tf = _tensorflow()
 
         value = tf.io.parse_single_example(record, {self.name: self.feature})[self.name]
         if self.image is None:
@@ -134,7 +154,7 @@ class _TFRecordFeature(FileArray):
         return tf.ensure_shape(pixels, self.image)
 
     def _read_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        import tensorflow as tf
+        tf = _tensorflow()
 
         if self._cursor is None:
             def make(skip: int) -> Any:
@@ -162,7 +182,7 @@ class _TFRecordFeature(FileArray):
 
 
 def _check_feature(name: str, feature: Any, image: Any) -> None:
-    import tensorflow as tf
+    tf = _tensorflow()
 
     ok = isinstance(feature, tf.io.FixedLenFeature) and (
         image is None or (feature.dtype == tf.string and tuple(feature.shape) == ())
@@ -221,6 +241,7 @@ def tfrecord(
         >>> ds = shardfeed.ShardedResidentDataset(
         ...     cols["image"], cols["label"], per_replica_batch_size=256, seed=0)
     """
+    _tensorflow()
     compression = (compression or "").upper()
     if compression not in COMPRESSIONS:
         raise ValueError(

@@ -17,12 +17,9 @@ One script runs unchanged everywhere:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from shardfeed._common import errors as _errors
@@ -31,43 +28,13 @@ from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import resolver as _resolver
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
+from shardfeed._distribute.startup import CPU_DEVICES_ENV as CPU_DEVICES_ENV
+from shardfeed._distribute.startup import cpu_devices_wanted as cpu_devices_wanted
 
 logger = logging.getLogger("shardfeed")
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
-CPU_DEVICES_ENV = "SHARDFEED_CPU_DEVICES"
-
-
-def cpu_devices_wanted(cpu_devices: int | None, environ: Mapping[str, str]) -> int | None:
-    """How many logical devices to split the CPU into: `cpu_devices`, else
-    `SHARDFEED_CPU_DEVICES`, else None (leave TensorFlow's configuration).
-    Pure, so every rule is tested with plain values.
-
-    Raises:
-        ValueError: For anything but an integer >= 1.
-    """
-    if cpu_devices is not None:
-        received = f"cpu_devices={cpu_devices!r}"
-        wanted = int(cpu_devices) if _errors.is_integer(cpu_devices) else 0
-    else:
-        text = environ.get(CPU_DEVICES_ENV, "").strip()
-        if not text:
-            return None
-        received = f"{CPU_DEVICES_ENV}={text!r}"
-        wanted = int(text) if text.isdigit() else 0
-    if wanted < 1:
-        raise ValueError(
-            _errors.message(
-                "`cpu_devices` must be an integer >= 1: the number of logical devices "
-                "to split the CPU into (MirroredStrategy over them).",
-                received,
-                "Pass e.g. `shardfeed.init(cpu_devices=2)` or set SHARDFEED_CPU_DEVICES=2.",
-            )
-        )
-    return wanted
-
-
 def resolve_engine(
     engine: str, launch_env: _launch_env.LaunchEnv, num_gpus: int, num_cpu_devices: int
 ) -> str:
@@ -228,7 +195,7 @@ def _init(engine: str, split_cpu_into: int | None, startup_timeout_s: float):
             if line is not None and own[0] == 0 and launch_env.launcher != "shardfeed":
                 logger.warning(line)
             _startup.wait_for_peers(tasks, own[0], startup_timeout_s)
-        with _keeping_sigterm_disposition():
+        with _startup.keeping_sigterm_disposition():
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return _world.current_world(strategy)
     if chosen == "mirrored":
@@ -274,26 +241,6 @@ def _split_cpu(tf, num_devices: int, engine: str, num_gpus: int) -> None:
                 "before any other TensorFlow or Keras call, e.g. first thing in the script.",
             )
         ) from err
-
-
-@contextlib.contextmanager
-def _keeping_sigterm_disposition() -> Iterator[None]:
-    """Puts back the SIGTERM disposition Python knew of before the block.
-
-    TensorFlow installs a native SIGTERM handler behind Python's back
-    (`signal.getsignal` still reports the old value), so re-setting the old
-    value is what undoes it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # Python sets handlers only from the main thread
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        # None: a handler set outside Python before we looked; the default
-        # (end the process) is what a stopping launcher expects.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _init_horovod(tf, physical_gpus):

@@ -12,18 +12,57 @@ before its own set-up still leaves TensorFlow's wait; this bounds the common
 case (a peer that never started, a wrong address, a firewall).
 
 `exposure_line` is the one line a multi-host job's chief logs: its workers'
-servers listen on every interface, unauthenticated.
+servers listen on every interface, unauthenticated. `startup_timeout_s` and
+`cpu_devices_wanted` read `shardfeed.init`'s start-up settings, and
+`keeping_sigterm_disposition` undoes the runtimes' SIGTERM handlers, on both
+backends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from shardfeed._common import errors as _errors
+
+CPU_DEVICES_ENV = "SHARDFEED_CPU_DEVICES"
+
+
+def cpu_devices_wanted(cpu_devices: int | None, environ: Mapping[str, str]) -> int | None:
+    """How many logical devices to split the CPU into: `cpu_devices`, else
+    `SHARDFEED_CPU_DEVICES`, else None (leave the backend's configuration).
+    Pure, so every rule is tested with plain values; both backends' `init`
+    read it.
+
+    Raises:
+        ValueError: For anything but an integer >= 1.
+    """
+    if cpu_devices is not None:
+        received = f"cpu_devices={cpu_devices!r}"
+        wanted = int(cpu_devices) if _errors.is_integer(cpu_devices) else 0
+    else:
+        text = environ.get(CPU_DEVICES_ENV, "").strip()
+        if not text:
+            return None
+        received = f"{CPU_DEVICES_ENV}={text!r}"
+        wanted = int(text) if text.isdigit() else 0
+    if wanted < 1:
+        raise ValueError(
+            _errors.message(
+                "`cpu_devices` must be an integer >= 1: the number of logical devices "
+                "to split the CPU into (several replicas in one process).",
+                received,
+                "Pass e.g. `shardfeed.init(cpu_devices=2)` or set SHARDFEED_CPU_DEVICES=2.",
+            )
+        )
+    return wanted
+
 
 STARTUP_TIMEOUT_VARIABLE = "SHARDFEED_STARTUP_TIMEOUT_S"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0  # as `shardfeed launch --startup-timeout-s`
@@ -183,3 +222,24 @@ def wait_for_peers(
     finally:
         if holder is not None:
             holder.close()
+
+
+@contextlib.contextmanager
+def keeping_sigterm_disposition() -> Iterator[None]:
+    """Puts back the SIGTERM disposition Python knew of before the block.
+
+    MultiWorkerMirroredStrategy and `jax.distributed.initialize` both install
+    a native SIGTERM handler (preemption watching) behind Python's back
+    (`signal.getsignal` still reports the old value), after which SIGTERM no
+    longer ends the process; re-setting the old value is what undoes it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python sets handlers only from the main thread
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        # None: a handler set outside Python before we looked; the default
+        # (end the process) is what a stopping launcher expects.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -1,0 +1,271 @@
+"""A dataset's arguments and plans, for both backends.
+
+Owns what `ShardedResidentDataset` checks and computes before it touches a
+device, on TensorFlow (`_data/dataset.py`) and on JAX (`_jax/dataset.py`)
+alike: the argument checks and their messages, the training and evaluation
+plans, the log line for dropped rows, and `split`'s arithmetic. No
+TensorFlow, no JAX: each backend's dataset calls these, then holds the rows
+its own way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from shardfeed._common import errors as _errors
+from shardfeed._data import plan as _plan
+
+logger = logging.getLogger("shardfeed")
+
+# Seeds are int64 in TensorFlow's stateless ops and non-negative in NumPy's
+# `default_rng` (streamed epochs, JAX's orders): [0, 2**63) works in both.
+MAX_SEED = 2**63
+
+
+def check_seed(seed: object) -> int | None:
+    """Refuses a seed outside `[0, 2**63)`; returns it as an int (or None)."""
+    if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):  # type: ignore[operator]
+        raise ValueError(
+            _errors.message(
+                "`seed` must be an integer in [0, 2**63) (TensorFlow's stateless "
+                "shuffle takes it as an int64; NumPy's generator needs it non-negative).",
+                f"seed={seed!r}",
+                "Pass e.g. `seed=0`, or `seed=None` with `shuffle=False`.",
+            )
+        )
+    return None if seed is None else int(seed)  # type: ignore[call-overload]
+
+
+def check_transform(transform: object, example: str = "tf.cast(x, 'float32') / 255") -> None:
+    """Refuses a `transform` that is not a function."""
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            _errors.message(
+                "`transform` must be a function of a batch's `x`.",
+                f"type(transform)={type(transform).__name__}",
+                f"Pass e.g. `transform=lambda x: {example}`.",
+            )
+        )
+
+
+def check_shuffle(
+    shuffle: object, seed: int | None, placement: str
+) -> bool | Literal["local"]:
+    """Validates `shuffle` (True: global, "local", False) and returns it.
+
+    Raises:
+        ValueError: For another value, a shuffle without a seed, or
+            `shuffle="local"` with `placement="replicate"`.
+    """
+    if isinstance(shuffle, bool | np.bool_):
+        shuffle = bool(shuffle)
+    elif not (isinstance(shuffle, str) and shuffle == "local"):
+        raise ValueError(
+            _errors.message(
+                '`shuffle` must be True (the global order), "local" (each replica '
+                "shuffles its own shard) or False (rows in order).",
+                f"shuffle={shuffle!r}",
+                'Pass shuffle=True, shuffle="local" or shuffle=False.',
+            )
+        )
+    if shuffle and seed is None:
+        raise ValueError(
+            _errors.message(
+                "Shuffling requires a seed, so that every replica and every "
+                "rerun draws the same epoch order.",
+                f"shuffle={shuffle!r}, seed=None",
+                "Pass `seed=<int>`, or `shuffle=False` to keep the rows in order.",
+            )
+        )
+    if shuffle == "local" and placement == "replicate":
+        raise ValueError(
+            _errors.message(
+                'shuffle="local" needs placement="shard" (each replica shuffles the '
+                "rows it holds; replicated rows already take the global order).",
+                "shuffle='local', placement='replicate'",
+                'Use shuffle=True with placement="replicate".',
+            )
+        )
+    return "local" if shuffle == "local" else bool(shuffle)
+
+
+def uses_exchange(shuffle: bool | str, plan: _plan.ShardPlan) -> bool:
+    """Whether epochs need the exchange: the global order of sharded rows on
+    several replicas. One replica holds every row: its permutation of them is
+    the global order already (`order.epoch_indices`), and it may stream."""
+    return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
+
+
+
+def check_augment(augment: Any, seed: int | None) -> None:
+    """Refuses an `augment` that is not a function, or one without a seed."""
+    if augment is not None and not callable(augment):
+        raise TypeError(
+            _errors.message(
+                "`augment` must be a function `(x, seed) -> x`.",
+                f"type(augment)={type(augment).__name__}",
+                "Pass e.g. `augment=shardfeed.augment.flip_left_right()`.",
+            )
+        )
+    if augment is not None and seed is None:
+        raise ValueError(
+            _errors.message(
+                "Augmenting requires a seed, so that reruns and resumed runs draw "
+                "the same augmentations.",
+                "augment=<function>, seed=None",
+                "Pass `seed=<int>`.",
+            )
+        )
+
+
+class Plans(NamedTuple):
+    """A dataset's evaluation plan, and its training plan or why it has none."""
+
+    eval_plan: _plan.ShardPlan
+    train_plan: _plan.ShardPlan | None
+    train_plan_error: ValueError | None
+
+
+def plans(
+    num_rows: int,
+    num_replicas: int,
+    per_replica_batch_size: int,
+    placement: _plan.Placement,
+    drop_remainder: bool,
+) -> Plans:
+    """The evaluation plan (raises for bad sizes) and the training plan.
+
+    A dataset only evaluated or predicted on may admit no training epoch
+    (fewer rows than replicas): that is an error only once `fit` asks, so
+    the training plan's error is kept, not raised.
+    """
+    eval_plan = _plan.plan_shards(
+        num_rows, num_replicas, per_replica_batch_size, placement, training=False
+    )
+    try:
+        train_plan = _plan.plan_shards(
+            num_rows, num_replicas, per_replica_batch_size, placement, drop_remainder,
+            training=True,
+        )
+    except ValueError as err:
+        return Plans(eval_plan, None, err)
+    return Plans(eval_plan, train_plan, None)
+
+
+def log_dropped(train_plan: _plan.ShardPlan | None, is_chief: bool) -> None:
+    """Says, once (on the chief), how many rows each training epoch leaves out."""
+    if train_plan is None or not train_plan.dropped_rows_per_epoch or not is_chief:
+        return
+    logger.warning(
+        "shardfeed: %d of %d rows are left out of each training epoch so "
+        "every replica runs %d equal steps (%s).",
+        train_plan.dropped_rows_per_epoch,
+        train_plan.num_rows,
+        train_plan.steps_per_epoch,
+        "drop_remainder=True"
+        if train_plan.drop_remainder
+        else "a replica would have no row in the last step",
+    )
+
+
+def split_at(num_rows: int, validation_split: object) -> int:
+    """Keras' `validation_split`: the first row of the validation part.
+
+    Raises:
+        ValueError: For a fraction outside (0, 1) or one that leaves a side empty.
+
+    Example:
+        >>> split_at(10, 0.25)
+        7
+    """
+    if not (isinstance(validation_split, (int, float)) and 0 < validation_split < 1):
+        raise ValueError(
+            _errors.message(
+                "`validation_split` must be a fraction between 0 and 1 (exclusive).",
+                f"validation_split={validation_split!r}",
+                "Pass e.g. `validation_split=0.2` to validate on the last 20% of the rows.",
+            )
+        )
+    at = math.floor(num_rows * (1.0 - validation_split))  # as Keras
+    if at in (0, num_rows):
+        raise ValueError(
+            _errors.message(
+                "`validation_split` must leave rows on both sides.",
+                f"validation_split={validation_split!r} of {num_rows} rows",
+                "Use a fraction that leaves at least one training and one validation row.",
+            )
+        )
+    return at
+
+
+def validation_batch_size(plan: _plan.ShardPlan, validation_rows: int) -> int:
+    """The validation part's per-replica batch: the training one, shrunk for
+    few rows (it pads rather than drops)."""
+    return max(1, min(plan.per_replica_batch_size, validation_rows // plan.num_replicas))
+
+
+def split_kwargs(
+    dataset: Any, plan: _plan.ShardPlan, validation_rows: int, **options: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword arguments of `split`'s training and validation datasets: the
+    training part keeps the shuffle, seed, drops and `augment`; the
+    validation part is unshuffled with its batch shrunk for few rows."""
+    common = dict(placement=plan.placement, transform=dataset.transform,
+                  load_options=dataset.load_options, **options)
+    training = dict(
+        per_replica_batch_size=plan.per_replica_batch_size,
+        shuffle=dataset.shuffle,
+        seed=dataset.seed,
+        drop_remainder=plan.drop_remainder,
+        augment=dataset.augment,  # training only: validation never augments
+        **common,
+    )
+    validation = dict(
+        per_replica_batch_size=validation_batch_size(plan, validation_rows),
+        shuffle=False,
+        **common,
+    )
+    return training, validation
+
+
+def describe_plan(plan: _plan.ShardPlan, training: bool) -> str:
+    """The plan's part of `describe()`: replicas, batches, steps, drops."""
+    return (
+        f"placement={plan.placement!r}, {plan.num_replicas} replica(s) x "
+        f"{plan.per_replica_batch_size} rows = global batch {plan.global_batch_size}; "
+        f"{plan.steps_per_epoch} steps/epoch, {plan.dropped_rows_per_epoch} rows "
+        f"dropped/epoch{'' if training else ' (evaluation only)'}"
+    )
+
+
+
+def label_column(y: Any, target: tuple[Any, ...]) -> int:
+    """The column index of the target of `y` at `target` (keys and positions,
+    `()` for a single `y`), for `label_stats`.
+
+    Raises:
+        ValueError: If `target` does not lead to one array of `y`.
+
+    Example:
+        >>> label_column({"kind": 1, "score": 2}, ("kind",))
+        1
+    """
+    column = y
+    try:
+        for key in target:
+            column = column[key]
+    except (KeyError, IndexError, TypeError):
+        column = None
+    if not isinstance(column, int):
+        raise ValueError(
+            _errors.message(
+                "`target` must lead to one array of `y`.",
+                f"target={target!r}",
+                "Pass the keys and positions of one leaf of `element_spec.y`.",
+            )
+        )
+    return column

@@ -1,0 +1,414 @@
+"""`ShardedResidentDataset` on JAX: rows resident on the replicas' devices.
+
+Separation of concerns: as on TensorFlow, the dataset owns sharding,
+shuffling and batching. It checks its arguments and plans with the neutral
+`_data/dataset_args.py` (the same checks and messages on both backends),
+checks the fit and uploads with `storage.py` (one global `jax.Array` per
+column, sharded along rows over the world's mesh), and opens epochs
+(`epoch.py`), whose orders `order.py` draws. The loop owns the model's state,
+the compiled steps and the gradients' reduction; it reads an epoch's
+`arrays` and `batch_fn` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from shardfeed._common import errors as _errors
+from shardfeed._data import agreement as _agreement
+from shardfeed._data import dataset_args as _args
+from shardfeed._data import memory as _memory
+from shardfeed._data import plan as _plan
+from shardfeed._data import sources as _sources
+from shardfeed._data.options import LoadOptions
+from shardfeed._jax import epoch as _epoch
+from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import labels as _labels
+from shardfeed._jax import order as _order
+from shardfeed._jax import storage as _storage
+from shardfeed._jax.world import World, current_world
+
+# `shardfeed.augment`'s blocks are TensorFlow ops; a JAX dataset refuses them.
+_TF_AUGMENT_MODULE = "shardfeed._data.augment"
+
+
+def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> None:
+    """What only the JAX backend refuses: a strategy, TF augment blocks, streaming."""
+    if strategy is not None:
+        raise ValueError(
+            _errors.message(
+                "On the JAX backend the replicas are `shardfeed.init()`'s devices (or a "
+                "`keras.distribution.DataParallel`'s); a `tf.distribute` strategy has no role.",
+                f"strategy={strategy!r}",
+                "Leave `strategy=None`; to choose devices, call `shardfeed.init()` or set "
+                "`keras.distribution.set_distribution(DataParallel(...))` first.",
+            )
+        )
+    if augment is not None and type(augment).__module__ == _TF_AUGMENT_MODULE:
+        raise TypeError(
+            _errors.message(
+                "`shardfeed.augment`'s blocks are TensorFlow ops; on the JAX backend "
+                "`augment` must be a function `(x, key) -> x` of JAX ops.",
+                f"type(augment)={type(augment).__name__}",
+                "Pass e.g. `augment=lambda x, key: jnp.where(jax.random.bernoulli(key, "
+                "0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)`, or use the TensorFlow backend.",
+            )
+        )
+    if options.exchange_fraction != 1:
+        raise ValueError(
+            _errors.message(
+                "A partial exchange (`exchange_fraction` below 1) is not implemented on the "
+                "JAX backend: its global order moves every row to its step once per epoch.",
+                f"LoadOptions(exchange_fraction={options.exchange_fraction})",
+                "Leave `exchange_fraction=1`, or use shuffle=\"local\" for no exchange.",
+            )
+        )
+    if options.streaming is True:
+        raise ValueError(
+            _errors.message(
+                "Streaming a shard through device rings is not implemented on the JAX "
+                "backend yet: every shard is held resident.",
+                "LoadOptions(streaming=True)",
+                'Use `LoadOptions(streaming="auto")` or False (a shard that does not fit is an '
+                "error naming the numbers), more devices, or the TensorFlow backend.",
+            )
+        )
+
+
+class ShardedResidentDataset:
+    """A dataset held in device memory, sharded across replicas, on JAX.
+
+    The same arguments, checks and messages as the TensorFlow backend's (see
+    `shardfeed._data.dataset.ShardedResidentDataset`), with these differences:
+
+    - `strategy` must be None: the replicas are `current_world()`'s devices.
+    - `transform` and `augment` see the global batch (`[global_batch_size, ...]`,
+      sharded along rows); `augment` is a function `(x, key) -> x` of JAX ops,
+      `key` a `jax.random` key from `(seed, epoch, step)`.
+      `shardfeed.augment`'s blocks (TensorFlow ops) are refused.
+    - Epoch orders are drawn with NumPy (`_jax/order.py`): the same
+      semantics as TensorFlow's, other permutations.
+    - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
+      Keras on JAX feeds them); integers that do not fit are refused.
+    - No streaming: a shard that does not fit is a `MemoryError`.
+    - The global order of sharded rows moves all of an epoch's rows in one
+      all-to-all, staging about twice a replica's epoch rows (counted in the
+      memory check; `LoadOptions.exchange_buffer_bytes` does not apply, and
+      `exchange_fraction` below 1 is refused).
+
+    Each epoch holds a copy of its rows in step order on each device (the
+    fast path of contiguous slices per step), counted in the memory check,
+    with the exchange's staging for the global order of sharded rows.
+
+    Example:
+        >>> ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)
+        >>> epoch = ds.epoch(0)
+        >>> batch = epoch.batch_fn(epoch.arrays, 0)
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        per_replica_batch_size: int,
+        shuffle: bool | Literal["local"] = True,
+        seed: int | None = None,
+        drop_remainder: bool = False,
+        placement: _plan.Placement = "shard",
+        transform: Callable[[Any], Any] | None = None,
+        augment: Callable[[Any, Any], Any] | None = None,
+        load_options: LoadOptions | None = None,
+        strategy: Any = None,
+    ) -> None:
+        shuffle = _args.check_shuffle(shuffle, seed, placement)
+        seed = _args.check_seed(seed)
+        _args.check_transform(transform, "x.astype('float32') / 255")
+        _args.check_augment(augment, seed)
+        options = load_options or LoadOptions()
+        _check_backend_args(strategy, augment, options)
+        self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        self._world: World = current_world()
+        if options.check_agreement:
+            _agreement.check_agreement(self.columns, self.world)  # type: ignore[arg-type]
+        self._shuffle, self._seed = shuffle, seed
+        self._transform, self._augment, self._load_options = transform, augment, options
+        self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
+        self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
+        self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
+        # The copy of an order that never changes (see `epoch_data`).
+        self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
+        plans = _args.plans(
+            self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
+            placement, drop_remainder,
+        )
+        self._eval_plan, self._train_plan = plans.eval_plan, plans.train_plan
+        self._train_plan_error = plans.train_plan_error
+        plan = self.eval_plan
+        slots = plan.steps_per_epoch * plan.per_replica_batch_size  # an epoch's copy
+        staging = 0
+        if _args.uses_exchange(shuffle, plan):
+            staging = _exchange.staging_rows(slots, plan.num_replicas)
+        self.memory_reports = _storage.memory_reports(
+            self.world, plan, self.columns.row_bytes, slots + staging, options
+        )
+        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        if misfit is not None:
+            raise MemoryError(
+                _memory.fit_error(misfit, options.memory_fraction, can_stream=False)
+            )
+        self._tables: tuple[Any, ...] | None = _storage.upload(
+            self.columns, plan, self.world, options
+        )
+        _args.log_dropped(self._train_plan, self.world.is_chief)
+
+    @classmethod
+    def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
+        """Refused on JAX: a `tf.data.Dataset` needs TensorFlow."""
+        raise ValueError(
+            _errors.message(
+                "`from_tf_dataset` drains a `tf.data.Dataset`, which needs TensorFlow; "
+                "the JAX backend runs without it.",
+                f"type(dataset)={type(dataset).__name__}",
+                "Build the dataset from arrays (NumPy, `np.memmap`, HDF5) or "
+                "`shardfeed.files`' readers, or use the TensorFlow backend.",
+            )
+        )
+
+    # -- what it was built with ------------------------------------------------
+
+    @property
+    def world(self) -> World:
+        """The JAX `World` whose replicas hold the rows."""
+        return self._world
+
+    @property
+    def shuffle(self) -> bool | Literal["local"]:
+        return self._shuffle
+
+    @property
+    def seed(self) -> int | None:
+        return self._seed
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        return self._transform
+
+    @property
+    def augment(self) -> Callable[[Any, Any], Any] | None:
+        return self._augment
+
+    @property
+    def load_options(self) -> LoadOptions:
+        return self._load_options
+
+    # -- plans -----------------------------------------------------------------
+
+    @property
+    def eval_plan(self) -> _plan.ShardPlan:
+        """The evaluation plan: rows in order, nothing dropped."""
+        return self._eval_plan
+
+    @property
+    def plan(self) -> _plan.ShardPlan:
+        """The training plan.
+
+        Raises:
+            ValueError: If these rows admit no training epoch on these replicas.
+        """
+        if self._train_plan is None:
+            raise self._train_plan_error  # type: ignore[misc]
+        return self._train_plan
+
+    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
+        """The training plan for another per-replica batch, rows staying put."""
+        return _plan.plan_shards(
+            self.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
+            self.plan.placement, self.plan.drop_remainder, training=True,
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return self.columns.num_rows
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.eval_plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.eval_plan.global_batch_size
+
+    @property
+    def has_targets(self) -> bool:
+        return self.columns.y is not None
+
+    @property
+    def order_is_global(self) -> bool:
+        """Whether step `s` of a training epoch takes the same global rows on
+        any number of replicas: replicated rows, the global order
+        (`shuffle=True`), or one replica holding every row in order."""
+        if self.plan.placement == "replicate" or self.shuffle is True:
+            return True
+        return self.shuffle is False and self.plan.num_replicas == 1
+
+    @property
+    def order_is_replayable(self) -> bool:
+        """Whether epoch `e`'s order depends only on `(seed, e)` and the plan:
+        always on JAX (no partial exchange)."""
+        return True
+
+    # -- what it holds -----------------------------------------------------------
+
+    @property
+    def tables(self) -> tuple[Any, ...]:
+        """Each column's global array (the data layer's; not an interface)."""
+        if self._tables is None:
+            # Let go of by `split`; used again: load the rows again.
+            self._tables = _storage.upload(
+                self.columns, self.eval_plan, self.world, self.load_options
+            )
+        return self._tables
+
+    @property
+    def nbytes_on_device(self) -> int:
+        """Bytes this process holds on its devices for the rows (epochs' copies aside)."""
+        tables = self._tables or ()
+        return sum(s.data.nbytes for t in tables for s in t.addressable_shards)
+
+    def describe(self) -> str:
+        """One line: rows, columns, bytes on the devices, the plan."""
+        plan = self._train_plan or self.eval_plan
+        held = "rows let go of by `split`" if self._tables is None else ", ".join(
+            f"replica {g} on {d}: rows [{plan.shards[g][0]}, {plan.shards[g][1]})"
+            for g, d in zip(self.world.global_replica_ids, self.world.local_devices, strict=True)
+        )
+        return (
+            f"ShardedResidentDataset (JAX): {plan.num_rows:,} rows ({self.columns.describe()}), "
+            f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
+            f"{_args.describe_plan(plan, self._train_plan is not None)}; {held}"
+        )
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def label_stats(
+        self, target: tuple[Any, ...] = (), ignore: int | None = None
+    ) -> list[Any]:
+        """Smallest and largest value of a target, and whether any is
+        fractional, per local replica, reduced on its device (as on
+        TensorFlow; cached per `(target, ignore)`).
+
+        Example:
+            >>> ds.label_stats()  # a single `y` of classes 0..9
+            [array([0., 9., 0.])]
+        """
+        column = _args.label_column(self.columns.y, target)
+        key = (column, ignore)
+        if key not in self._label_stats:
+            world = self.world
+            self._label_stats[key] = _labels.label_stats(
+                self.tables[column], self.eval_plan, world.global_replica_ids,
+                world.local_devices, ignore,
+            )
+        return self._label_stats[key]
+
+    # -- Keras' validation_split -------------------------------------------------
+
+    def split(
+        self, validation_split: float
+    ) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
+        """Keras' `validation_split`, as on TensorFlow: the last fraction of the
+        rows (taken before sharding) as an unshuffled validation dataset; this
+        dataset lets go of its device rows first (loaded again when next used).
+
+        Example:
+            >>> training, validation = ds.split(0.2)
+        """
+        at = _args.split_at(self.num_rows, validation_split)
+        cached = self._splits.get(float(validation_split))
+        if cached is not None:
+            return cached
+        train_kw, val_kw = _args.split_kwargs(self, self.plan, self.num_rows - at)
+        self._tables = self._static = None
+        training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
+        validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
+        self._splits[float(validation_split)] = (training, validation)
+        return training, validation
+
+    # -- epochs -------------------------------------------------------------------
+
+    def epoch(
+        self, epoch: int = 0, *, training: bool = True, first_step: int = 0,
+        augment: bool = False, plan: _plan.ShardPlan | None = None,
+    ) -> _epoch.ResidentEpoch:
+        """Opens one epoch: its rows copied into step order on each device.
+
+        Args:
+            epoch: The epoch number; with `seed` it fixes the order.
+            training: The training plan and order; False: the evaluation plan,
+                rows in order, nothing dropped.
+            first_step: Iteration starts here (resuming inside an epoch).
+            augment: Apply the dataset's `augment` (training epochs only).
+            plan: Replaces the training plan (e.g. `training_plan(b)`).
+
+        Example:
+            >>> epoch = ds.epoch(0)
+            >>> for step, (x, y, sample_weight) in epoch: ...
+        """
+        epoch = _check_int("epoch", epoch, 2**62, "Pass the epoch number, e.g. `epoch=0`.")
+        if augment and (not training or self.augment is None):
+            raise ValueError(
+                _errors.message(
+                    "`augment=True` applies the dataset's `augment` function to training "
+                    "epochs only.",
+                    f"augment=True, training={training}, dataset augment={self.augment!r}",
+                    "Build the dataset with `augment=...` and open a training epoch, or "
+                    "pass `augment=False`.",
+                )
+            )
+        if plan is None:
+            plan = self.plan if training else self.eval_plan
+        first_step = _check_int(
+            "first_step", first_step, plan.steps_per_epoch,
+            f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
+        )
+        return _epoch.ResidentEpoch(self, plan, epoch, training, first_step, augment)
+
+    def epoch_data(
+        self, plan: _plan.ShardPlan, epoch: int, training: bool
+    ) -> tuple[list[Any], tuple[Any, ...]]:
+        """An epoch's rows per replica (global numbers, step order) and its
+        device copy. With `shuffle=False` the order never changes, so the
+        copy is made once and kept (one: the copy the memory check counts),
+        and repeated epochs and validation passes copy nothing."""
+        static = self.shuffle is False
+        if static and self._static is not None and self._static[0] == plan:
+            return self._static[1], self._static[2]
+        rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
+        columns = _epoch.epoch_columns(self, plan, rows)
+        if static:
+            self._static = (plan, rows.rows, columns)
+        return rows.rows, columns
+
+    def batch_fn(self, per_replica_batch_size: int, augment: bool) -> _epoch.BatchFn:
+        """The `batch_fn` of this dataset's epochs with that batch (one object)."""
+        key = (int(per_replica_batch_size), bool(augment))
+        if key not in self._batch_fns:  # one per batch: compiled calls keyed on it are reused
+            cols = self.columns
+            self._batch_fns[key] = _epoch.BatchFn(
+                self.world.mesh, key[0], (cols.x, cols.y, cols.sample_weight),
+                self.transform, self.augment if augment else None, self.seed,
+            )
+        return self._batch_fns[key]
+
+
+def _check_int(name: str, value: Any, high: int, fix: str) -> int:
+    if not (_errors.is_integer(value) and 0 <= value <= high):
+        raise ValueError(
+            _errors.message(f"`{name}` must be an integer in [0, {high}].",
+                            f"{name}={value!r}", fix)
+        )
+    return int(value)

@@ -1,0 +1,310 @@
+"""The JAX form of resident batches: `ResidentEpoch` and its `batch_fn`.
+
+Owns what a loop on JAX -- `shardfeed.fit`'s compiled one, or the user's own
+`jax.jit` step -- sees of one epoch: `arrays` (this epoch's device data, each
+replica's rows copied into step order on its own device, `exchange.py`) and
+`batch_fn(arrays, step)`, a pure, jittable function of a traced step that
+slices the global batch out of them on the device; the real rows of a
+partial last step (`partial_batch`), and each emitted row's global number
+(`slot_rows`, for `predict`'s order). No host work per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardfeed._common import errors as _errors
+from shardfeed._data.batch import Batch
+from shardfeed._data.plan import ShardPlan
+from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import order as _order
+from shardfeed._jax.world import REPLICA_AXIS
+
+if TYPE_CHECKING:
+    from shardfeed._jax.dataset import ShardedResidentDataset
+
+
+class EpochArrays(NamedTuple):
+    """One epoch's device data (a pytree of `jax.Array`s, passed to `batch_fn`).
+
+    Attributes:
+        columns: Per column, `[num_replicas * steps * per_replica_batch_size, ...]`
+            sharded along rows: each replica's rows of the epoch in step order.
+        epoch: The epoch number (int32, replicated): `augment`'s key reads it.
+    """
+
+    columns: tuple[jax.Array, ...]
+    epoch: jax.Array
+
+
+@functools.cache
+def _slicer(mesh: Mesh, per_replica_batch_size: int) -> Callable[..., Any]:
+    b = per_replica_batch_size
+
+    def slice_step(columns: tuple[jax.Array, ...], step: jax.Array) -> tuple[jax.Array, ...]:
+        # Each replica's slice of its own copy: contiguous rows, no gather, no traffic.
+        return tuple(lax.dynamic_slice_in_dim(c, step * b, b, axis=0) for c in columns)
+
+    return jax.shard_map(
+        slice_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P()), out_specs=P(REPLICA_AXIS)
+    )
+
+
+@functools.cache
+def _rows_taker(mesh: Mesh) -> Callable[..., Any]:
+    # Replicated output: the partial step's few rows on every device.
+    return jax.jit(
+        lambda columns, rows: tuple(jnp.take(c, rows, axis=0) for c in columns),
+        out_shardings=NamedSharding(mesh, P()),
+    )
+
+
+def augment_key(seed: int, epoch: Any, step: Any) -> jax.Array:
+    """The key `augment(x, key)` gets for `step` of `epoch`: from `(seed,
+    epoch, step)` (one key per global batch; the seed's 64 bits folded in)."""
+    key = jax.random.fold_in(jax.random.key(seed % 2**32), seed // 2**32)
+    return jax.random.fold_in(jax.random.fold_in(key, epoch), step)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BatchFn:
+    """`batch_fn(arrays, step) -> Batch`: the global batch of a full step.
+
+    Pure and jittable: `step` may be a traced int32 scalar in
+    `[0, full_steps)`. The batch is `[global_batch_size, ...]` sharded along
+    rows (`P(REPLICA_AXIS)`), each replica's part sliced on its own device;
+    `transform` (and, for augmented training epochs, `augment`) applied to
+    the global batch's `x`. One object per dataset and batch size, so
+    compiled calls that take it as a static argument are reused.
+    """
+
+    mesh: Mesh
+    per_replica_batch_size: int
+    structure: tuple[Any, Any, Any]
+    transform: Callable[[Any], Any] | None
+    augment: Callable[[Any, Any], Any] | None
+    seed: int | None
+
+    def __call__(self, arrays: EpochArrays, step: Any) -> Batch:
+        columns = _slicer(self.mesh, self.per_replica_batch_size)(arrays.columns, step)
+        return self.assemble(columns, arrays.epoch, step)
+
+    @functools.cached_property
+    def jitted(self) -> Callable[..., Batch]:
+        """`jax.jit` of this function, for eager batches (compiled once per
+        `BatchFn`, and let go of with it)."""
+        return jax.jit(self)
+
+    def assemble(self, columns: tuple[Any, ...], epoch: Any, step: Any) -> Batch:
+        """`Batch` of the user's structures from one step's columns."""
+
+        def take(structure: Any) -> Any:
+            if structure is None:
+                return None
+            # A None leaf is an absent optional input: None in the batch too.
+            return keras.tree.map_structure(
+                lambda i: None if i is None else columns[i], structure
+            )
+
+        x, y, sw = (take(s) for s in self.structure)
+        if self.transform is not None:
+            x = self.transform(x)
+        if self.augment is not None:
+            assert self.seed is not None  # checked when the dataset was built
+            x = self.augment(x, augment_key(self.seed, epoch, step))
+        return Batch(x, y, sw)
+
+
+class ResidentEpoch:
+    """One epoch of a JAX `ShardedResidentDataset`: steps and their batches.
+
+    Made by `ShardedResidentDataset.epoch(...)`. Iterating yields
+    `(step, Batch(x, y, sample_weight))` for `step` in `range(first_step,
+    steps)`: full steps' batches are global `[global_batch_size, ...]` arrays
+    sharded along rows; a partial last step hands out only its real rows
+    (`partial_batch`). In the user's own `jax.jit` step, call
+    `epoch.batch_fn(epoch.arrays, i)` with a traced `i`.
+
+    Attributes:
+        epoch, training, first_step, plan: As opened.
+        arrays: This epoch's device data (`EpochArrays`; None once closed).
+        batch_fn: The pure function of `(arrays, step)` (see `BatchFn`).
+    """
+
+    def __init__(
+        self,
+        dataset: ShardedResidentDataset,
+        plan: ShardPlan,
+        epoch: int,
+        training: bool,
+        first_step: int,
+        augment: bool,
+    ) -> None:
+        self.plan = plan
+        self.epoch, self.training, self.first_step = epoch, training, first_step
+        self._mesh = dataset.world.mesh
+        self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
+        self._rows, columns = dataset.epoch_data(plan, epoch, training)
+        number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
+        self.arrays: EpochArrays | None = EpochArrays(columns, number)
+
+    # -- what it is ------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps_per_epoch
+
+    @property
+    def full_steps(self) -> int:
+        return self.plan.full_steps_per_epoch
+
+    @property
+    def has_partial_step(self) -> bool:
+        return self.plan.has_partial_step
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.plan.num_replicas
+
+    @property
+    def closed(self) -> bool:
+        return self.arrays is None
+
+    def __len__(self) -> int:
+        return self.steps - self.first_step
+
+    def __repr__(self) -> str:
+        return (
+            f"ResidentEpoch(epoch={self.epoch}, training={self.training}, steps={self.steps}, "
+            f"first_step={self.first_step}, global_batch_size={self.global_batch_size}"
+            f"{', closed' if self.closed else ''})"
+        )
+
+    def replica_rows(self, step: int) -> tuple[int, ...]:
+        """Real rows of `step` on each global replica."""
+        self._check_step(step)
+        if step == self.steps - 1:
+            return tuple(self.plan.last_step_rows)
+        return (self.per_replica_batch_size,) * self.num_replicas_in_sync
+
+    def global_rows(self, step: int) -> int:
+        """Real rows of `step` over all replicas (`global_batch_size` but in a
+        partial last step)."""
+        return sum(self.replica_rows(step))
+
+    def slot_rows(self) -> np.ndarray:
+        """Global row of each real row of the epoch, in the order the steps
+        emit them (full steps, replicas in order, then the partial step)."""
+        return _order.slot_rows(self.plan, self._rows)
+
+    # -- batches ---------------------------------------------------------------
+
+    def partial_batch(self) -> Batch | None:
+        """The partial last step's real rows (all replicas', in global order),
+        replicated on every device, `transform` applied; None without one."""
+        if not self.has_partial_step:
+            return None
+        arrays = self._open()
+        b, full = self.per_replica_batch_size, self.full_steps
+        slots = self.steps * b
+        rows = np.concatenate([
+            g * slots + full * b + np.arange(n, dtype=np.int32)
+            for g, n in enumerate(self.plan.last_step_rows)
+        ]).astype(np.int32)
+        columns = _rows_taker(self._mesh)(arrays.columns, rows)
+        return self.batch_fn.assemble(columns, arrays.epoch, jnp.int32(self.steps - 1))
+
+    def batch(self, step: Any) -> Batch:
+        """The `Batch` of `step`, eagerly: a full step through `batch_fn`
+        (compiled once), the partial last step as `partial_batch()`. A traced
+        `step` (full steps only) goes through `batch_fn` as it is.
+
+        Raises:
+            ValueError: For a step out of range.
+            RuntimeError: If the epoch is closed.
+        """
+        arrays = self._open()
+        if isinstance(step, jax.Array) and not isinstance(step, np.ndarray):
+            return self.batch_fn(arrays, step)
+        self._check_step(step)
+        if step >= self.full_steps:
+            batch = self.partial_batch()
+            assert batch is not None
+            return batch
+        return self.batch_fn.jitted(arrays, jnp.int32(step))
+
+    def __iter__(self) -> Iterator[tuple[int, Batch]]:
+        for step in range(self.first_step, self.steps):
+            yield step, self.batch(step)
+
+    def close(self) -> None:
+        """Lets go of the epoch's device copy (a closed epoch hands out nothing)."""
+        self.arrays = None
+
+    # -- internals -------------------------------------------------------------
+
+    def _open(self) -> EpochArrays:
+        if self.arrays is None:
+            raise RuntimeError(
+                _errors.message(
+                    "This epoch is closed: its device copy of the rows was let go of.",
+                    f"epoch={self.epoch}, training={self.training}",
+                    "Open the epoch again with `dataset.epoch(...)`.",
+                )
+            )
+        return self.arrays
+
+    def _check_step(self, step: Any) -> None:
+        if not (_errors.is_integer(step) and 0 <= step < self.steps):
+            raise ValueError(
+                _errors.message(
+                    f"`step` must be a step of this epoch, an integer in [0, {self.steps}).",
+                    f"step={step!r}",
+                    "Ask for `range(epoch.steps)`; a traced step works in `batch_fn` for "
+                    "full steps only.",
+                )
+            )
+
+
+def epoch_columns(
+    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows
+) -> tuple[jax.Array, ...]:
+    """Each replica's copy of the epoch's rows in step order, on its device:
+    gathered from its own buffer, or moved by the all-to-all (`exchange.py`)."""
+    slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    tables, world = dataset.tables, dataset.world
+    if rows.moved:
+        starts = [start for start, _ in plan.shards]
+        return _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots))
+    # Positions in each replica's own buffer (replicated: the global rows).
+    local = [
+        _pad(r - (plan.shards[g][0] if plan.placement == "shard" else 0), slots)
+        for g, r in enumerate(rows.rows)
+    ]
+    return _exchange.gather_local(world, tables, local)
+
+
+def _pad(positions: np.ndarray, slots: int) -> np.ndarray:
+    """`positions` padded with row 0 to `slots` (padding is never handed out)."""
+    out = np.zeros(slots, np.int32)
+    out[: len(positions)] = positions
+    return out

@@ -1,0 +1,382 @@
+"""`shardfeed.init` on JAX: one process, or a `jax.distributed` job from the launcher's variables.
+
+The JAX counterpart of `_distribute/initialize.py`, with the same signature:
+the launcher (`shardfeed launch`, mpirun, srun, a hand-written TF_CONFIG)
+starts processes and sets variables, `launch_env` reads them, and this module
+turns them into `jax.distributed.initialize(...)` -- process 0 runs the
+coordinator service -- and returns the JAX `World`. Engines: `"single"` (one
+device), `"jax"` (every device of every process: a one-axis mesh), `"auto"`
+(= `"jax"`); the TensorFlow engines are refused, naming the fix.
+
+Where the coordinator is (`coordinator_for`, pure): under `shardfeed launch` or
+a TF_CONFIG, the first task's "host:port" (rank 0's); under srun, the step's
+first host at `SHARDFEED_PORT_BASE` (else 8888, as the TensorFlow recipe);
+under mpirun, rank 0's address from an mpi4py exchange (`tf_config_from_mpi`).
+
+What listens (measured with `ss -ltnp`, 2 processes, JAX 0.10.2 CPU): the
+coordinator on process 0 (JAX binds `[::]:port` unless told otherwise) and, on
+every process, Gloo's collectives on a random port of the address the host
+name resolves to -- an external interface on most hosts, even for a job whose
+coordinator is 127.0.0.1, and unbindable inside `shardfeed launch`'s private
+network namespace. So for a loopback job both are bound to 127.0.0.1; a
+multi-host job binds them where JAX does, and its chief logs `exposure_line`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import functools
+import ipaddress
+import logging
+import math
+import os
+import re
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Literal
+
+import jax
+
+from shardfeed._common import errors as _errors
+from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import startup as _startup
+from shardfeed._distribute import tf_config as _tf_config
+from shardfeed._jax import world as _world
+
+logger = logging.getLogger("shardfeed")
+
+EngineName = Literal["auto", "single", "jax"]
+ENGINES = ("auto", "single", "jax")
+TENSORFLOW_ENGINES = ("mirrored", "multiworker", "horovod")
+DEFAULT_SLURM_PORT = 8888  # the TensorFlow SLURM recipe's port base
+
+# jax.distributed.initialize takes whole seconds; "no bound" is a day.
+_UNBOUNDED_TIMEOUT_S = 86_400
+
+
+@dataclasses.dataclass(frozen=True)
+class Coordinator:
+    """Where a `jax.distributed` job meets, and this process's place in it.
+
+    Attributes:
+        address: "host:port" of the coordinator service (on process 0).
+        num_processes: Processes of the job.
+        process_id: This process's index (`jax.process_index()` after start).
+        loopback: Whether every process runs on this host's loopback
+            addresses; then the coordinator and Gloo bind 127.0.0.1 only.
+    """
+
+    address: str
+    num_processes: int
+    process_id: int
+    loopback: bool
+
+    @property
+    def bind_address(self) -> str | None:
+        """What the coordinator binds: 127.0.0.1:port for a loopback job,
+        else None (JAX's default, every interface)."""
+        return f"127.0.0.1:{self.address.rsplit(':', 1)[1]}" if self.loopback else None
+
+
+def resolve_engine(engine: str, launch_env: _launch_env.LaunchEnv) -> str:
+    """Chooses the engine on JAX: pure, so every rule is tested with plain values.
+
+    `"auto"` is `"jax"`: every device of every process the launcher started.
+    `"single"` is one device of one process.
+    """
+    if engine in TENSORFLOW_ENGINES:
+        raise ValueError(
+            _errors.message(
+                f"`engine={engine!r}` is a TensorFlow engine; on the JAX backend the engines "
+                f"are {ENGINES}.",
+                f"engine={engine!r}, keras.backend.backend()='jax'",
+                'Use engine="auto" (several devices or processes run as one JAX mesh, over '
+                "`jax.distributed` when a launcher started several workers), or set "
+                "KERAS_BACKEND=tensorflow for the TensorFlow engines (docs/engines.md).",
+            )
+        )
+    if engine not in ENGINES:
+        raise ValueError(
+            _errors.message(
+                f"`engine` must be one of {ENGINES} on the JAX backend.",
+                f"engine={engine!r}",
+                'Use "auto" to pick from how the script was started.',
+            )
+        )
+    if launch_env.launcher == "horovod":
+        raise ValueError(
+            _errors.message(
+                "horovodrun starts Horovod workers, which need TensorFlow; the JAX backend "
+                "runs its workers over `jax.distributed`.",
+                f"launcher='horovod' ({', '.join(launch_env.variables)})",
+                "Start the workers with `shardfeed launch -n N`, mpirun or srun, or set "
+                "KERAS_BACKEND=tensorflow.",
+            )
+        )
+    if engine == "single" and launch_env.world_size > 1:
+        raise ValueError(
+            _errors.message(
+                '`engine="single"` runs one device of one process, but the launcher started '
+                "several workers.",
+                f"engine='single', world_size={launch_env.world_size} (from "
+                f"{launch_env.launcher})",
+                'Use engine="auto", or start one process.',
+            )
+        )
+    return "single" if engine == "single" else "jax"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list in its compressed form:
+    "node[01-04,07],gpu1" -> "node01" (pure; SLURM lists hosts sorted, and
+    under the default block distribution task 0 runs on the first)."""
+    found = re.match(r"([^,\[]*)(?:\[([^\]\-,]+)[^\]]*\](.*?))?(?:,|$)", nodelist.strip())
+    if found is None or (not found[1] and not found[2]):
+        raise ValueError(
+            _errors.message(
+                "SLURM_STEP_NODELIST must name the step's hosts (e.g. 'node[1-4]').",
+                f"SLURM_STEP_NODELIST={nodelist!r}",
+                "Start one task per worker with `srun` (see launch/slurm.sbatch).",
+            )
+        )
+    prefix, first, suffix = found[1], found[2] or "", found[3] or ""
+    return f"{prefix}{first}{suffix}"
+
+
+def coordinator_for(
+    launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str]
+) -> Coordinator:
+    """Where this job's coordinator listens, from the launcher's variables.
+
+    Pure for `shardfeed launch`, TF_CONFIG and srun; under mpirun (no
+    TF_CONFIG) it is a collective: every rank exchanges its address with
+    mpi4py, as the TensorFlow engine does.
+
+    Raises:
+        ValueError: For a launcher whose variables name no coordinator, or a
+            malformed SLURM port base.
+        ImportError: For mpirun without mpi4py.
+    """
+    tasks = _startup.cluster_tasks(environ)
+    if not tasks and launch_env.launcher == "mpi":
+        config = _tf_config.tf_config_from_mpi()
+        tasks = [("worker 0", config["cluster"]["worker"][0])]
+    if tasks:
+        address = tasks[0][1]
+        loopback = all(_is_loopback(a.rsplit(":", 1)[0]) for _, a in tasks)
+    elif launch_env.launcher == "slurm":
+        text = environ.get("SHARDFEED_PORT_BASE", str(DEFAULT_SLURM_PORT))
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise ValueError(
+                _errors.message(
+                    "SHARDFEED_PORT_BASE must be a port number in [1, 65535].",
+                    f"SHARDFEED_PORT_BASE={text!r}",
+                    "Set it to a port that is free on every node, or unset it for 8888.",
+                )
+            )
+        nodelist = environ.get("SLURM_STEP_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
+        address, loopback = f"{first_slurm_host(nodelist)}:{int(text)}", False
+    else:
+        raise ValueError(
+            _errors.message(
+                "Several JAX workers need a coordinator address: rank 0's entry of TF_CONFIG "
+                "(`shardfeed launch` writes it), srun's node list or mpirun's ranks.",
+                f"launcher={launch_env.launcher!r}, world_size={launch_env.world_size} "
+                f"({', '.join(launch_env.variables)})",
+                "Start the workers with `shardfeed launch -n N`, srun or mpirun, or give every "
+                "process a TF_CONFIG naming the same cluster.",
+            )
+        )
+    return Coordinator(address, launch_env.world_size, launch_env.rank, loopback)
+
+
+def exposure_line(coordinator: Coordinator) -> str | None:
+    """The line a multi-host JAX job's chief logs (None for a loopback job)."""
+    if coordinator.loopback:
+        return None
+    port = coordinator.address.rsplit(":", 1)[1]
+    return (
+        "shardfeed: this multi-host JAX job's coordinator (process 0, port "
+        f"{port}) listens on every interface of its host, and every process's Gloo "
+        "collectives listen on a random port of the address its host name resolves to; "
+        "neither is authenticated. Keep the hosts on a trusted network, or firewall these "
+        "ports from everyone but the other workers (docs/engines.md, Security)."
+    )
+
+
+def check_coordinator_port_free(coordinator: Coordinator) -> None:
+    """On process 0, fails at once naming the port when the coordinator's is taken
+    (JAX says only "Failed to start RPC server"). The port is free again after.
+
+    Raises:
+        OSError: (errno EADDRINUSE) If another socket holds the port.
+    """
+    port = int(coordinator.address.rsplit(":", 1)[1])
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        probe.bind(("127.0.0.1" if coordinator.loopback else "", port))
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            return  # e.g. no IPv4 here: leave the verdict to JAX
+        raise OSError(
+            errno.EADDRINUSE,
+            _errors.message(
+                f"Port {port} is in use: process 0 runs the `jax.distributed` coordinator "
+                "on it.",
+                f"coordinator address={coordinator.address!r}",
+                f"Stop the program that holds the port (`ss -ltnp 'sport = :{port}'` names "
+                "it) and rerun; `shardfeed launch` picks free ports on each run.",
+            ),
+        ) from None
+    finally:
+        probe.close()
+
+
+def init(
+    engine: EngineName = "auto",
+    cpu_devices: int | None = None,
+    *,
+    startup_timeout_s: float | None = None,
+) -> _world.World:
+    """Starts JAX for how this script was launched, and returns the `World`.
+
+    Args:
+        engine: `"auto"` (default) or `"jax"`: every device of every worker
+            as one mesh, over `jax.distributed` when a launcher started
+            several workers; `"single"`: one device of one process. The
+            TensorFlow engines (`"mirrored"`, `"multiworker"`, `"horovod"`)
+            are refused, naming the fix.
+        cpu_devices: Split the CPU into this many devices
+            (`jax_num_cpu_devices`), to try several replicas without GPUs.
+            None (default): `SHARDFEED_CPU_DEVICES`, else leave JAX's
+            configuration (e.g. `XLA_FLAGS=--xla_force_host_platform_device_count=N`).
+            Must come before anything starts JAX's backends (the first array
+            or `jax.devices()`).
+        startup_timeout_s: Several workers only: seconds to wait for every
+            worker to join the coordinator (default:
+            `SHARDFEED_STARTUP_TIMEOUT_S`, else 300; `math.inf` waits a day).
+
+    Returns:
+        The JAX `World`: rank, world size, devices in global replica order,
+        the mesh the dataset and the loop use.
+
+    Exposure: a loopback job (every process on 127.0.0.1, as `shardfeed
+    launch` starts them) binds its coordinator and Gloo to 127.0.0.1 only; a
+    multi-host job's chief logs once (logger "shardfeed", WARNING) what
+    listens where, unauthenticated.
+
+    Raises:
+        ValueError: For an unknown or TensorFlow engine, horovodrun, launcher
+            variables naming no coordinator, or `cpu_devices` with GPUs.
+        RuntimeError: For `cpu_devices` after JAX started its backends with
+            another number of CPU devices, naming the fix.
+        OSError: On process 0, if the coordinator's port is in use (named).
+
+    Example:
+        >>> world = shardfeed.init()
+        >>> world.num_replicas_in_sync
+        1
+    """
+    _launch_env.announce(_launch_env.ARRIVED)
+    timeout_s = _startup.startup_timeout_s(startup_timeout_s, os.environ)
+    launch_env = _launch_env.detect_launch_env(os.environ)
+    chosen = resolve_engine(engine, launch_env)
+    split_cpu_into = _startup.cpu_devices_wanted(cpu_devices, os.environ)
+    if split_cpu_into is not None:
+        _split_cpu(split_cpu_into)
+    coordinator = None
+    if launch_env.world_size > 1 and not jax.distributed.is_initialized():
+        coordinator = coordinator_for(launch_env, os.environ)
+        if coordinator.process_id == 0:
+            check_coordinator_port_free(coordinator)
+            line = exposure_line(coordinator)
+            if line is not None:
+                logger.warning(line)
+    # `jax.distributed.initialize` installs a native SIGTERM handler (its
+    # preemption notifier: measured, SIGTERM then no longer ends the process);
+    # put back what was there, so a launcher or scheduler stopping workers
+    # with SIGTERM does not wait for its SIGKILL.
+    with _startup.keeping_sigterm_disposition():
+        if coordinator is not None:
+            jax.distributed.initialize(
+                coordinator_address=coordinator.address,
+                num_processes=coordinator.num_processes,
+                process_id=coordinator.process_id,
+                coordinator_bind_address=coordinator.bind_address,
+                initialization_timeout=(
+                    _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
+                ),
+            )
+        with _gloo_on_loopback(coordinator is not None and coordinator.loopback):
+            devices = jax.devices()  # starts the backends (and, in a job, Gloo)
+    if split_cpu_into is not None and split_cpu_into > 1 and jax.default_backend() != "cpu":
+        raise ValueError(
+            _errors.message(
+                "`cpu_devices` splits the CPU into devices for a machine without "
+                "accelerators; with them, the replicas are the accelerators.",
+                f"cpu_devices={split_cpu_into}, jax.default_backend()={jax.default_backend()!r}",
+                "Drop `cpu_devices` (and unset SHARDFEED_CPU_DEVICES), or hide the "
+                'accelerators (`CUDA_VISIBLE_DEVICES=""` or JAX_PLATFORMS=cpu).',
+            )
+        )
+    if chosen == "single":
+        world = _world.World(0, 1, 0, (jax.local_devices()[0],))
+    else:
+        world = _world.World(
+            jax.process_index(),
+            jax.process_count(),
+            launch_env.local_rank or 0,
+            _world.ordered_devices(devices),
+        )
+    _world.remember_initialized(world)
+    _launch_env.announce(_launch_env.INITIALIZED)
+    return world
+
+
+def _split_cpu(num_devices: int) -> None:
+    """`jax_num_cpu_devices = num_devices`, or nothing when JAX already runs so."""
+    try:
+        jax.config.update("jax_num_cpu_devices", num_devices)
+    except RuntimeError as err:  # JAX's backends are already initialised
+        have = len(jax.devices("cpu"))
+        if have == num_devices:
+            return
+        raise RuntimeError(
+            _errors.message(
+                "The CPU can be split into devices only before JAX starts its backends "
+                "(the first array, jit call or `jax.devices()`).",
+                f"cpu_devices={num_devices}, JAX already runs with {have} CPU device(s)",
+                "Call `shardfeed.init(cpu_devices=N)` (or set SHARDFEED_CPU_DEVICES=N) before "
+                "any other JAX or Keras call, e.g. first thing in the script.",
+            )
+        ) from err
+
+
+@contextlib.contextmanager
+def _gloo_on_loopback(enabled: bool) -> Iterator[None]:
+    """While JAX makes its CPU client, Gloo binds 127.0.0.1 instead of the
+    address the host name resolves to (measured: an external address, or in
+    `shardfeed launch`'s network namespace none that can be bound). JAX has
+    no public setting for it; its CPU client calls this factory once, when
+    the backends start."""
+    if not enabled:
+        yield
+        return
+    from jax._src import xla_bridge
+
+    make = xla_bridge._jax.make_gloo_tcp_collectives
+    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname="127.0.0.1")
+    try:
+        yield
+    finally:
+        xla_bridge._jax.make_gloo_tcp_collectives = make

@@ -1,0 +1,75 @@
+"""The JAX dataset over two `jax.distributed` processes on 127.0.0.1 (2 CPU
+devices each, 4 replicas): each process uploads only its devices' rows; the
+global order (sharded rows moved by the all-to-all across processes, or
+replicated rows) is the one a single replica with the global batch takes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _helpers_jax import REPO, SUBPROCESS_TIMEOUT_S, jax_env
+
+from shardfeed._common.ports import free_port
+
+CHILD = """
+import json, sys
+import jax, numpy as np
+port, pid, placement = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                           process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
+                           initialization_timeout=60)
+from jax.experimental import multihost_utils
+from shardfeed._jax.dataset import ShardedResidentDataset
+n = 103
+ds = ShardedResidentDataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n),
+                            per_replica_batch_size=3, seed=4, placement=placement)
+out = {"replicas": ds.world.num_replicas_in_sync, "held": ds.nbytes_on_device, "epochs": []}
+for e in range(2):
+    epoch = ds.epoch(e)
+    rows = [np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist()
+            for _, b in epoch]
+    out["epochs"].append({"rows": rows, "slot_rows": epoch.slot_rows().tolist()})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run_two_processes(placement: str) -> list[dict]:
+    port = free_port()
+    env = jax_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(port), str(i), placement],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+        )
+        for i in range(2)
+    ]
+    results = []
+    for proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, output
+        line = next(x for x in output.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    return results
+
+
+@pytest.mark.parametrize("placement", ["shard", "replicate"])
+def test_global_order_across_two_processes(placement):
+    results = run_two_processes(placement)
+    assert [r["replicas"] for r in results] == [4, 4]
+    # Each process holds only its own replicas' rows: 2 shards of 26 rows (x and y, 4 bytes each).
+    assert results[0]["held"] == (2 * 26 * 8 if placement == "shard" else 2 * 103 * 8)
+    for e in range(2):
+        emitted = [np.concatenate(r["epochs"][e]["rows"]) for r in results]
+        np.testing.assert_array_equal(emitted[0], emitted[1])  # the same global batches
+        # One replica with the global batch of 12 takes the epoch's permutation in order.
+        np.testing.assert_array_equal(emitted[0], np.random.default_rng((4, e)).permutation(103))
+        np.testing.assert_array_equal(emitted[0], results[0]["epochs"][e]["slot_rows"])
+        assert [len(b) for b in results[0]["epochs"][e]["rows"]] == [12] * 8 + [7]

@@ -1,0 +1,257 @@
+"""`shardfeed.init()` on JAX: the engine rules, where the coordinator is, the CPU split,
+and real 2-process `jax.distributed` jobs under `shardfeed launch` on 127.0.0.1.
+
+The pure rules are tested with plain values; everything that starts JAX's
+backends runs in a fresh process (a backend starts once per process). The
+2-process jobs show init, the world, barrier, all_gather_bytes and a jit sum
+over a global array across processes, and that killing one worker stops every
+rank within a bound, each process reaped.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
+
+import shardfeed
+from shardfeed import _launch
+from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env
+from shardfeed._jax import initialize
+from shardfeed._launch.process import System
+
+SINGLE = LaunchEnv("single", 0, 1, 0)
+
+
+def test_shardfeed_init_is_the_jax_one():
+    assert shardfeed.init is initialize.init
+
+
+@pytest.mark.parametrize(
+    ("engine", "launch_env", "expected"),
+    [
+        ("auto", SINGLE, "jax"),  # every local device (one, or several split/forced)
+        ("jax", SINGLE, "jax"),
+        ("single", SINGLE, "single"),
+        ("auto", LaunchEnv("shardfeed", 1, 2, 1), "jax"),  # over jax.distributed
+        ("auto", LaunchEnv("slurm", 0, 4, 0), "jax"),
+    ],
+)
+def test_engine_rules(engine, launch_env, expected):
+    assert initialize.resolve_engine(engine, launch_env) == expected
+
+
+def test_a_tensorflow_engine_is_refused_naming_the_fix():
+    with pytest.raises(ValueError) as err:
+        initialize.resolve_engine("mirrored", SINGLE)
+    assert str(err.value) == (
+        "`engine='mirrored'` is a TensorFlow engine; on the JAX backend the engines are "
+        "('auto', 'single', 'jax'). Received: engine='mirrored', keras.backend.backend()='jax'. "
+        'Use engine="auto" (several devices or processes run as one JAX mesh, over '
+        "`jax.distributed` when a launcher started several workers), or set "
+        "KERAS_BACKEND=tensorflow for the TensorFlow engines (docs/engines.md)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "launch_env", "fragment"),
+    [
+        ("multiworker", SINGLE, "`engine='multiworker'` is a TensorFlow engine"),
+        ("horovod", SINGLE, "`engine='horovod'` is a TensorFlow engine"),
+        ("gpu", SINGLE, "`engine` must be one of ('auto', 'single', 'jax') on the JAX backend."),
+        ("auto", LaunchEnv("horovod", 0, 2, 0, ("HOROVOD_RANK",)), "horovodrun starts Horovod"),
+        ("single", LaunchEnv("shardfeed", 0, 2, 0), '`engine="single"` runs one device'),
+    ],
+)
+def test_other_refusals(engine, launch_env, fragment):
+    with pytest.raises(ValueError) as err:
+        initialize.resolve_engine(engine, launch_env)
+    assert str(err.value).startswith(fragment)
+
+
+def _tf_config(rank, addresses, chief=None):
+    cluster = {"worker": addresses, **({"chief": [chief]} if chief else {})}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})
+
+
+def test_the_coordinator_is_rank_0s_tf_config_address_bound_to_loopback():
+    environ = {
+        "SHARDFEED_RANK": "1", "SHARDFEED_WORLD_SIZE": "2", "SHARDFEED_LOCAL_RANK": "1",
+        "TF_CONFIG": _tf_config(1, ["127.0.0.1:4001", "127.0.0.1:4002"]),
+    }
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert coordinator == initialize.Coordinator("127.0.0.1:4001", 2, 1, loopback=True)
+    assert coordinator.bind_address == "127.0.0.1:4001"
+    assert initialize.exposure_line(coordinator) is None
+
+
+def test_a_multi_host_coordinator_binds_where_jax_does_and_says_so():
+    # A chief comes first in rank order (as MultiWorkerMirroredStrategy numbers tasks).
+    environ = {"TF_CONFIG": _tf_config(0, ["10.0.0.2:5000"], chief="10.0.0.1:5000")}
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert coordinator == initialize.Coordinator("10.0.0.1:5000", 2, 1, loopback=False)
+    assert coordinator.bind_address is None
+    assert initialize.exposure_line(coordinator) == (
+        "shardfeed: this multi-host JAX job's coordinator (process 0, port 5000) listens on "
+        "every interface of its host, and every process's Gloo collectives listen on a random "
+        "port of the address its host name resolves to; neither is authenticated. Keep the "
+        "hosts on a trusted network, or firewall these ports from everyone but the other "
+        "workers (docs/engines.md, Security)."
+    )
+
+
+def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
+    environ = {
+        "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
+        "SLURM_STEP_NODELIST": "gpu[07-08]", "SHARDFEED_PORT_BASE": "9100",
+    }
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert coordinator == initialize.Coordinator("gpu07:9100", 4, 3, loopback=False)
+    del environ["SHARDFEED_PORT_BASE"]
+    assert initialize.coordinator_for(detect_launch_env(environ), environ).address == "gpu07:8888"
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("node1", "node1"),
+        ("node1,node2", "node1"),
+        ("node[01-04,07]", "node01"),  # zero padding kept
+        ("node[3,5-6],gpu1", "node3"),
+        ("rack[2-3]-n,x", "rack2-n"),  # a suffix after the range
+    ],
+)
+def test_first_slurm_host(nodelist, first):
+    assert initialize.first_slurm_host(nodelist) == first
+
+
+def test_several_workers_without_a_coordinator_address_are_refused():
+    environ = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
+    with pytest.raises(ValueError, match="Several JAX workers need a coordinator address"):
+        initialize.coordinator_for(LaunchEnv("tf_config", 0, 2, None), {})
+    with pytest.raises(ValueError, match="horovodrun starts Horovod workers"):
+        initialize.resolve_engine("auto", detect_launch_env(environ))
+
+
+def test_a_taken_coordinator_port_is_named():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        coordinator = initialize.Coordinator(f"127.0.0.1:{port}", 2, 0, loopback=True)
+        with pytest.raises(OSError) as err:
+            initialize.check_coordinator_port_free(coordinator)
+    assert err.value.errno == errno.EADDRINUSE
+    assert str(err.value).startswith(
+        f"[Errno 98] Port {port} is in use: process 0 runs the `jax.distributed` coordinator on "
+        f"it. Received: coordinator address='127.0.0.1:{port}'. Stop the program"
+    )
+    initialize.check_coordinator_port_free(coordinator)  # free again: no error
+
+
+def test_init_in_one_process_splits_the_cpu_and_refuses_a_late_split():
+    code = """
+import os, jax, shardfeed
+world = shardfeed.init(cpu_devices=3)
+print("devices", world.num_replicas_in_sync, world.rank, world.world_size, dict(world.mesh.shape))
+assert shardfeed.init(cpu_devices=3) == world  # a second init with the same split
+try:
+    shardfeed.init(cpu_devices=2)
+except RuntimeError as err:
+    print(err)
+print("single", shardfeed.init(engine="single").num_replicas_in_sync)
+""" + ASSERT_NO_TENSORFLOW
+    out = run_python(code, env={"XLA_FLAGS": ""}).stdout
+    assert "devices 3 0 1 {'replica': 3}" in out
+    assert (
+        "The CPU can be split into devices only before JAX starts its backends (the first "
+        "array, jit call or `jax.devices()`). Received: cpu_devices=2, JAX already runs with 3 "
+        "CPU device(s). Call `shardfeed.init(cpu_devices=N)`"
+    ) in out
+    assert "single 1" in out
+
+
+def test_init_reads_the_cpu_split_from_the_variable_after_importing_keras():
+    code = "import keras, shardfeed\nprint('replicas', shardfeed.init().num_replicas_in_sync)\n"
+    out = run_python(code, env={"SHARDFEED_CPU_DEVICES": "2", "XLA_FLAGS": ""}).stdout
+    assert "replicas 2" in out
+
+
+# The 2-process job: every rank checks the world and the collectives itself.
+JOB = r"""
+import os, signal, sys, time
+import shardfeed
+out_dir, mode = sys.argv[1], sys.argv[2]
+world = shardfeed.init()
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+with open(os.path.join(out_dir, f"pid{world.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+assert (world.world_size, world.rank) == (2, int(os.environ["SHARDFEED_RANK"]))
+assert world.num_replicas_in_sync == 4 and len(world.local_devices) == 2
+world.barrier()
+print("gathered", world.all_gather_bytes(b"r%d" % world.rank * (world.rank + 1)), flush=True)
+sharding = NamedSharding(world.mesh, P("replica"))
+local = [jax.device_put(np.full((2,), float(g), np.float32), d)
+         for g, d in zip(world.global_replica_ids, world.local_devices)]
+x = jax.make_array_from_single_device_arrays((8,), sharding, local)
+total = jax.jit(jnp.sum, out_shardings=NamedSharding(world.mesh, P()))(x)
+print("sum", float(total.addressable_data(0)), flush=True)
+assert "tensorflow" not in sys.modules
+if mode == "kill-rank-1":
+    if world.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    world.barrier()  # rank 0 waits in a collective its peer never joins
+    time.sleep(120)
+"""
+
+
+def _launch_job(tmp_path, monkeypatch, mode):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    out, err = io.BytesIO(), io.BytesIO()
+    start = time.monotonic()
+    code = _launch.run(
+        script, num_workers=2, args=[tmp_path, mode], timeout_s=100, grace_s=10,
+        system=System(stdout=out, stderr=err),
+    )
+    return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.multi_process
+def test_two_jax_processes_under_shardfeed_launch(tmp_path, monkeypatch):
+    code, out, err, _ = _launch_job(tmp_path, monkeypatch, "ok")
+    assert code == 0, err[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] gathered [b'r0', b'r1r1']" in out
+        # Replica g holds two copies of g: 2 * (0 + 1 + 2 + 3), summed across processes.
+        assert f"[rank {rank}] sum 12.0" in out
+
+
+@pytest.mark.multi_process
+def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
+    code, _, err, elapsed = _launch_job(tmp_path, monkeypatch, "kill-rank-1")
+    assert code != 0
+    assert "worker rank 1 was killed by SIGKILL; stopping the other 1 worker(s)." in err
+    assert "sending SIGKILL" not in err  # rank 0, in a collective, ended on SIGTERM
+    assert elapsed < 60
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert len(pids) == 2
+    assert [pid for pid in pids if not _gone(pid)] == []

@@ -1,0 +1,43 @@
+"""The public API on the JAX backend: the same names, resolved to `shardfeed._jax`
+or to the backend-neutral modules; a name with no JAX implementation raises,
+naming the backend and the fix (tests/test_public_api.py pins the table)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+import shardfeed
+
+
+def test_every_public_name_resolves_on_jax_or_says_why():
+    for name in shardfeed.__all__:
+        module = shardfeed._JAX_EXPORTS[name]
+        if module is not None and importlib.util.find_spec(module) is not None:
+            value = getattr(shardfeed, name)
+            assert value.__module__ == module, name
+        else:
+            with pytest.raises(NotImplementedError, match=re.escape(
+                f"`shardfeed.{name}` has no implementation on the JAX backend yet"
+            )):
+                getattr(shardfeed, name)
+
+
+def test_a_name_missing_on_jax_names_the_backend_and_the_fix():
+    with pytest.raises(NotImplementedError) as info:
+        shardfeed.__getattr__("save_model")
+    assert str(info.value) == (
+        "`shardfeed.save_model` has no implementation on the JAX backend yet (docs/engines.md "
+        "lists what each backend supports). Received: name='save_model', "
+        "keras.backend.backend()='jax'. Call `model.save(path)` on the chief only "
+        "(`if world.is_chief:`), then `world.barrier()`, or use the TensorFlow backend "
+        "(`KERAS_BACKEND=tensorflow`)."
+    )
+
+
+def test_world_is_the_jax_one():
+    from shardfeed._jax import world
+
+    assert shardfeed.World is world.World
