@@ -24,8 +24,8 @@ from shardfeed._training import fit_args
 from shardfeed._training.callbacks import callback_list
 from shardfeed._training.class_weights import class_weights
 from shardfeed._training.compiled import loop_for
-from shardfeed._training.epochs import FitRun, check_steps
-from shardfeed._training.evaluation import evaluate_loop, max_steps
+from shardfeed._training.epochs import FitRun
+from shardfeed._training.evaluation import evaluate_loop
 from shardfeed._training.inputs import (
     FIT_TRANSFORMS,
     as_dataset,
@@ -36,16 +36,6 @@ from shardfeed._training.inputs import (
 from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions, with_model_steps
-
-
-def _validation_arrays(validation_data: Any) -> tuple[Any, Any, Any]:
-    """`fit`'s `validation_data` as `(x, y, sample_weight)`: a tuple of two or
-    three is `(x, y[, sample_weight])`, as in Keras' `fit`. (`evaluate` and
-    `predict` read a tuple as the model's inputs, as Keras does.)"""
-    if isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3:
-        x, y, sample_weight = (*validation_data, None)[:3]
-        return x, y, sample_weight
-    return validation_data, None, None
 
 
 @naming_lost_peers
@@ -125,7 +115,7 @@ def fit(
         >>> history.history["val_loss"]
     """
     fit_args.refuse(unsupported, dataset)
-    fit_args.check_positional(dataset, positional)
+    fit_args.check_positional(dataset, positional, ShardedResidentDataset)
     check_model(model, needs_compile=True)
     # A model's own step may train on `x` alone, as under Keras.
     steps = ModelSteps.of(model)
@@ -158,8 +148,8 @@ def fit(
     if max_epochs and max_epochs < epochs:
         warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=2)
         epochs = max_epochs
-    steps_per_epoch = max_steps(steps_per_epoch)
-    check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
+    steps_per_epoch = fit_args.max_steps(steps_per_epoch)
+    fit_args.check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
     run = FitRun(
         model,
         dataset,
@@ -177,7 +167,7 @@ def fit(
     check_sparse_labels(model, dataset, "dataset")
     val_loop = None
     if validation_data is not None:
-        val_ds = as_dataset(*_validation_arrays(validation_data), None, model, dataset)
+        val_ds = as_dataset(*fit_args.validation_arrays(validation_data), None, model, dataset)
         check_dataset(val_ds, needs_targets=not steps.test, name="validation_data")
         val_loop = loop_for(model, val_ds, options)
         check_sparse_labels(model, val_ds, "validation_data")
@@ -199,7 +189,7 @@ def fit(
     model.stop_training = False
     cbs.on_train_begin()
 
-    val_max_steps = max_steps(None) if val_loop is not None else None
+    val_max_steps = fit_args.max_steps(None) if val_loop is not None else None
 
     def validate(epoch: int) -> dict[str, float] | None:
         if val_loop is None or not should_validate(epoch):

@@ -16,22 +16,14 @@ from typing import Any
 
 import keras
 
-from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import ShardPlan
 from shardfeed._training import resume as _resume
 from shardfeed._training import sync as _sync
+from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
 from shardfeed._training.loop import Loop
 
-# Keras' own text (`EpochIterator._interrupted_warning`), for the same case.
-RAN_OUT_WARNING = (
-    "Your input ran out of data; interrupting training. "
-    "Make sure that your dataset or generator can generate "
-    "at least `steps_per_epoch * epochs` batches. "
-    "You may need to use the `.repeat()` "
-    "function when building your dataset."
-)
-
+__all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
 
 class FitRun:
     """One `fit` call's position and running totals.
@@ -156,32 +148,3 @@ class FitRun:
             if model.stop_training:
                 break
         return epoch_logs
-
-
-def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> None:
-    """Checks `fit`'s `initial_step` and `steps_per_epoch` (`data_steps`: one pass).
-
-    Raises:
-        ValueError: For a `steps_per_epoch` below 1 or an `initial_step`
-            outside the first epoch.
-    """
-    if steps_per_epoch is not None and not (
-        _errors.is_integer(steps_per_epoch) and steps_per_epoch >= 1
-    ):
-        raise ValueError(
-            _errors.message(
-                "`steps_per_epoch` must be None (one pass over the data) or an integer >= 1.",
-                f"steps_per_epoch={steps_per_epoch!r}",
-                f"Pass e.g. `steps_per_epoch={data_steps}` (one pass), or leave it out.",
-            )
-        )
-    epoch_steps = min(steps_per_epoch or data_steps, data_steps)
-    if not (_errors.is_integer(initial_step) and 0 <= initial_step < epoch_steps):
-        raise ValueError(
-            _errors.message(
-                f"`initial_step` must be an integer in [0, {epoch_steps}) (the steps of "
-                "`initial_epoch` already done).",
-                f"initial_step={initial_step!r}",
-                "Pass the `{batch}` of a `ModelCheckpoint(save_freq=N)` file name, or 0.",
-            )
-        )

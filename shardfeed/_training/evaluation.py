@@ -8,7 +8,6 @@ engine.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 import keras
@@ -17,6 +16,7 @@ import numpy as np
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._training import eval_args
 from shardfeed._training.compiled import loop_for
+from shardfeed._training.fit_args import max_steps
 from shardfeed._training.inputs import (
     Transform,
     as_dataset,
@@ -30,15 +30,6 @@ from shardfeed._training.labels import check_sparse_labels
 from shardfeed._training.loop import Loop
 from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions, with_model_steps
-
-
-def max_steps(steps: int | None) -> int | None:
-    """`steps` capped by `keras.config.max_steps_per_epoch()`, with Keras' warning."""
-    cap = keras.config.max_steps_per_epoch()
-    if cap and (not steps or cap < steps):
-        warnings.warn(f"Limiting steps_per_epoch to {cap}", stacklevel=3)
-        return int(cap)
-    return steps
 
 
 def evaluate_loop(

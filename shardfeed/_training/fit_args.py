@@ -9,11 +9,22 @@ of epochs, as in Keras).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import keras
+
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
+
+# Keras' own text (`EpochIterator._interrupted_warning`), for the same case.
+RAN_OUT_WARNING = (
+    "Your input ran out of data; interrupting training. "
+    "Make sure that your dataset or generator can generate "
+    "at least `steps_per_epoch * epochs` batches. "
+    "You may need to use the `.repeat()` "
+    "function when building your dataset."
+)
 
 _ARRAYS = (
     "`shardfeed.fit` trains on a `ShardedResidentDataset` (the rows live on the devices).",
@@ -95,8 +106,9 @@ def refuse(unsupported: dict[str, Any], dataset: Any) -> None:
     )
 
 
-def check_positional(dataset: Any, positional: tuple[Any, ...]) -> None:
-    """Refuses Keras' `fit(x, y)` positional form and a missing dataset.
+def check_positional(dataset: Any, positional: tuple[Any, ...], dataset_type: type[Any]) -> None:
+    """Refuses Keras' `fit(x, y)` positional form and a missing dataset
+    (`dataset_type`: the backend's `ShardedResidentDataset`).
 
     Raises:
         TypeError: For positional arguments after the dataset (arrays, as in
@@ -104,7 +116,7 @@ def check_positional(dataset: Any, positional: tuple[Any, ...]) -> None:
             for no dataset at all.
     """
     if positional:
-        arrays = dataset is not None and not isinstance(dataset, ShardedResidentDataset)
+        arrays = dataset is not None and not isinstance(dataset, dataset_type)
         constraint, fix = _ARRAYS if arrays else (
             "`shardfeed.fit` takes the model and the dataset by position, the rest by keyword.",
             "Pass the rest by name, e.g. `epochs=5`.",
@@ -152,8 +164,8 @@ def validation_schedule(validation_freq: Any) -> Callable[[int], bool]:
 
 
 def split_validation(
-    dataset: ShardedResidentDataset, validation_split: float, validation_data: Any = None
-) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
+    dataset: Any, validation_split: float, validation_data: Any = None
+) -> tuple[Any, Any]:
     """Keras' `validation_split`: `dataset.split(validation_split)` (the last
     rows as validation data, the whole let go of while the parts are held).
 
@@ -169,3 +181,51 @@ def split_validation(
             )
         )
     return dataset.split(validation_split)
+
+
+def validation_arrays(validation_data: Any) -> tuple[Any, Any, Any]:
+    """`fit`'s `validation_data` as `(x, y, sample_weight)`: a tuple of two or
+    three is `(x, y[, sample_weight])`, as in Keras' `fit`. (`evaluate` and
+    `predict` read a tuple as the model's inputs, as Keras does.)"""
+    if isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3:
+        x, y, sample_weight = (*validation_data, None)[:3]
+        return x, y, sample_weight
+    return validation_data, None, None
+
+
+def max_steps(steps: int | None) -> int | None:
+    """`steps` capped by `keras.config.max_steps_per_epoch()`, with Keras' warning."""
+    cap = keras.config.max_steps_per_epoch()
+    if cap and (not steps or cap < steps):
+        warnings.warn(f"Limiting steps_per_epoch to {cap}", stacklevel=3)
+        return int(cap)
+    return steps
+
+
+def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> None:
+    """Checks `fit`'s `initial_step` and `steps_per_epoch` (`data_steps`: one pass).
+
+    Raises:
+        ValueError: For a `steps_per_epoch` below 1 or an `initial_step`
+            outside the first epoch.
+    """
+    if steps_per_epoch is not None and not (
+        _errors.is_integer(steps_per_epoch) and steps_per_epoch >= 1
+    ):
+        raise ValueError(
+            _errors.message(
+                "`steps_per_epoch` must be None (one pass over the data) or an integer >= 1.",
+                f"steps_per_epoch={steps_per_epoch!r}",
+                f"Pass e.g. `steps_per_epoch={data_steps}` (one pass), or leave it out.",
+            )
+        )
+    epoch_steps = min(steps_per_epoch or data_steps, data_steps)
+    if not (_errors.is_integer(initial_step) and 0 <= initial_step < epoch_steps):
+        raise ValueError(
+            _errors.message(
+                f"`initial_step` must be an integer in [0, {epoch_steps}) (the steps of "
+                "`initial_epoch` already done).",
+                f"initial_step={initial_step!r}",
+                "Pass the `{batch}` of a `ModelCheckpoint(save_freq=N)` file name, or 0.",
+            )
+        )

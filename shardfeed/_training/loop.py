@@ -45,7 +45,6 @@ once.
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -64,7 +63,7 @@ from shardfeed._training import predictions as _predictions
 from shardfeed._training import step_optimizers as _step_optimizers
 from shardfeed._training.calls import EpochCalls, gather_pieces
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.options import FitOptions
+from shardfeed._training.options import FitOptions, auto_steps_per_execution
 from shardfeed._training.traces import Traces
 
 _CONV_LAYERS = (
@@ -106,11 +105,6 @@ def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
     if tf.config.list_logical_devices("GPU"):
         return True
     return not _has_conv(model)
-
-
-def auto_steps_per_execution(steps: int) -> int:
-    """About ten calls per epoch, between 1 and 512 steps per call."""
-    return max(1, min(512, math.ceil(steps / 10)))
 
 
 class Loop:

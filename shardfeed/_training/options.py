@@ -7,6 +7,7 @@ for `LoadOptions`, the storage layer's).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
@@ -113,3 +114,8 @@ def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
             )
         )
     return options
+
+
+def auto_steps_per_execution(steps: int) -> int:
+    """About ten calls per epoch, between 1 and 512 steps per call."""
+    return max(1, min(512, math.ceil(steps / 10)))

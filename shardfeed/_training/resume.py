@@ -28,31 +28,15 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import ShardPlan, plan_shards
-from shardfeed._training.resume_state import Cursor, ResumeState, shortened, state_error
+from shardfeed._training.resume_state import (
+    Cursor,
+    ResumeState,
+    epoch_span,
+    shortened,
+    state_error,
+)
 
 logger = logging.getLogger("shardfeed")
-
-
-def epoch_span(epoch: int, steps_per_epoch: int | None, data_steps: int) -> tuple[int, int, int]:
-    """Fit epoch `epoch`'s place in the data: `(data_epoch, start, stop)`, the
-    steps `[start, stop)` of pass `data_epoch` over the data.
-
-    As Keras' epoch iterator on finite data: a fit epoch takes up to
-    `steps_per_epoch` steps of the current pass and ends when the pass runs
-    out (Keras warns "Your input ran out of data"); the next epoch starts the
-    next pass. A pass of `data_steps` steps thus holds
-    `ceil(data_steps / steps_per_epoch)` fit epochs (one without
-    `steps_per_epoch`, or when it is at least `data_steps`).
-
-    Example:
-        >>> [epoch_span(e, 5, 12) for e in range(4)]
-        [(0, 0, 5), (0, 5, 10), (0, 10, 12), (1, 0, 5)]
-    """
-    if steps_per_epoch is None or steps_per_epoch >= data_steps:
-        return epoch, 0, data_steps
-    per_pass = -(-data_steps // steps_per_epoch)
-    start = (epoch % per_pass) * steps_per_epoch
-    return epoch // per_pass, start, min(start + steps_per_epoch, data_steps)
 
 
 def cursor_at(epoch: int, step: int, steps_per_epoch: int | None, data_steps: int) -> Cursor:

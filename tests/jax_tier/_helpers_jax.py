@@ -7,6 +7,7 @@ Imports neither JAX nor TensorFlow itself, so `conftest.py` can read
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,34 @@ ASSERT_NO_TENSORFLOW = (
     "\nimport sys as _sys\n"
     "assert 'tensorflow' not in _sys.modules, [m for m in _sys.modules if 'tensorflow' in m]\n"
 )
+
+
+def run_jax_processes(
+    code: str, args: Sequence[str] = (), *, num_processes: int = 2, devices_per_process: int = 2
+) -> list[dict]:
+    """Runs `code` in `num_processes` `jax.distributed` processes on 127.0.0.1
+    (`sys.argv[1:3]`: the coordinator port and the process id, then `args`),
+    each with `devices_per_process` CPU devices; returns each one's
+    `RESULT <json>` line, in process order (a failed process fails the test
+    with its output)."""
+    from shardfeed._common.ports import free_port
+
+    port = free_port()
+    env = jax_env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(port), str(i), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+        )
+        for i in range(num_processes)
+    ]
+    results = []
+    for proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, output
+        line = next(x for x in output.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    return results

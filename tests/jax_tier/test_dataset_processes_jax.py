@@ -6,15 +6,9 @@ replicated rows) is the one a single replica with the global batch takes.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from _helpers_jax import REPO, SUBPROCESS_TIMEOUT_S, jax_env
-
-from shardfeed._common.ports import free_port
+from _helpers_jax import run_jax_processes
 
 CHILD = """
 import json, sys
@@ -39,25 +33,7 @@ print("RESULT " + json.dumps(out))
 
 
 def run_two_processes(placement: str) -> list[dict]:
-    port = free_port()
-    env = jax_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(port), str(i), placement],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-        )
-        for i in range(2)
-    ]
-    results = []
-    for proc in procs:
-        try:
-            output, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-        finally:
-            proc.kill()
-        assert proc.returncode == 0, output
-        line = next(x for x in output.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
-    return results
+    return run_jax_processes(CHILD, [placement])
 
 
 @pytest.mark.parametrize("placement", ["shard", "replicate"])

@@ -1,0 +1,154 @@
+"""`evaluate` and `predict` on JAX, over resident datasets or arrays.
+
+Owns what a Keras user sees of them on the JAX backend: the same arguments,
+checks and results as on TensorFlow (`_training/evaluation.py`), the test
+hooks, one evaluation pass (`evaluate_loop`, also `fit`'s validation) and
+`predict`'s rows put back in their original order. The calls come from
+`_jax/loop.py`; every metric is Keras' own metric variables, updated over the
+global batch, so the numbers are exact over every row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import keras
+import numpy as np
+
+from shardfeed._jax import inputs as _inputs
+from shardfeed._jax.dataset import ShardedResidentDataset
+from shardfeed._jax.loop import Loop, gather_outputs, python_logs
+from shardfeed._training import eval_args
+from shardfeed._training.arguments import Transform, check_model, resolve_verbose
+from shardfeed._training.fit_args import max_steps
+from shardfeed._training.options import FitOptions, with_model_steps
+
+
+def loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
+    """The loop for `model` on `dataset`'s world with `options`' steps per call
+    (the model's `compile(steps_per_execution=k)` applied)."""
+    _inputs.check_not_eager(model)
+    options = with_model_steps(options, model)
+    _inputs.check_jax_options(options)
+    return Loop(model, dataset.world, options.steps_per_execution)
+
+
+def evaluate_loop(
+    loop: Loop,
+    dataset: ShardedResidentDataset,
+    cbs: keras.callbacks.CallbackList,
+    max_steps: int | None = None,
+    name: str = "data",
+) -> dict[str, Any]:
+    """One evaluation pass, as Keras' `evaluate`: test hooks per call, the
+    model's `stop_evaluating` checked after each, at most `max_steps` steps
+    (`name`: the argument that held `dataset`, for the label check)."""
+    model = loop.model
+    epoch = dataset.epoch(0, training=False)
+    try:
+        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch))
+        model.reset_metrics()
+        model.stop_evaluating = False
+        cbs.on_test_begin()
+        logs: dict[str, Any] = {}
+        stop = min(max_steps, epoch.steps) if max_steps else None
+        for call in loop.calls(epoch, 0, stop):
+            cbs.on_test_batch_begin(call.begin_step)
+            logs = python_logs(loop.run("test", epoch, call))
+            cbs.on_test_batch_end(call.end_step, logs)
+            if model.stop_evaluating:
+                break
+    finally:
+        epoch.close()
+    # As Keras: the metrics' results when the logs name them (an overridden
+    # step's other logs as they are).
+    logs = python_logs(model._get_metrics_result_or_logs(logs))
+    cbs.on_test_end(logs)
+    return logs
+
+
+def evaluate(
+    model: keras.Model,
+    data: Any = None,
+    y: Any = None,
+    sample_weight: Any = None,
+    *positional: Any,
+    per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
+    callbacks: list[keras.callbacks.Callback] | None = None,
+    verbose: int | str = 0,
+    return_dict: bool = False,
+    options: FitOptions | None = None,
+    **keras_args: Any,
+) -> float | list[float] | dict[str, Any]:
+    """Exact loss and metrics of a compiled model over every row, on JAX.
+
+    The same arguments, results and errors as the TensorFlow backend's
+    `shardfeed.evaluate` (see its documentation): a partial last batch is
+    evaluated on its real rows only, and Keras' metrics accumulate over the
+    global batch of every step.
+    """
+    data = eval_args.resolve("evaluate", data, positional, keras_args)
+    check_model(model, needs_compile=True)
+    verbose = resolve_verbose(verbose)
+    needs_targets = not _inputs.overrides(model, "test_step")
+    _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
+    transform = _inputs.resolve_transform(model, data, transform)
+    cap = max_steps(None)
+    dataset = _inputs.as_dataset(
+        data, y, sample_weight, per_replica_batch_size, transform=transform, max_steps=cap
+    )
+    _inputs.check_dataset(dataset, needs_targets=needs_targets, name="data")
+    loop = loop_for(model, dataset, options or FitOptions())
+    # Keras' own progress bar, in its evaluation mode, on rank 0 only.
+    cbs = keras.callbacks.CallbackList(
+        callbacks,
+        add_progbar=bool(verbose) and dataset.world.is_chief,
+        model=model,
+        verbose=verbose,
+        epochs=1,
+        steps=dataset.eval_plan.steps_per_epoch,
+    )
+    logs = evaluate_loop(loop, dataset, cbs, cap)
+    if return_dict:
+        return logs
+    values = list(logs.values())
+    return values[0] if len(values) == 1 else values
+
+
+def predict(
+    model: keras.Model,
+    data: Any = None,
+    *positional: Any,
+    per_replica_batch_size: int | None = None,
+    transform: Transform | Literal["auto"] | None = "auto",
+    options: FitOptions | None = None,
+    **keras_args: Any,
+) -> Any:
+    """Predictions for every row, in the original row order, on JAX.
+
+    The same arguments, results and errors as the TensorFlow backend's
+    `shardfeed.predict` (see its documentation). Every process gets every
+    row's outputs.
+    """
+    data = eval_args.resolve("predict", data, positional, keras_args)
+    check_model(model, needs_compile=False)
+    transform = _inputs.resolve_transform(model, data, transform)
+    cap = max_steps(None)
+    dataset = _inputs.as_dataset(
+        data, None, None, per_replica_batch_size, transform=transform, max_steps=cap
+    )
+    loop = loop_for(model, dataset, options or FitOptions())
+    # Nothing can set it during the call (no callbacks), but Keras resets it too.
+    model.stop_predicting = False
+    epoch = dataset.epoch(0, training=False)
+    try:
+        loop.build(epoch)
+        outputs = gather_outputs(list(loop.iterate("predict", epoch)), epoch.slot_rows())
+    finally:
+        epoch.close()
+    if cap:
+        # Keras predicts the first `cap` batches; ours are global batches in row order.
+        rows = cap * dataset.eval_plan.global_batch_size
+        outputs = keras.tree.map_structure(lambda a: a[:rows], outputs)
+    return keras.tree.map_structure(np.asarray, outputs)

@@ -1,0 +1,170 @@
+"""What `fit`, `evaluate` and `predict` accept on JAX, beyond the shared checks.
+
+Owns wrapping arrays in an unshuffled JAX `ShardedResidentDataset` (for
+`evaluate`, `predict` and `fit`'s `validation_data`), the shared checks of
+`_training/arguments.py` bound to the JAX dataset class, and what only the
+JAX backend refuses yet (each listed in docs/keras.md with its fix).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from jax.experimental import multihost_utils
+from keras.src.backend.jax.trainer import JAXTrainer
+
+from shardfeed._common import errors as _errors
+from shardfeed._data import sources as _sources
+from shardfeed._jax.dataset import ShardedResidentDataset
+from shardfeed._jax.world import current_world
+from shardfeed._training import arguments as _arguments
+from shardfeed._training import sparse_labels as _sparse_labels
+from shardfeed._training.options import FitOptions
+
+
+def check_dataset(
+    dataset: Any, needs_targets: bool, name: str = "dataset"
+) -> ShardedResidentDataset:
+    return _arguments.check_dataset(
+        dataset, needs_targets, name, dataset_type=ShardedResidentDataset
+    )
+
+
+def check_targets(data: Any, y: Any, sample_weight: Any, needs_targets: bool) -> None:
+    _arguments.check_targets(
+        data, y, sample_weight, needs_targets, dataset_type=ShardedResidentDataset
+    )
+
+
+def resolve_transform(
+    model: keras.Model, data: Any, transform: Any
+) -> _arguments.Transform | None:
+    return _arguments.resolve_transform(
+        model, data, transform, dataset_type=ShardedResidentDataset
+    )
+
+
+def as_dataset(
+    data: Any,
+    y: Any,
+    sample_weight: Any,
+    per_replica_batch_size: int | None,
+    template: ShardedResidentDataset | None = None,
+    transform: _arguments.Transform | None = None,
+    max_steps: int | None = None,
+) -> ShardedResidentDataset:
+    """Wraps arrays in an unshuffled dataset on the current world's replicas,
+    for evaluation or prediction, applying `transform` to their `x`.
+
+    `template` (the training dataset, for `validation_data`) lends its
+    placement, transform, batch size and load options. `max_steps` (Keras'
+    `max_steps_per_epoch` cap) keeps only the rows of that many global
+    batches, as Keras takes the first batches in row order.
+    """
+    _arguments.check_batch_size(per_replica_batch_size)
+    if isinstance(data, ShardedResidentDataset):
+        return data
+    rows = _sources.columns_from_arrays(data, y, sample_weight).num_rows
+    if per_replica_batch_size is not None:
+        batch = int(per_replica_batch_size)
+    elif template is not None:
+        batch = template.per_replica_batch_size
+    else:
+        batch = _arguments.DEFAULT_EVAL_BATCH_SIZE
+    # Small arrays: shrink the batch so a step holds a real row on most replicas.
+    replicas = current_world().num_replicas_in_sync
+    batch = max(1, min(batch, rows // replicas))
+    if max_steps and max_steps * batch * replicas < rows:
+        keep = max_steps * batch * replicas
+        data, y, sample_weight = (
+            None if v is None else keras.tree.map_structure(lambda a: a[:keep], v)
+            for v in (data, y, sample_weight)
+        )
+    return ShardedResidentDataset(
+        data,
+        y,
+        sample_weight,
+        per_replica_batch_size=batch,
+        shuffle=False,
+        placement=template.plan.placement if template is not None else "shard",
+        transform=template.transform if template is not None else transform,
+        load_options=template.load_options if template is not None else None,
+    )
+
+
+def _refusal(constraint: str, received: str, fix: str) -> ValueError:
+    return ValueError(_errors.message(constraint, received, fix))
+
+
+def check_jax_options(options: FitOptions) -> None:
+    """Refuses `FitOptions` the JAX loop cannot honour.
+
+    Raises:
+        ValueError: For `jit_compile=False`: every call is one `jax.jit`.
+    """
+    if options.jit_compile is False:
+        raise _refusal(
+            "On the JAX backend every compiled call is one `jax.jit` of many steps "
+            "(the steps are traced once, so there is no eager mode to switch to).",
+            "FitOptions(jit_compile=False)",
+            'Leave `jit_compile="auto"` (or True); to debug a step, run it under '
+            "`jax.disable_jit()` or use Keras' `model.fit`.",
+        )
+
+
+def check_jax_fit(class_weight: Any, callbacks: list[Any] | None) -> None:
+    """Refuses what `shardfeed.fit` supports on TensorFlow but not yet on JAX.
+
+    Raises:
+        ValueError: For `class_weight`, and for a `BackupAndRestore` callback.
+    """
+    if class_weight is not None:
+        raise _refusal(
+            "`class_weight` is not implemented on the JAX backend yet.",
+            f"class_weight={class_weight!r}",
+            "Fold the weights into the dataset's `sample_weight` column "
+            "(`sample_weight = np.take(weights, y)`), or use the TensorFlow backend.",
+        )
+    for callback in callbacks or []:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            raise _refusal(
+                "Resuming with `BackupAndRestore` is not implemented on the JAX backend yet.",
+                f"callbacks=[..., {type(callback).__name__}(...)]",
+                "Save with `keras.callbacks.ModelCheckpoint` and resume with "
+                "`shardfeed.fit(..., initial_epoch=k)`, or use the TensorFlow backend.",
+            )
+
+
+def check_not_eager(model: keras.Model) -> None:
+    """Refuses `run_eagerly=True` with the JAX words (see `check_jax_options`)."""
+    if getattr(model, "run_eagerly", False):
+        raise _refusal(
+            "shardfeed runs the model's steps inside one `jax.jit` call per many steps; "
+            "`run_eagerly=True` is not supported.",
+            "model.run_eagerly=True",
+            "Compile without `run_eagerly`; to debug a step, run it under `jax.disable_jit()`.",
+        )
+
+
+def overrides(model: keras.Model, step: str) -> bool:
+    """Whether the model's class overrides Keras' JAX `step` (e.g. a
+    `train_step` that trains on `x` alone needs no targets)."""
+    return getattr(type(model), step) is not getattr(JAXTrainer, step)
+
+
+def _gather_stats(local: list[np.ndarray]) -> np.ndarray:
+    """Every replica's `(1, 3)` label stats, this worker's first, in rank order."""
+    rows = np.concatenate([np.asarray(s) for s in local])
+    if current_world().world_size > 1:
+        rows = np.asarray(multihost_utils.process_allgather(rows))
+    return rows.reshape(-1, 3)
+
+
+def check_sparse_labels(
+    model: keras.Model, dataset: ShardedResidentDataset, name: str, spec: Any
+) -> None:
+    """The backend-neutral sparse-label check with one batch's `spec` (from
+    `Loop.build`), the ranges gathered across processes."""
+    _sparse_labels.check_sparse_labels(model, dataset, name, spec, _gather_stats)

@@ -1,0 +1,276 @@
+"""The compiled loop on JAX: Keras' own stateless steps, many per `jax.jit` call.
+
+Owns the calls an epoch is cut into and running them: the model's
+`train_step`/`test_step`/`predict_step` (Keras' JAX trainer's pure steps, so a
+user's override is the one that runs) inside `lax.scan` over `k` steps per
+call, each step's global batch from `epoch.batch_fn(epoch.arrays, start + i)`
+with a traced `start` (one compile per call length, not per call). The state
+(trainable, non-trainable, optimizer and metric variables' values) is
+replicated on the world's mesh and the batch is sharded along rows, so XLA's
+partitioner all-reduces the gradients and every mean is the global batch's.
+After each call the state goes back into the model's variables, as Keras'
+`jax_state_sync`, so callbacks read and write the real weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from shardfeed._jax.world import REPLICA_AXIS, World
+from shardfeed._training.options import auto_steps_per_execution
+
+Mode = Literal["train", "test", "predict"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One compiled call: steps `[start, stop)` of the epoch; `partial` for
+    the epoch's partial last step (its own call, on the real rows only)."""
+
+    start: int
+    stop: int
+    partial: bool = False
+
+    @property
+    def begin_step(self) -> int:
+        return self.start
+
+    @property
+    def end_step(self) -> int:
+        """The last step this call ran, as Keras' `on_*_batch_end` index."""
+        return self.stop - 1
+
+
+def schedule(epoch: Any, k: int, start: int = 0, stop: int | None = None) -> list[Call]:
+    """The calls covering steps `[start, stop)` of `epoch` (None: all): full
+    steps `k` at a time (a shorter last one), then the partial step alone."""
+    stop = epoch.steps if stop is None else stop
+    full = min(stop, epoch.full_steps)
+    calls = [Call(s, min(full, s + k)) for s in range(start, full, k)]
+    if epoch.has_partial_step and start <= epoch.full_steps < stop:
+        calls.append(Call(epoch.full_steps, epoch.full_steps + 1, partial=True))
+    return calls
+
+
+def _data(batch: Any) -> Any:
+    """A `Batch` as Keras' array adapter hands it to a step (`x`, `(x, y)` or
+    `(x, y, sample_weight)`), so an overridden step unpacks it as under Keras."""
+    return data_adapter_utils.pack_x_y_sample_weight(*batch)
+
+
+def _variables(model: keras.Model, mode: Mode) -> tuple[list[Any], ...]:
+    """The model's variables making up `mode`'s state, in Keras' order."""
+    groups = [model.trainable_variables, model.non_trainable_variables]
+    if mode == "train":
+        groups.append(model.optimizer.variables)
+    if mode != "predict":
+        groups.append(model.metrics_variables)
+    return tuple(groups)
+
+
+def to_host(value: Any) -> np.ndarray:
+    """A replicated array's value (this process's first copy; no collective)."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        value = value.addressable_data(0)
+    return np.asarray(value)
+
+
+def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
+    """Logs as Keras' callbacks get them: floats, arrays kept as arrays."""
+    out: dict[str, Any] = {}
+    for name, value in logs.items():
+        array = to_host(value)
+        out[name] = float(array) if array.ndim == 0 else array
+    return out
+
+
+class Loop:
+    """Compiled train/test/predict calls for one model on one world.
+
+    Args:
+        model: A Keras 3 model (compiled for `train`/`test`).
+        world: The replicas (the state is replicated on `world.mesh`).
+        steps_per_execution: Steps per compiled call, or "auto" (about ten
+            calls per epoch, at most 512 steps each).
+    """
+
+    def __init__(
+        self, model: keras.Model, world: World, steps_per_execution: int | Literal["auto"]
+    ) -> None:
+        self.model = model
+        self.world = world
+        self.steps_per_execution = steps_per_execution
+        self.replicated = NamedSharding(world.mesh, P())
+        self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
+        self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
+
+    def steps_per_call(self, full_steps: int) -> int:
+        k = self.steps_per_execution
+        return auto_steps_per_execution(full_steps) if k == "auto" else int(k)
+
+    def calls(self, epoch: Any, start: int = 0, stop: int | None = None) -> list[Call]:
+        return schedule(epoch, self.steps_per_call(epoch.full_steps), start, stop)
+
+    # -- building -------------------------------------------------------------
+
+    def build(self, epoch: Any) -> Any:
+        """Builds the model, its metrics and optimizer from the batch's shapes
+        (no compute), as Keras' `fit` does before its first step; returns
+        that `Batch` of shapes and dtypes."""
+        if epoch.full_steps:
+            spec = jax.eval_shape(epoch.batch_fn, epoch.arrays, jnp.int32(0))
+        else:
+            spec = epoch.partial_batch()
+        self.model._symbolic_build(data_batch=_data(spec))
+        return spec
+
+    # -- state ------------------------------------------------------------------
+
+    def _place(self, value: Any) -> jax.Array:
+        # Only this exact sharding: an equivalent one (a single device's, a
+        # `keras.distribution` layout) would be another compile of every call.
+        if isinstance(value, jax.Array) and value.sharding == self.replicated:
+            return value
+        # One copy per local device, from this process's value (a single-device
+        # array or NumPy), which also builds the global array across processes.
+        devices = sorted(self.replicated.addressable_devices, key=lambda d: d.id)
+        return jax.make_array_from_single_device_arrays(
+            np.shape(value), self.replicated, [jax.device_put(value, d) for d in devices]
+        )
+
+    def state(self, mode: Mode) -> tuple[list[jax.Array], ...]:
+        """`mode`'s state read from the model's variables, replicated (a copy
+        only the first time: later the variables hold the replicated values)."""
+        groups = _variables(self.model, mode)
+        return tuple([self._place(v.value) for v in group] for group in groups)
+
+    def write_back(self, mode: Mode, state: tuple[list[Any], ...]) -> None:
+        """Puts `state` into the model's variables (Keras' `jax_state_sync`)."""
+        for group, values in zip(_variables(self.model, mode), state, strict=True):
+            for variable, value in zip(group, values, strict=True):
+                variable.assign(value)
+
+    def broadcast_from_chief(self) -> None:
+        """Gives every process rank 0's weights and optimizer state (as the
+        TensorFlow engines do at the start of `fit`)."""
+        if self.world.world_size == 1:
+            return
+        groups = _variables(self.model, "train")[:3]
+        values = multihost_utils.broadcast_one_to_all(
+            [[np.asarray(v.value) for v in g] for g in groups]
+        )
+        for group, vals in zip(groups, values, strict=True):
+            for variable, value in zip(group, vals, strict=True):
+                variable.assign(value)
+
+    # -- compiled calls ----------------------------------------------------------
+
+    def _step(self, mode: Mode) -> Callable[[Any, Any], tuple[Any, Any]]:
+        """One step `(state, data) -> (logs or outputs, state)` on the model's
+        own method, the state shaped as `_variables(mode)`."""
+        model = self.model
+        if mode == "train":
+            return model.train_step
+        if mode == "test":
+            return model.test_step
+
+        def predict(state: Any, data: Any) -> tuple[Any, Any]:
+            outputs, non_trainable = model.predict_step(state, data)
+            return outputs, (state[0], non_trainable)
+
+        return predict
+
+    def _compiled(self, mode: Mode, partial: bool) -> Callable[..., Any]:
+        key = (mode, partial)
+        if key in self._jitted:
+            return self._jitted[key]
+        step = self._step(mode)
+        # Logs and state come back replicated; predict's outputs stay sharded
+        # along the batch (stacked per step under the scan).
+        if mode == "predict":
+            out = (self.replicated if partial else self._stacked, self.replicated)
+        else:
+            out = self.replicated
+        donate = (0,) if mode == "train" else ()
+
+        if partial:
+
+            def one(state: Any, batch: Any) -> Any:
+                return step(state, _data(batch))
+
+            fn = jax.jit(one, donate_argnums=donate, out_shardings=out)
+        else:
+
+            def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
+
+                def body(state: Any, i: Any) -> tuple[Any, Any]:
+                    result, state = step(state, _data(batch_fn(arrays, start + i)))
+                    return state, result
+
+                state, results = jax.lax.scan(body, state, jnp.arange(num_steps, dtype=jnp.int32))
+                if mode != "predict":
+                    results = jax.tree.map(lambda r: r[-1], results)  # logs after the last step
+                return results, state
+
+            fn = jax.jit(many, static_argnums=(3, 4), donate_argnums=donate, out_shardings=out)
+        self._jitted[key] = fn
+        return fn
+
+    def run(self, mode: Mode, epoch: Any, call: Call) -> Any:
+        """Runs `call` of `epoch` and writes the state back; returns the raw
+        logs (train/test: Keras' logs after the call's last step) or the
+        outputs (predict: stacked `[steps, global batch, ...]`, or the
+        partial step's `[rows, ...]`)."""
+        state = self.state(mode)
+        fn = self._compiled(mode, call.partial)
+        if call.partial:
+            result, state = fn(state, epoch.partial_batch())
+        else:
+            result, state = fn(
+                state, epoch.arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
+            )
+        self.write_back(mode, state)
+        return result
+
+    def iterate(
+        self, mode: Mode, epoch: Any, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[Call, Any]]:
+        """`(call, result)` for each call of `epoch`'s steps `[start, stop)`."""
+        for call in self.calls(epoch, start, stop):
+            yield call, self.run(mode, epoch, call)
+
+
+def _rows_on_host(value: Any, call: Call) -> np.ndarray:
+    """One call's output leaf as rows, every process's (a full call's
+    `[steps, global batch, ...]` is sharded over processes; the partial
+    step's is replicated)."""
+    if call.partial:
+        return to_host(value)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        value = multihost_utils.process_allgather(value, tiled=True)
+    array = np.asarray(value)
+    return array.reshape(-1, *array.shape[2:])
+
+
+def gather_outputs(results: list[tuple[Call, Any]], slot_rows: np.ndarray) -> Any:
+    """`predict`'s outputs of every call, one per row in the original order,
+    on every process (`slot_rows`: each emitted row's global row number)."""
+    calls = [call for call, _ in results]
+    per_call_leaves = [jax.tree.leaves(outputs) for _, outputs in results]
+    order = np.argsort(slot_rows, kind="stable")
+    leaves = []
+    for leaf_per_call in zip(*per_call_leaves, strict=True):
+        parts = [_rows_on_host(v, call) for call, v in zip(calls, leaf_per_call, strict=True)]
+        leaves.append(np.concatenate(parts)[order])
+    return jax.tree.unflatten(jax.tree.structure(results[0][1]), leaves)

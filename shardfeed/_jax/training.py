@@ -1,0 +1,233 @@
+"""The Keras surface on JAX: `fit` over resident datasets.
+
+Owns what a Keras user sees of `fit` on the JAX backend -- the same arguments,
+checks, callbacks, progress bar and `History` as on TensorFlow
+(`_training/api.py`, sharing `fit_args`, `callbacks`, `progress` and
+`arguments`) -- and the plain loop over epochs and calls, as Keras' `fit`
+is. The steps run in `_jax/loop.py`; the data comes from the JAX dataset's
+epochs. What the JAX backend does not support yet is refused in `inputs.py`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+
+from shardfeed._common import errors as _errors
+from shardfeed._jax import inputs as _inputs
+from shardfeed._jax.dataset import ShardedResidentDataset
+from shardfeed._jax.epoch import ResidentEpoch
+from shardfeed._jax.evaluation import evaluate_loop, loop_for
+from shardfeed._jax.loop import Loop, python_logs
+from shardfeed._training import fit_args
+from shardfeed._training.arguments import FIT_TRANSFORMS, check_model, resolve_verbose
+from shardfeed._training.callbacks import callback_list
+from shardfeed._training.options import FitOptions
+from shardfeed._training.resume_state import epoch_span
+
+
+def fit(
+    model: keras.Model,
+    dataset: ShardedResidentDataset | None = None,
+    *positional: Any,
+    epochs: int = 1,
+    initial_epoch: int = 0,
+    initial_step: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_data: Any = None,
+    validation_split: float = 0.0,
+    validation_freq: int | list[int] = 1,
+    class_weight: Mapping[int, float] | None = None,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+    verbose: int | str = "auto",
+    options: FitOptions | None = None,
+    **unsupported: Any,
+) -> keras.callbacks.History:
+    """Trains a compiled Keras model on a resident dataset, on JAX.
+
+    The same arguments, results and errors as the TensorFlow backend's
+    `shardfeed.fit` (see its documentation), but for what docs/keras.md lists
+    as not yet on JAX (`class_weight`, `BackupAndRestore`,
+    `FitOptions(jit_compile=False)`). Each compiled call runs
+    `steps_per_execution` of the model's own `train_step` in one `jax.jit`;
+    batch hooks fire once per call, with the weights already in the model.
+    """
+    fit_args.refuse(unsupported, dataset)
+    fit_args.check_positional(dataset, positional, ShardedResidentDataset)
+    check_model(model, needs_compile=True)
+    _inputs.check_jax_fit(class_weight, callbacks)
+    needs_targets = not _inputs.overrides(model, "train_step")
+    dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
+    if validation_split:
+        dataset, validation_data = fit_args.split_validation(
+            dataset, validation_split, validation_data
+        )
+    if not (
+        _errors.is_integer(epochs)
+        and _errors.is_integer(initial_epoch)
+        and epochs >= 0
+        and initial_epoch >= 0
+    ):
+        raise ValueError(
+            _errors.message(
+                "`epochs` and `initial_epoch` must be integers >= 0.",
+                f"epochs={epochs!r}, initial_epoch={initial_epoch!r}",
+                "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
+            )
+        )
+    should_validate = fit_args.validation_schedule(validation_freq)
+    epochs, initial_epoch = int(epochs), int(initial_epoch)
+    # Keras' debugging caps, with Keras' warnings.
+    max_epochs = keras.config.max_epochs()
+    if max_epochs and max_epochs < epochs:
+        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=2)
+        epochs = max_epochs
+    steps_per_epoch = fit_args.max_steps(steps_per_epoch)
+    plan = dataset.plan
+    fit_args.check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
+    # Arrays later given to evaluate/predict get this dataset's transform.
+    FIT_TRANSFORMS[model] = dataset.transform
+    verbose = resolve_verbose(verbose)
+    loop = loop_for(model, dataset, options or FitOptions())
+    validate = _validation(model, dataset, validation_data, loop, should_validate)
+    run = _Run(model, dataset, loop, None if steps_per_epoch is None else int(steps_per_epoch))
+    params = {
+        "epochs": epochs,
+        "steps": run.epoch_steps,
+        "verbose": verbose,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.per_replica_batch_size,
+        "num_replicas_in_sync": plan.num_replicas,
+        "samples": plan.used_rows_per_epoch,
+        "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
+        "steps_per_execution": loop.steps_per_call(plan.full_steps_per_epoch)
+        if plan.full_steps_per_epoch
+        else 1,
+        "jit_compile": True,
+    }
+    cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
+    model.stop_training = False
+    cbs.on_train_begin()
+    epoch_logs = run.train(cbs, initial_epoch, int(initial_step), epochs, validate)
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    cbs.on_train_end(epoch_logs)
+    return model.history
+
+
+def _validation(
+    model: keras.Model,
+    dataset: ShardedResidentDataset,
+    validation_data: Any,
+    loop: Loop,
+    should_validate: Callable[[int], bool],
+) -> Callable[[int, keras.callbacks.CallbackList], dict[str, Any]]:
+    """`validate(epoch, cbs)`: the `val_` logs after `epoch` (empty when
+    there is no validation data or `validation_freq` skips the epoch)."""
+    if validation_data is None:
+        return lambda epoch, cbs: {}
+    val_ds = _inputs.as_dataset(
+        *fit_args.validation_arrays(validation_data), None, template=dataset
+    )
+    _inputs.check_dataset(
+        val_ds, needs_targets=not _inputs.overrides(model, "test_step"), name="validation_data"
+    )
+    cap = fit_args.max_steps(None)
+
+    def validate(epoch: int, cbs: keras.callbacks.CallbackList) -> dict[str, Any]:
+        if not should_validate(epoch):
+            return {}
+        logs = evaluate_loop(loop, val_ds, cbs, cap, "validation_data")
+        return {f"val_{k}": v for k, v in logs.items()}
+
+    return validate
+
+
+class _Run:
+    """One `fit` call's epochs: which steps of which pass over the data each
+    fit epoch takes (`epoch_span`, as Keras' epoch iterator on finite data)."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        dataset: ShardedResidentDataset,
+        loop: Loop,
+        steps_per_epoch: int | None,
+    ) -> None:
+        self.model, self.dataset, self.loop = model, dataset, loop
+        self.steps_per_epoch = steps_per_epoch
+        self._open: ResidentEpoch | None = None
+
+    @property
+    def epoch_steps(self) -> int:
+        """Steps of a fit epoch, as Keras' `params["steps"]`."""
+        return self.steps_per_epoch or self.dataset.plan.steps_per_epoch
+
+    def _data_epoch(self, number: int) -> ResidentEpoch:
+        """Pass `number` over the data, opened once for the fit epochs it spans."""
+        if self._open is not None and self._open.epoch == number:
+            return self._open
+        self._close()
+        augment = self.dataset.augment is not None
+        self._open = self.dataset.epoch(number, augment=augment)
+        return self._open
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._open.close()
+            self._open = None
+
+    def train(
+        self,
+        cbs: keras.callbacks.CallbackList,
+        initial_epoch: int,
+        initial_step: int,
+        epochs: int,
+        validate: Callable[[int, keras.callbacks.CallbackList], dict[str, Any]],
+    ) -> dict[str, Any] | None:
+        """Runs fit epochs `[initial_epoch, epochs)`; returns the last epoch's
+        logs (None when no epoch ran, as Keras)."""
+        model, loop = self.model, self.loop
+        # A callback that restores the Keras way sets `model._initial_epoch`.
+        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+        data_steps = self.dataset.plan.steps_per_epoch
+        epoch_logs: dict[str, Any] | None = None
+        first = True
+        try:
+            for epoch in range(initial_epoch, epochs):
+                model.reset_metrics()
+                cbs.on_epoch_begin(epoch)
+                number, start, stop = epoch_span(epoch, self.steps_per_epoch, data_steps)
+                data = self._data_epoch(number)
+                if first:
+                    _inputs.check_sparse_labels(model, self.dataset, "dataset", loop.build(data))
+                    loop.broadcast_from_chief()
+                skip = initial_step if first else 0
+                first = False
+                logs: dict[str, Any] = {}
+                for call in loop.calls(data, start + skip, stop):
+                    begin = call.begin_step - start
+                    cbs.on_train_batch_begin(begin)
+                    logs = python_logs(loop.run("train", data, call))
+                    cbs.on_train_batch_end(call.end_step - start, logs)
+                    if model.stop_training:
+                        break
+                if (
+                    self.steps_per_epoch
+                    and stop - start < self.steps_per_epoch
+                    and not model.stop_training
+                ):
+                    warnings.warn(fit_args.RAN_OUT_WARNING, stacklevel=3)
+                # As Keras: the metrics' results when the logs name them.
+                epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
+                epoch_logs.update(validate(epoch, cbs))
+                cbs.on_epoch_end(epoch, epoch_logs)
+                if model.stop_training:
+                    break
+        finally:
+            self._close()
+        return epoch_logs

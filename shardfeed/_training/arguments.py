@@ -1,0 +1,180 @@
+"""What `fit`, `evaluate` and `predict` accept, on either backend.
+
+Owns the checks of the model and the data every entry point shares (each
+takes the backend's `ShardedResidentDataset` class as `dataset_type`), the
+`transform` that arrays get (`"auto"`: the one of the dataset the model was
+last fit on) and `verbose`. Wrapping arrays in a dataset is the backend's
+(`inputs.as_dataset`, `_jax/inputs.py`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+import keras
+
+from shardfeed._common import errors as _errors
+
+DEFAULT_EVAL_BATCH_SIZE = 256
+
+Transform = Callable[[Any], Any]
+
+# The `transform` of the dataset each model was last fit on, for arrays given
+# to `evaluate`/`predict` with `transform="auto"`. Weak keys: an entry lives as
+# long as its model, and the model itself carries nothing new (it saves,
+# clones and pickles as before).
+FIT_TRANSFORMS: weakref.WeakKeyDictionary[keras.Model, Transform | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def check_model(model: Any, needs_compile: bool) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            _errors.message(
+                "shardfeed trains Keras 3 models (`keras.Model`).",
+                f"type(model)={type(model).__name__}",
+                "Build the model with `keras.Sequential`, the functional API or a "
+                "`keras.Model` subclass.",
+            )
+        )
+    if needs_compile and (
+        not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None
+    ):
+        raise ValueError(
+            _errors.message(
+                "The model must be compiled with an optimizer and a loss first.",
+                f"model.compiled={getattr(model, 'compiled', False)}",
+                "Call `model.compile(optimizer=..., loss=..., metrics=[...])` "
+                "before `shardfeed.fit` or `shardfeed.evaluate`.",
+            )
+        )
+    if getattr(model, "run_eagerly", False):
+        # Every shardfeed step runs inside a compiled multi-step call; running
+        # them one by one in Python would be another loop, not a debug switch.
+        raise ValueError(
+            _errors.message(
+                "shardfeed runs the model's steps inside compiled calls; "
+                "`run_eagerly=True` is not supported.",
+                "model.run_eagerly=True",
+                "Compile without `run_eagerly`; to debug a step eagerly, call "
+                "`tf.config.run_functions_eagerly(True)` and pass "
+                "`options=shardfeed.FitOptions(jit_compile=False)`.",
+            )
+        )
+
+
+def check_dataset(
+    dataset: Any, needs_targets: bool, name: str = "dataset", *, dataset_type: type[Any]
+) -> Any:
+    if not isinstance(dataset, dataset_type):
+        raise TypeError(
+            _errors.message(
+                f"`{name}` must be a `ShardedResidentDataset`.",
+                f"type({name})={type(dataset).__name__}",
+                "Build one with `ShardedResidentDataset(x, y, per_replica_batch_size=...)`.",
+            )
+        )
+    if needs_targets and not dataset.has_targets:
+        raise ValueError(
+            _errors.message(
+                "Training and evaluation need targets.",
+                f"{name} built with y=None",
+                "Pass `y` when building the dataset.",
+            )
+        )
+    return dataset
+
+
+def check_targets(
+    data: Any, y: Any, sample_weight: Any, needs_targets: bool, *, dataset_type: type[Any]
+) -> None:
+    """`evaluate` on arrays needs `y` (unless the model's own `test_step` takes
+    `x` alone); a tuple is the model's inputs (as in Keras' `model.evaluate`),
+    not `(x, y)`."""
+    if isinstance(data, dataset_type):
+        return
+    if _errors.is_integer(sample_weight):
+        raise TypeError(
+            _errors.message(
+                "`shardfeed.evaluate`'s fourth positional argument is `sample_weight` "
+                "(Keras' `model.evaluate` has `batch_size` there).",
+                f"sample_weight={sample_weight!r}",
+                "Pass the batch by name: `per_replica_batch_size=...`.",
+            )
+        )
+    if y is None and needs_targets:
+        tuple_note = (
+            " A tuple is the model's inputs, as in Keras' `model.evaluate`, not `(x, y)`."
+            if isinstance(data, tuple)
+            else ""
+        )
+        raise ValueError(
+            _errors.message(
+                "Evaluating arrays needs their targets `y`." + tuple_note,
+                f"type(x)={type(data).__name__}, y=None",
+                "Call `shardfeed.evaluate(model, x, y)`.",
+            )
+        )
+
+
+def check_batch_size(per_replica_batch_size: Any) -> None:
+    """`evaluate`/`predict`'s batch for arrays: None or an integer >= 1."""
+    if per_replica_batch_size is not None and not (
+        _errors.is_integer(per_replica_batch_size) and per_replica_batch_size >= 1
+    ):
+        raise ValueError(
+            _errors.message(
+                "`per_replica_batch_size` must be None (the default batch) or an integer >= 1.",
+                f"per_replica_batch_size={per_replica_batch_size!r}",
+                f"Pass e.g. 256, or leave it as None for {DEFAULT_EVAL_BATCH_SIZE}.",
+            )
+        )
+
+def resolve_transform(
+    model: keras.Model,
+    data: Any,
+    transform: Transform | Literal["auto"] | None,
+    *,
+    dataset_type: type[Any],
+) -> Transform | None:
+    """The transform `evaluate`/`predict` apply to arrays (see their docs)."""
+    auto = isinstance(transform, str) and transform == "auto"
+    if isinstance(data, dataset_type):
+        if not auto:
+            raise ValueError(
+                _errors.message(
+                    "`transform` applies to arrays; a `ShardedResidentDataset` applies "
+                    "the `transform` it was built with.",
+                    f"transform={transform!r} with a ShardedResidentDataset",
+                    "Leave `transform` out, or build the dataset with the transform.",
+                )
+            )
+        return data.transform
+    if auto:
+        return FIT_TRANSFORMS.get(model)
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            _errors.message(
+                '`transform` must be "auto", None or a function of a batch\'s `x`.',
+                f"transform={transform!r}",
+                'Pass e.g. `transform=lambda x: tf.cast(x, "float32") / 255`.',
+            )
+        )
+    return transform
+
+
+def resolve_verbose(verbose: int | str) -> int:
+    if verbose == "auto":
+        return 1
+    if verbose not in (0, 1, 2):
+        raise ValueError(
+            _errors.message(
+                '`verbose` must be "auto", 0, 1 or 2.',
+                f"verbose={verbose!r}",
+                "Use 0 (silent), 1 (progress bar) or 2 (one line per epoch).",
+            )
+        )
+    return int(verbose)
