@@ -38,7 +38,8 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["tensorflow"]
     assert list(report["workloads"]) == ["W2", "W3"]
     for workload in report["workloads"].values():
-        assert workload["rows"] == _workloads.MIN_ROWS  # 0.0005 x rows is below two batches
+        assert workload["rows"] == 2 * 256  # 0.0005 x rows is below two batches
+        assert workload["batch_size"] == 256
         variants = workload["variants"]
         assert list(variants) == IN_PROCESS
         for name, result in variants.items():
@@ -114,6 +115,36 @@ def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
     assert "W2 probe (jax) steps_per_execution=32" in capfd.readouterr().err  # the worker's
 
 
+@pytest.mark.slow
+def test_w5_runs_every_variant_at_its_own_batch(tmp_path):
+    """W5 (embedding towers, batch 64): every variant, the probe and the report
+    take the workload's batch, not W2's 256."""
+    argv = ["bench", "--workloads", "W5", "--variants", "numpy,tuned,shardfeed,floor"]
+    argv += ["--rows-scale", "0.002", "--epochs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["conditions"]["batch_size"] == {"W5": 64}
+    w5 = report["workloads"]["W5"]
+    assert (w5["rows"], w5["batch_size"], w5["steps_per_epoch"]) == (200, 64, 4)  # ceil(200/64)
+    variants = w5["variants"]
+    assert list(variants) == ["numpy", "tuned", "shardfeed", "floor"]
+    assert variants["tuned"]["probe"]["steps_per_epoch"] == 4
+    for name in ("numpy", "tuned", "shardfeed"):
+        assert math.isfinite(variants[name]["final_loss"]), name
+    assert variants["floor"]["ratio_to_floor"] == 1.0
+    assert "200 rows, batch 64, 4 steps/epoch." in (tmp_path / "bench.md").read_text()
+
+
+def test_workloads_own_their_batch_and_minimum_rows():
+    w5 = _workloads.WORKLOADS["W5"]
+    assert (w5.batch_size, w5.min_rows) == (64, 128)
+    assert all(w.batch_size == 256 for n, w in _workloads.WORKLOADS.items() if n != "W5")
+    x, y = _workloads.make_data(w5, 130, seed=0)
+    assert x.dtype == np.int32 and x.shape == (130, 2) and y.shape == (130, 1)
+    assert [len(batch[0]) for batch in _workloads.tf_data(x, y, w5)] == [64, 64, 2]
+
+
 def _fail_import_of_jax(tmp_path, monkeypatch, body: str) -> None:
     """Puts a `jax` package that runs `body` on import first on the worker
     processes' path: the import itself fails there, as without JAX."""
@@ -163,9 +194,12 @@ def test_bench_flags_accept_letters_and_reject_unknown_names(capsys):
         "jax-tuned",
         "streaming",
     ]
-    assert parser.parse_args(["bench"]).variants == list(_variants.VARIANTS)  # jax ones too
+    assert parser.parse_args(["bench"]).variants is None  # all of the backend's, chosen in run
     assert args.workloads == ["W3"]
     assert args.epochs == 3 and args.rows_scale == 1.0  # full size unless asked
+    assert (args.engine_workloads, args.engine_rows) == (["W2"], None)  # W2's 200,000 rows
+    w5 = parser.parse_args(["bench", "--workloads", "w5", "--engine-workloads", "w2,W5"])
+    assert (w5.workloads, w5.engine_workloads) == (["W5"], ["W2", "W5"])
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--variants", "keras"])
     assert "unknown name 'keras'" in capsys.readouterr().err

@@ -15,56 +15,73 @@ from shardfeed._commands.bench import engines as _engines
 from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
 from shardfeed._commands.cli import main
 
-# The smallest run that gives 2 replicas a full step: batches are dropped, not padded.
-ROWS = _engines.REPLICAS * _engines.PER_REPLICA_BATCH
 EPOCHS = 1
 # (workers, replicas) per engine
 SHAPES = {"single": (1, 1), "mirrored": (1, 2), "multiworker": (2, 2), "horovod": (2, 2)}
 
 
-def _w2_loss_on_one_device() -> float:
+def _rows(workload: str) -> int:
+    """The smallest run that gives 2 replicas a full step: batches are dropped, not padded."""
+    return _engines.REPLICAS * WORKLOADS[workload].batch_size
+
+
+def _loss_on_one_device(workload: str) -> float:
     """What the single-device worker should report, trained here directly."""
-    w2 = WORKLOADS["W2"]
-    x, y = make_data(w2, ROWS, seed=0)
-    model = compile_model(build_model(w2, False, seed=0), w2)
-    batch = _engines.PER_REPLICA_BATCH
+    w = WORKLOADS[workload]
+    x, y = make_data(w, _rows(workload), seed=0)
+    model = compile_model(build_model(w, False, seed=0), w)
     dataset = shardfeed.ShardedResidentDataset(
-        x, y, per_replica_batch_size=batch, seed=0, drop_remainder=True
+        x, y, per_replica_batch_size=w.batch_size, seed=0, drop_remainder=True
     )
     return shardfeed.fit(model, dataset, epochs=EPOCHS + 1, verbose=0).history["loss"][-1]
 
 
 @pytest.mark.slow
 @pytest.mark.multi_process
-def test_engines_bench_times_every_engine_at_smallest_scale():
-    results = _engines.run_engines(ROWS, EPOCHS, horovod_python=None, timeout_s=300)
+@pytest.mark.parametrize(
+    "workload, bytes_sent",
+    [
+        ("W2", 4 * 6337),  # every dense gradient: the MLP's parameters
+        # W5: 64 rows of each Embedding (50, 50, 1, 1 wide), an int32 index per
+        # row and a row count per table; never the 9,724 x 50 table.
+        ("W5", 4 * (64 * (51 + 51 + 2 + 2) + 4)),
+    ],
+)
+def test_engines_bench_times_every_engine_at_smallest_scale(workload, bytes_sent):
+    rows = _rows(workload)
+    batch = WORKLOADS[workload].batch_size
+    results = _engines.run_engines(
+        rows, EPOCHS, horovod_python=None, timeout_s=300, workload=workload
+    )
 
     assert [r["engine"] for r in results] == list(_engines.ENGINES)
-    gradient_bytes = 4 * build_model(WORKLOADS["W2"], False, seed=0).count_params()
     for r in results:
+        assert r["workload"] == workload, r
         if r["engine"] == "horovod" and "skipped" in r:  # runs only in the Horovod tier
             assert r["skipped"].startswith("horovodrun not installed here"), r
             continue
         assert "skipped" not in r, r
         workers, replicas = SHAPES[r["engine"]]
         assert (r["workers"], r["replicas"]) == (workers, replicas), r
-        assert r["global_batch_size"] == replicas * _engines.PER_REPLICA_BATCH, r
-        assert r["steps_per_epoch"] == ROWS // r["global_batch_size"], r
+        assert r["global_batch_size"] == replicas * batch, r
+        assert r["steps_per_epoch"] == rows // r["global_batch_size"], r
         assert r["ms_per_step"] > 0 and r["warmup_s"] > 0 and r["x_single"] > 0, r
-        assert r["gradient_bytes_per_step"] == gradient_bytes, r
+        assert r["epoch_s"] > 0, r
+        assert r["gradient_bytes_per_step"] == bytes_sent, r
         assert math.isfinite(r["final_loss"]) and r["final_loss"] > 0, r
     single = results[0]
     assert single["x_single"] == 1.0
-    assert single["final_loss"] == pytest.approx(_w2_loss_on_one_device(), rel=1e-4)
+    assert single["final_loss"] == pytest.approx(_loss_on_one_device(workload), rel=1e-4)
 
-    table = _engines.to_markdown(results, ROWS, EPOCHS).splitlines()
+    table = _engines.to_markdown(results, rows, EPOCHS, workload).splitlines()
     assert table[0] == (
-        f"### Engines: W2 model, {ROWS} rows, per-replica batch 256, median of {EPOCHS} epochs"
+        f"### Engines: {workload} model, {rows} rows, per-replica batch {batch}, "
+        f"median of {EPOCHS} epochs"
     )
-    assert table[4].startswith("| single | 1 x 1 | 256 | ") and " | 1.00x | 0 | " in table[4]
-    assert table[5].startswith("| mirrored | 1 x 2 | 512 | ")
-    assert f" | {gradient_bytes:,} | " in table[5]
-    assert table[6].startswith("| multiworker | 2 x 1 | 512 | ")
+    assert table[4].startswith(f"| single | 1 x 1 | {batch} | ") and " | 1.00x | 0 | " in table[4]
+    assert table[5].startswith(f"| mirrored | 1 x 2 | {2 * batch} | ")
+    assert f" | {bytes_sent:,} | " in table[5]
+    assert table[6].startswith(f"| multiworker | 2 x 1 | {2 * batch} | ")
     assert len(table) == 4 + len(_engines.ENGINES)
 
 
@@ -77,6 +94,7 @@ def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monk
             "workers": 1,
             "global_batch_size": 256,
             "steps_per_epoch": 2,
+            "epoch_s": 0.004,
             "warmup_s": 1.5,
             "ms_per_step": 2.0,
             "gradient_bytes_per_step": 25348,
@@ -86,8 +104,8 @@ def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monk
         {"engine": "horovod", "skipped": "horovodrun not installed here"},
     ]
 
-    def run_engines(rows, epochs, horovod_python):
-        calls.append((rows, epochs, horovod_python))
+    def run_engines(rows, epochs, horovod_python, workload):
+        calls.append((rows, epochs, horovod_python, workload))
         return fake
 
     monkeypatch.setattr(_engines, "run_engines", run_engines)
@@ -95,12 +113,12 @@ def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monk
     argv += ["--epochs", "1", "--engines", "--engine-rows", "512", "--out", str(tmp_path)]
     assert main(argv) == 0
 
-    assert calls == [(512, 1, None)]
+    assert calls == [(512, 1, None, "W2")]
     assert json.loads((tmp_path / "bench.json").read_text())["engines"] == fake
     markdown = (tmp_path / "bench.md").read_text()
     assert "### Engines: W2 model, 512 rows, per-replica batch 256, median of 1 epochs" in markdown
-    assert "| single | 1 x 1 | 256 | 2.000 | 1.00x | 0 | 1.50 |" in markdown
-    assert "| horovod | skipped: horovodrun not installed here ||||||" in markdown
+    assert "| single | 1 x 1 | 256 | 2.000 | 0.00 | 1.00x | 0 | 1.50 |" in markdown
+    assert "| horovod | skipped: horovodrun not installed here |||||||" in markdown
     assert markdown in capsys.readouterr().out
 
 
@@ -119,7 +137,7 @@ def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch)
     launcher = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
     monkeypatch.setattr(_engines, "_command", lambda *a: launcher)
     with pytest.raises(subprocess.TimeoutExpired):
-        _engines.run_engines(ROWS, EPOCHS, horovod_python=None, timeout_s=1)
+        _engines.run_engines(_rows("W2"), EPOCHS, horovod_python=None, timeout_s=1)
     worker = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while not _gone(worker) and time.monotonic() < deadline:

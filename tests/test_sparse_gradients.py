@@ -54,21 +54,46 @@ def _towers(with_dense=False):
     return model
 
 
-def _train_chunk_ops(dataset):
-    """(op type, input shapes) of every op in the traced training call's step loop."""
+def _train_chunk_ops(dataset, in_xla=None):
+    """(op type, input shapes) of every op in the traced training call's step
+    loop; `in_xla`: only those inside (True) or outside (False) a function
+    compiled with XLA (one called with `_XlaMustCompile`, and what it calls)."""
     (loop,) = _compiled._LOOPS[dataset].values()
     graph = loop.traces.train_chunk._list_all_concrete_functions()[0].graph
-    found = []
+    graphs = {"": graph}  # every function graph, by name
 
-    def visit(g):
-        for op in g.get_operations():
-            found.append((op.type, [tuple(t.shape.as_list()) for t in op.inputs if t.shape.rank]))
-        for fn in getattr(g, "_functions", {}).values():
-            if hasattr(fn, "graph"):
-                visit(fn.graph)
+    def collect(g):
+        for name, fn in getattr(g, "_functions", {}).items():
+            if hasattr(fn, "graph") and name not in graphs:
+                graphs[name] = fn.graph
+                collect(fn.graph)
 
-    visit(graph)
-    return found
+    collect(graph)
+
+    def called(op):  # the functions an op runs (a call, a loop's body, a branch)
+        return [a.func.name for a in op.node_def.attr.values() if a.func.name] + [
+            f.name for a in op.node_def.attr.values() for f in a.list.func
+        ]
+
+    xla = set()
+    todo = [
+        f
+        for g in graphs.values()
+        for op in g.get_operations()
+        if "_XlaMustCompile" in op.node_def.attr and op.get_attr("_XlaMustCompile")
+        for f in called(op)
+    ]
+    while todo:
+        name = todo.pop()
+        if name in graphs and name not in xla:
+            xla.add(name)
+            todo += [f for op in graphs[name].get_operations() for f in called(op)]
+    return [
+        (op.type, [tuple(t.shape.as_list()) for t in op.inputs if t.shape.rank])
+        for name, g in graphs.items()
+        if in_xla is None or (name in xla) == in_xla
+        for op in g.get_operations()
+    ]
 
 
 def _fit_two_replicas(options, rows=256, with_dense=False):
@@ -166,6 +191,23 @@ def test_packed_sum_equals_the_dense_sum_when_replicas_touch_different_rows():
         np.testing.assert_array_equal(local.numpy(), np.full([2, 2], 2.0))
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_with_xla_each_replicas_update_of_the_tables_is_compiled(jit_compile):
+    """A loop of two replicas is not one XLA cluster; with XLA on, each
+    device's update of each table (Keras' dense Adam: a dozen passes over
+    the table outside XLA) is compiled on its own; without, it is not."""
+    _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=jit_compile))
+    tables = [(USERS, WIDTH), (ITEMS, WIDTH), (USERS, 1), (ITEMS, 1)]
+
+    def weight_updates(in_xla):
+        ops = _train_chunk_ops(dataset, in_xla)
+        return sorted(s[0] for t, s in ops if t == "AssignSubVariableOp" and s and s[0] in tables)
+
+    compiled, plain = weight_updates(True), weight_updates(False)
+    every = sorted(tables * 2)  # each table on each of the two devices
+    assert (compiled, plain) == ((every, []) if jit_compile else ([], every))
+
+
 def test_sparse_as_dense_must_be_a_bool():
     with pytest.raises(ValueError) as err:
         FitOptions(sparse_as_dense=1)
@@ -182,5 +224,7 @@ def test_keras_optimizer_is_restored_after_replicas_traced_in_threads():
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     keras_sum = TFOptimizer._all_reduce_sum_gradients
+    keras_update = TFOptimizer._distributed_tf_update_step
     _fit_two_replicas(FitOptions(steps_per_execution=4, sparse_as_dense=True), rows=64)
     assert TFOptimizer._all_reduce_sum_gradients is keras_sum
+    assert TFOptimizer._distributed_tf_update_step is keras_update

@@ -1,14 +1,16 @@
 """The optimizers a model's own `train_step` applies, while the step is traced.
 
-Owns the three things shardfeed must change about a Keras optimizer's
+Owns the four things shardfeed must change about a Keras optimizer's
 `apply` while it traces a step, and nothing else: recording which unbuilt
 optimizers the step would update (so they are built before the multi-step
 loop); under Horovod, averaging the gradients over ranks first (Keras'
 step calls `self.optimizer.apply`, which knows no Horovod); under a
 strategy with several replicas, summing them in one exchange per step that
 keeps `IndexedSlices` sparse (`_distribute/gradients.py`) instead of Keras'
-`all_reduce` of each. Keras' optimizer classes are patched only for the
-duration of a trace.
+`all_reduce` of each; and, where XLA is on but the step loop cannot be one
+XLA cluster (several replicas, Horovod), compiling each variable's update
+with XLA. Keras' optimizer classes are patched only for the duration of a
+trace.
 """
 
 from __future__ import annotations
@@ -120,16 +122,20 @@ def recorded() -> Iterator[list[tuple[Any, list[Any]]]]:
 
 
 class _Exchange:
-    """Keras' `_all_reduce_sum_gradients` replaced while any block of
-    `exchanged` is open. MirroredStrategy traces each replica in its own
-    thread, and the blocks of two replicas overlap: the patch is counted,
-    installed by the first and removed by the last; each thread's option is
-    its own."""
+    """Keras' `_all_reduce_sum_gradients` and `_distributed_tf_update_step`
+    replaced while any block of `exchanged` is open. MirroredStrategy traces
+    each replica in its own thread, and the blocks of two replicas overlap:
+    the patch is counted, installed by the first and removed by the last;
+    each thread's `sparse_as_dense` is its own. The update runs in the merge
+    call, on the strategy's thread, so whether it is compiled is the first
+    block's choice (the replicas of one step trace choose alike)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.depth = 0
         self.keras_sum: Any = None
+        self.keras_update: Any = None
+        self.compile_updates = False
         self.local = threading.local()
 
     def summed(self, optimizer: Any, grads_and_vars: Any) -> list[Any]:
@@ -144,19 +150,52 @@ class _Exchange:
         grads = _gradients.summed(ctx, [g for g, _ in pairs], variables)
         return list(zip(grads, variables, strict=True))
 
+    def update(
+        self, optimizer: Any, distribution: Any, grads_and_vars: Any, learning_rate: Any
+    ) -> None:
+        """Keras' `_distributed_tf_update_step`, each variable's update on each
+        device one XLA call. Measured on W5 (docs/performance.md): outside
+        XLA, Keras' dense Adam over a 9,724 x 50 table runs as a dozen
+        separate kernels per device and step, each a pass over the table;
+        fused, one pass. The same `update_step`, so the same arithmetic."""
+        if not self.compile_updates:
+            self.keras_update(optimizer, distribution, grads_and_vars, learning_rate)
+            return
+
+        def update_on_device(variable: Any, grad: Any, learning_rate: Any) -> Any:
+            def update(grad: Any, learning_rate: Any) -> Any:
+                # `variable` is this device's copy; the optimizer's slots
+                # read in this update context are this device's too.
+                optimizer.update_step(grad, variable, learning_rate)
+                return tf.zeros([])
+
+            # A function per device and variable, traced once with the step.
+            return tf.function(update, jit_compile=True)(grad, tf.convert_to_tensor(learning_rate))
+
+        for grad, variable in grads_and_vars:
+            distribution.extended.update(
+                variable, update_on_device, args=(grad, learning_rate), group=False
+            )
+
     @contextlib.contextmanager
-    def opened(self, sparse_as_dense: bool) -> Iterator[None]:
+    def opened(self, sparse_as_dense: bool, compile_updates: bool) -> Iterator[None]:
         outer = getattr(self.local, "sparse_as_dense", None)
         self.local.sparse_as_dense = sparse_as_dense
         with self.lock:
             if self.depth == 0:
                 self.keras_sum = vars(TFOptimizer)["_all_reduce_sum_gradients"]
+                self.keras_update = vars(TFOptimizer)["_distributed_tf_update_step"]
+                self.compile_updates = compile_updates
                 exchange = self
 
                 def exchanged_sum(optimizer, grads_and_vars):
                     return exchange.summed(optimizer, grads_and_vars)
 
+                def update_step(optimizer, distribution, grads_and_vars, learning_rate):
+                    exchange.update(optimizer, distribution, grads_and_vars, learning_rate)
+
                 TFOptimizer._all_reduce_sum_gradients = exchanged_sum
+                TFOptimizer._distributed_tf_update_step = update_step
             self.depth += 1
         try:
             yield
@@ -165,20 +204,25 @@ class _Exchange:
                 self.depth -= 1
                 if self.depth == 0:
                     TFOptimizer._all_reduce_sum_gradients = self.keras_sum
+                    TFOptimizer._distributed_tf_update_step = self.keras_update
             self.local.sparse_as_dense = outer
 
 
 _EXCHANGE = _Exchange()
 
 
-def exchanged(sparse_as_dense: bool) -> contextlib.AbstractContextManager[None]:
+def exchanged(
+    sparse_as_dense: bool, compile_updates: bool = False
+) -> contextlib.AbstractContextManager[None]:
     """Inside the block a Keras optimizer's `apply` in the replica context
     of a strategy with several replicas sums its gradients with
     `gradients.summed` (one exchange per step, `IndexedSlices` kept sparse)
     instead of Keras' `all_reduce` of each; elsewhere (one replica,
     cross-replica context) Keras' own sum runs. `sparse_as_dense`: every
-    `IndexedSlices` is densified first, with any number of replicas."""
-    return _EXCHANGE.opened(sparse_as_dense)
+    `IndexedSlices` is densified first, with any number of replicas.
+    `compile_updates`: each variable's update (Keras' `update_step`, on
+    each device) is one XLA call, for steps that are not compiled whole."""
+    return _EXCHANGE.opened(sparse_as_dense, compile_updates)
 
 
 @contextlib.contextmanager

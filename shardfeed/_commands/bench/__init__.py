@@ -2,7 +2,7 @@
 
 Separation of concerns: this package owns the benchmark only, one concept per
 module -- `cli` (flags and the run), `machine` (what the numbers were measured
-on), `workloads` (the W1-W4 data and models, shared with `shardfeed demo`),
+on), `workloads` (the W1-W5 data and models, shared with `shardfeed demo`),
 `variants` (what is timed), `backend_worker` (the process a variant on
 another Keras backend runs in), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
@@ -18,9 +18,9 @@ timed epochs each median is taken over. Numbers from a shared or loaded
 machine, from `--rows-scale` below 1 or from fewer than 3 timed epochs are
 smoke checks, not results.
 
-Variants, all batch 256, Adam(1e-3), same initial weights (copied from one
-reference model), each with its own model instance:
-    numpy      `model.fit(x, y, batch_size=256, shuffle=True)`, Keras defaults.
+Variants, all at the workload's batch (256; W5 64), Adam(1e-3), same initial
+weights (copied from one reference model), each with its own model instance:
+    numpy      `model.fit(x, y, batch_size=batch, shuffle=True)`, Keras defaults.
     tfdata     `model.fit` on `from_tensor_slices.cache.shuffle.batch.prefetch`.
     tuned      `tfdata` with the fastest `steps_per_execution` x `jit_compile`
                found by a short probe in the same process.
@@ -36,6 +36,9 @@ Timing: each timed epoch is measured from `on_epoch_begin` to `on_epoch_end`
 excluded; the warm-up column is the whole first `fit` call, compilation
 included. Variants run round-robin one epoch each, in a rotated order each
 round, so drift in machine load spreads over all of them.
+
+With `KERAS_BACKEND=jax` the whole bench runs on Keras' JAX backend, no
+TensorFlow imported: `jax_variants` (jax, jax-tuned, shardfeed, floor).
 
 This `__init__` imports nothing: `shardfeed demo` imports `workloads` alone,
 and `shardfeed launch` (which builds the whole CLI parser) never pays for

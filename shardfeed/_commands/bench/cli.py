@@ -10,6 +10,7 @@ import: `shardfeed launch` builds the whole CLI parser.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -17,11 +18,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shardfeed._commands.bench.engines import default_rows
 from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
-from shardfeed._commands.bench.variants import VARIANT_ALIASES, VARIANT_NOTES, VARIANTS
-from shardfeed._commands.bench.workloads import BATCH_SIZE, LEARNING_RATE, MIN_ROWS, WORKLOADS
+from shardfeed._commands.bench.variants import (
+    VARIANT_ALIASES,
+    VARIANT_NOTES,
+    VARIANT_TYPES,
+    VARIANTS,
+    Variant,
+)
+from shardfeed._commands.bench.workloads import LEARNING_RATE, WORKLOADS
+from shardfeed._common.errors import message
 
 
 def _csv_choice(
@@ -72,16 +81,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads",
         type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
         default=list(WORKLOADS),
-        help="comma-separated, from W1,W2,W3,W4 (default: all)",
+        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
-        default=list(VARIANTS),
         help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming "
         "(or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,streaming, g jax, h jax-tuned; "
         "default: all). jax and jax-tuned run Keras on JAX in a worker process each, "
-        "skipped with the reason when JAX does not import",
+        "skipped with the reason when JAX does not import. With KERAS_BACKEND=jax the whole "
+        "bench runs on Keras' JAX backend, without TensorFlow: variants from jax,jax-tuned,"
+        "shardfeed,floor (default: those four)",
     )
     parser.add_argument(
         "--epochs",
@@ -93,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rows-scale",
         type=_positive(float),
         default=1.0,
-        help=f"scale every workload's rows (at least {MIN_ROWS}), e.g. 0.05 for a quick check",
+        help="scale every workload's rows (at least two of its batches), e.g. 0.05 for a quick "
+        "check",
     )
     parser.add_argument(
         "--out",
@@ -112,13 +123,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines",
         action="store_true",
         help="also time the engines (single device, MirroredStrategy over 2 CPU devices, "
-        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on the W2 model",
+        "2 MultiWorkerMirroredStrategy workers, 2 Horovod ranks) on --engine-workloads",
+    )
+    parser.add_argument(
+        "--engine-workloads",
+        type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
+        default=["W2"],
+        help="the workloads --engines trains, each at its batch per replica (default: W2; "
+        "W5 for the embedding towers, whose gradients are IndexedSlices)",
     )
     parser.add_argument(
         "--engine-rows",
         type=_positive(int),
-        default=200_000,
-        help="rows for --engines (default: 200,000)",
+        help="rows for --engines and --shuffles (default: 200,000 for W2, else the "
+        "workload's rows)",
     )
     parser.add_argument(
         "--shuffles",
@@ -156,10 +174,12 @@ def run(args: argparse.Namespace) -> int:
         0
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    names, notes, types, baseline, on_jax = _variants_for_backend(args)
+    args = argparse.Namespace(**{**vars(args), "variants": names})
     report: dict[str, Any] = {
-        "machine": machine_info(args.jax_python),
+        "machine": machine_info(None if on_jax else args.jax_python),
         "conditions": {
-            "batch_size": BATCH_SIZE,
+            "batch_size": {name: WORKLOADS[name].batch_size for name in args.workloads},
             "optimizer": f"Adam(learning_rate={LEARNING_RATE})",
             "timed_epochs": args.epochs,
             "statistic": f"median of {args.epochs} timed epoch(s) per variant",
@@ -167,34 +187,73 @@ def run(args: argparse.Namespace) -> int:
             "round-robin one epoch per variant per round, order rotated each round",
             "rows_scale": args.rows_scale,
             "seed": args.seed,
-            "variants": {v: VARIANT_NOTES[v] for v in args.variants},
+            "variants": notes,
         },
         "workloads": {},
     }
     for name in args.workloads:
-        report["workloads"][name] = run_workload(WORKLOADS[name], args)
+        report["workloads"][name] = run_workload(WORKLOADS[name], args, types, baseline)
         release_loops()
+    engine_markdown = []
     if args.engines:
         from shardfeed._commands.bench import engines as _engines
 
-        report["engines"] = _engines.run_engines(args.engine_rows, args.epochs, args.horovod_python)
+        report["engines"] = []
+        for name in args.engine_workloads:
+            rows = args.engine_rows or default_rows(name)
+            results = _engines.run_engines(rows, args.epochs, args.horovod_python, workload=name)
+            report["engines"] += results
+            engine_markdown.append(_engines.to_markdown(results, rows, args.epochs, name))
+    shuffle_rows = args.engine_rows or default_rows("W2")  # the shuffles train W2's model
     if args.shuffles:
         from shardfeed._commands.bench import shuffles as _shuffles
 
-        report["shuffles"] = _shuffles.run_shuffles(args.engine_rows, args.epochs)
+        report["shuffles"] = _shuffles.run_shuffles(shuffle_rows, args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(report)
-    if args.engines:
-        markdown += (
-            "\n" + _engines.to_markdown(report["engines"], args.engine_rows, args.epochs) + "\n"
-        )
+    for table in engine_markdown:
+        markdown += "\n" + table + "\n"
     if args.shuffles:
         markdown += (
-            "\n" + _shuffles.to_markdown(report["shuffles"], args.engine_rows, args.epochs) + "\n"
+            "\n" + _shuffles.to_markdown(report["shuffles"], shuffle_rows, args.epochs) + "\n"
         )
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)
-    write_chart(report, args.out / "bench.png")
+    written = [args.out / "bench.json", args.out / "bench.md"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        write_chart(report, args.out / "bench.png")
+        written.append(args.out / "bench.png")
     print(markdown)
-    print(f"Wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}, {args.out / 'bench.png'}")
+    print(f"Wrote {', '.join(map(str, written))}", end="")
+    print("" if len(written) == 3 else " (no bench.png: Matplotlib is not installed here)")
     return 0
+
+
+def _variants_for_backend(
+    args: argparse.Namespace,
+) -> tuple[list[str], dict[str, str], Mapping[str, Callable[..., Variant]], str, bool]:
+    """What this run times on Keras' backend: the variant names, their notes,
+    the types that build them, the speed-up's baseline and whether on JAX.
+
+    Raises:
+        ValueError: On JAX, a TensorFlow-only variant, `--engines` or `--shuffles`.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        names = args.variants or list(VARIANTS)
+        return names, {v: VARIANT_NOTES[v] for v in names}, VARIANT_TYPES, "numpy", False
+    from shardfeed._commands.bench import jax_variants as _jax
+
+    names = args.variants or list(_jax.JAX_VARIANTS)
+    _jax.check_variants(names)
+    if args.engines or args.shuffles:
+        raise ValueError(
+            message(
+                "`--engines` and `--shuffles` time TensorFlow's engines and shuffles.",
+                f"engines={args.engines}, shuffles={args.shuffles}, "
+                "keras.backend.backend()='jax'",
+                "Run them with KERAS_BACKEND=tensorflow.",
+            )
+        )
+    return names, _jax.variant_notes(names), _jax.JAX_VARIANT_TYPES, _jax.JAX_BASELINE, True

@@ -4,12 +4,15 @@ Separation of concerns: this module owns the engines benchmark only -- its
 worker processes, how each engine's are started, and its Markdown table.
 Each engine runs in its own worker process(es) -- logical CPU devices must be
 configured before TensorFlow starts, and MultiWorkerMirroredStrategy and
-Horovod need several processes -- running the W2 workload (`workloads`: MLP
-64-64-1 on 32 float32 features) with `shardfeed.fit`, one warm-up epoch then
-`--epochs` timed epochs (median), timed by `timing.epoch_timer`.
-Reported per engine: replicas, global batch, ms per step, the ratio to the
-single-device run, and the bytes all-reduced per step (the trainable
-variables' gradients: nothing else crosses during a step).
+Horovod need several processes -- running one bench workload (`workloads`;
+W2, the MLP 64-64-1 on 32 float32 features, unless `--engine-workloads` says
+otherwise, e.g. W5's embedding towers) with `shardfeed.fit` at the workload's
+batch per replica, one warm-up epoch then `--epochs` timed epochs (median),
+timed by `timing.epoch_timer`. Reported per engine: replicas, global batch,
+ms per step, seconds per epoch, the ratio to the single-device run, and the
+bytes each replica sends per step (the trainable variables' gradients:
+nothing else crosses during a step; an `Embedding`'s gradient sends only the
+rows its batch touched, with their indices).
 
 Run as a worker: `python -m shardfeed._commands.bench.engines --engine mirrored --out f.json`.
 """
@@ -28,8 +31,37 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("single", "mirrored", "multiworker", "horovod")
-PER_REPLICA_BATCH = 256
+PER_REPLICA_BATCH = 256  # W2's batch; every workload trains at its own batch per replica
 REPLICAS = 2
+DEFAULT_ROWS = {"W2": 200_000}  # other workloads: their full rows
+
+
+def default_rows(workload: str) -> int:
+    """The rows `--engines` trains `workload` on when `--engine-rows` is not given."""
+    from shardfeed._commands.bench.workloads import WORKLOADS
+
+    return DEFAULT_ROWS.get(workload, WORKLOADS[workload].rows)
+
+
+def _bytes_sent_per_step(model: Any, batch: int) -> int:
+    """What one replica sends in a step's exchange: every dense gradient
+    (float32), and for an `Embedding` the `batch` rows it looked up (repeats
+    included), their int32 indices and a row count (`_distribute/gradients.py`)."""
+    import keras
+    import numpy as np
+
+    sparse = {
+        id(layer.embeddings)
+        for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.Embedding)
+    }
+    sent = 0
+    for v in model.trainable_variables:
+        if id(v) in sparse:
+            sent += (batch * (int(np.prod(v.shape[1:])) + 1) + 1) * 4
+        else:
+            sent += int(np.prod(v.shape)) * 4
+    return sent
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -42,37 +74,38 @@ def _worker(args: argparse.Namespace) -> int:
             cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS
         )
     import keras
-    import numpy as np
 
     import shardfeed
     from shardfeed._commands.bench.timing import epoch_timer
     from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
 
     world = shardfeed.init(args.engine)
-    w2 = WORKLOADS["W2"]
-    x, y = make_data(w2, args.rows, seed=0)
+    workload = WORKLOADS[args.workload]
+    batch = workload.batch_size
+    x, y = make_data(workload, args.rows, seed=0)
     with world.scope():
         keras.utils.set_random_seed(0)
-        model = compile_model(build_model(w2, False, seed=0), w2)
+        model = compile_model(build_model(workload, False, seed=0), workload)
         ds = shardfeed.ShardedResidentDataset(
-            x, y, per_replica_batch_size=PER_REPLICA_BATCH, seed=0, drop_remainder=True
+            x, y, per_replica_batch_size=batch, seed=0, drop_remainder=True
         )
     timer = epoch_timer()
     history = shardfeed.fit(model, ds, epochs=args.epochs + 1, callbacks=[timer], verbose=0)
     times = timer.seconds
     if world.is_chief:
         steps = ds.plan.steps_per_epoch
+        epoch_s = statistics.median(times[1:])
         result = {
             "engine": world.backend if args.engine == "auto" else args.engine,
+            "workload": workload.name,
             "replicas": world.num_replicas_in_sync,
             "workers": world.world_size,
             "global_batch_size": ds.global_batch_size,
             "steps_per_epoch": steps,
             "warmup_s": times[0],
-            "ms_per_step": 1000 * statistics.median(times[1:]) / steps,
-            "gradient_bytes_per_step": sum(
-                int(np.prod(v.shape)) * 4 for v in model.trainable_variables
-            ),
+            "epoch_s": epoch_s,
+            "ms_per_step": 1000 * epoch_s / steps,
+            "gradient_bytes_per_step": _bytes_sent_per_step(model, batch),
             "final_loss": history.history["loss"][-1],
         }
         Path(args.out).write_text(json.dumps(result))
@@ -130,7 +163,11 @@ def _run_bounded(
 
 
 def run_engines(
-    rows: int, epochs: int, horovod_python: str | None, timeout_s: float = 900
+    rows: int,
+    epochs: int,
+    horovod_python: str | None,
+    timeout_s: float = 900,
+    workload: str = "W2",
 ) -> list[dict[str, Any]]:
     """Runs every available engine and returns one result dict each.
 
@@ -139,12 +176,15 @@ def run_engines(
     its row says why it was skipped.
 
     Args:
-        rows: W2 rows each engine trains on (at least 2 x 256 for a full
-            step on 2 replicas: batches are dropped, not padded).
+        rows: Rows each engine trains on (at least 2 batches of the
+            workload for a full step on 2 replicas: batches are dropped, not
+            padded).
         epochs: Timed epochs after the warm-up one.
         horovod_python: A Python with Horovod and `horovodrun` beside it.
         timeout_s: Bound on each engine's run; past it its processes are
             killed and `subprocess.TimeoutExpired` is raised.
+        workload: The bench workload trained (`workloads.WORKLOADS`), at its
+            batch per replica.
 
     Returns:
         One dict per engine in `ENGINES`: the worker's numbers plus
@@ -165,6 +205,7 @@ def run_engines(
             results.append(
                 {
                     "engine": engine,
+                    "workload": workload,
                     "skipped": "horovodrun not installed here (pass "
                     "--horovod-python with the venv .ci/horovod_env.sh makes)",
                 }
@@ -175,6 +216,8 @@ def run_engines(
             worker_args = [
                 "--engine",
                 engine,
+                "--workload",
+                workload,
                 "--rows",
                 str(rows),
                 "--epochs",
@@ -182,14 +225,16 @@ def run_engines(
                 "--out",
                 str(out),
             ]
-            print(f"  engines: {engine} ...", flush=True)
-            proc = _run_bounded(
-                _command(engine, worker_args, horovod_python), env, tmp, timeout_s
-            )
+            print(f"  engines: {workload} {engine} ...", flush=True)
+            proc = _run_bounded(_command(engine, worker_args, horovod_python), env, tmp, timeout_s)
             if proc.returncode != 0 or not out.exists():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
                 results.append(
-                    {"engine": engine, "skipped": f"failed (exit {proc.returncode}): {tail[0]}"}
+                    {
+                        "engine": engine,
+                        "workload": workload,
+                        "skipped": f"failed (exit {proc.returncode}): {tail[0]}",
+                    }
                 )
                 continue
             results.append(json.loads(out.read_text()))
@@ -200,32 +245,36 @@ def run_engines(
     return results
 
 
-def to_markdown(results: list[dict], rows: int, epochs: int) -> str:
-    """The engines table, one row per engine (a skipped one says why).
+def to_markdown(results: list[dict], rows: int, epochs: int, workload: str = "W2") -> str:
+    """The engines table of one workload, one row per engine (a skipped one says why).
 
     Args:
-        results: What `run_engines` returns.
+        results: What `run_engines` returns for `workload`.
         rows: The rows it ran with.
         epochs: The timed epochs it ran with.
+        workload: The workload it trained.
 
     Returns:
         Markdown: a heading with the conditions, then the table.
     """
+    from shardfeed._commands.bench.workloads import WORKLOADS
+
     lines = [
-        f"### Engines: W2 model, {rows:,} rows, per-replica batch {PER_REPLICA_BATCH}, "
-        f"median of {epochs} epochs",
+        f"### Engines: {workload} model, {rows:,} rows, per-replica batch "
+        f"{WORKLOADS[workload].batch_size}, median of {epochs} epochs",
         "",
-        "| engine | workers x replicas | global batch | ms/step | x single device "
-        "| all-reduced bytes/step | warm-up s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| engine | workers x replicas | global batch | ms/step | s/epoch | x single device "
+        "| bytes sent per replica per step | warm-up s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['engine']} | skipped: {r['skipped'].splitlines()[0]} ||||||")
+            lines.append(f"| {r['engine']} | skipped: {r['skipped'].splitlines()[0]} |||||||")
             continue
         lines.append(
             f"| {r['engine']} | {r['workers']} x {r['replicas'] // r['workers']} "
-            f"| {r['global_batch_size']} | {r['ms_per_step']:.3f} | {r.get('x_single', 1.0):.2f}x "
+            f"| {r['global_batch_size']} | {r['ms_per_step']:.3f} | {r['epoch_s']:.2f} "
+            f"| {r.get('x_single', 1.0):.2f}x "
             f"| {r['gradient_bytes_per_step'] if r['replicas'] > 1 else 0:,} "
             f"| {r['warmup_s']:.2f} |"
         )
@@ -235,6 +284,7 @@ def to_markdown(results: list[dict], rows: int, epochs: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("--workload", default="W2")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", required=True)

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from shardfeed._commands.bench.machine import machine_line
 from shardfeed._commands.bench.tuning import PROBE_EPOCHS, config_text
 from shardfeed._commands.bench.variants import VARIANTS
 
@@ -40,13 +41,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"## shardfeed bench ({m['date_utc'][:10]})",
         "",
-        f"Machine: {m['cpu']}, {m['cpus_usable']} of {m['cpu_count']} cores usable, "
-        f"{m['ram_gib']} GiB RAM, load average {m['load_average_1_5_15_min_at_start']} at "
-        f"start; {m['os']}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
-        f"Keras {m['keras']}, NumPy {m['numpy']}"
-        + (f", JAX {m['jax']}." if m.get("jax") else ", no JAX."),
-        f"Batch {c['batch_size']}, {c['optimizer']}; {c['statistic']}; {c['schedule']}; "
-        f"rows scale {c['rows_scale']}.",
+        machine_line(m),
+        f"{c['optimizer']}; {c['statistic']}; {c['schedule']}; rows scale {c['rows_scale']}.",
     ]
     if c["timed_epochs"] < 3 or c["rows_scale"] < 1:
         lines.append(
@@ -59,7 +55,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             "",
             f"### {name}: {w['description']}",
             "",
-            f"{w['rows']:,} rows, {w['steps_per_epoch']} steps/epoch. Inputs: {w['inputs']}",
+            f"{w['rows']:,} rows, batch {w['batch_size']}, {w['steps_per_epoch']} steps/epoch. "
+            f"Inputs: {w['inputs']}",
             "",
             "| variant | settings | s/epoch | ms/step | x floor | speed-up vs fit(numpy) "
             "| final loss | setup s | warm-up s |",
@@ -135,7 +132,8 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("seconds/epoch, ratio to the floor (lower is better)")
     c, m = report["conditions"], report["machine"]
     ax.set_title(
-        f"{m['cpu']} ({m['cpus_usable']} cores), TF {m['tensorflow']}, "
+        f"{m.get('accelerator') or m['cpu']} ({m['cpus_usable']} cores), Keras {m['keras']} "
+        f"on {m.get('keras_backend', 'tensorflow')}, "
         f"median of {c['timed_epochs']} epoch(s), rows scale {c['rows_scale']}",
         fontsize=8,
     )

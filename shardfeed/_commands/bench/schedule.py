@@ -16,27 +16,31 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS, Variant
-from shardfeed._commands.bench.workloads import (
-    BATCH_SIZE,
-    MIN_ROWS,
-    Workload,
-    build_model,
-    make_data,
-)
+from shardfeed._commands.bench.workloads import Workload, build_model, make_data
 
 
-def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+def run_workload(
+    workload: Workload,
+    args: argparse.Namespace,
+    types: Mapping[str, Callable[..., Variant]] = VARIANT_TYPES,
+    baseline: str = "numpy",
+) -> dict[str, Any]:
     """Times `args.variants` on one workload.
 
     Args:
         workload: Which workload.
         args: The `bench` flags (`variants`, `epochs`, `rows_scale`, `seed`, ...).
+        types: What each variant name builds (on Keras' JAX backend:
+            `jax_variants.JAX_VARIANT_TYPES`).
+        baseline: The variant the speed-up column divides: Keras' `model.fit`
+            on NumPy with its defaults (`numpy`; `jax` on the JAX backend).
 
     Returns:
-        The workload's report: description, inputs, rows, steps per epoch, data
+        The workload's report: description, inputs, rows, batch size, steps per epoch, data
         generation seconds and, per variant, its settings, epoch seconds and the
         numbers derived from them, or `label` and `skipped` (why).
 
@@ -44,16 +48,19 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         >>> run_workload(WORKLOADS["W2"], args)["variants"]["floor"]["ratio_to_floor"]
         1.0
     """
-    rows = max(MIN_ROWS, round(workload.rows * args.rows_scale))
-    steps = math.ceil(rows / BATCH_SIZE)
-    print(f"{workload.name}: {rows:,} rows, {steps} steps/epoch; {workload.description}")
+    rows = max(workload.min_rows, round(workload.rows * args.rows_scale))
+    steps = math.ceil(rows / workload.batch_size)
+    print(
+        f"{workload.name}: {rows:,} rows, batch {workload.batch_size}, {steps} steps/epoch; "
+        f"{workload.description}"
+    )
     start = time.perf_counter()
     data = make_data(workload, rows, args.seed)
     data_s = time.perf_counter() - start
     reference = build_model(workload, False, args.seed)
-    every = [VARIANT_TYPES[name](workload, data, reference, args) for name in args.variants]
+    every = [types[name](workload, data, reference, args) for name in args.variants]
     try:
-        results = _run_variants(workload, every, steps, args.epochs)
+        results = _run_variants(workload, every, steps, args.epochs, baseline)
     finally:
         for v in every:
             v.close()  # the worker processes of variants on another backend
@@ -63,6 +70,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         "description": workload.description,
         "inputs": workload.input_note,
         "rows": rows,
+        "batch_size": workload.batch_size,
         "steps_per_epoch": steps,
         "data_generation_s": data_s,
         "variants": results,
@@ -70,7 +78,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
 
 
 def _run_variants(
-    workload: Workload, every: list[Variant], steps: int, epochs: int
+    workload: Workload, every: list[Variant], steps: int, epochs: int, baseline: str
 ) -> dict[str, dict[str, Any]]:
     """Sets up, warms up and times `every` variant; the per-variant results."""
     setup_s, warmup_s, warmup_loss = {}, {}, {}
@@ -97,7 +105,7 @@ def _run_variants(
         print(f"  {workload.name} epoch {epoch}/{epochs}: {line}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     floor = statistics.median(seconds["floor"]) if "floor" in seconds else None
-    numpy_s = statistics.median(seconds["numpy"]) if "numpy" in seconds else None
+    numpy_s = statistics.median(seconds[baseline]) if baseline in seconds else None
     for v in every:
         if v.skipped:
             results[v.name] = {"label": VARIANTS[v.name], "skipped": v.skipped}

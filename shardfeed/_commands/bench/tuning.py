@@ -19,9 +19,8 @@ import numpy as np
 
 from shardfeed._commands.bench.timing import epoch_timer
 from shardfeed._commands.bench.workloads import (
-    BATCH_SIZE,
     Workload,
-    augment_for,
+    augments,
     new_model,
     tf_data,
 )
@@ -64,7 +63,7 @@ def probe_keras_settings(
         y: Targets.
         reference: Model whose weights every probe starts from.
         args: Flags (`seed`, `probe_budget_s`).
-        on_numpy: Probe `model.fit(x, y, batch_size=256, shuffle=True)` (the
+        on_numpy: Probe `model.fit(x, y, batch_size=batch, shuffle=True)` (the
             `jax-tuned` variant; no TensorFlow needed) instead of tf.data.
 
     Returns:
@@ -82,10 +81,12 @@ def probe_keras_settings(
     import keras
 
     backend = keras.backend.backend()  # tensorflow for `tuned`, jax for `jax-tuned`
-    steps = min(math.ceil(len(x) / BATCH_SIZE), PROBE_MAX_STEPS)
-    x, y = x[: steps * BATCH_SIZE], y[: steps * BATCH_SIZE]
+    batch = workload.batch_size
+    steps = min(math.ceil(len(x) / batch), PROBE_MAX_STEPS)
+    x, y = x[: steps * batch], y[: steps * batch]
     data = None if on_numpy else tf_data(x, y, workload)
     configs = []
+    refused_jit = False
     for spe in PROBE_SPE:
         for jit in PROBE_JIT:
             model = new_model(
@@ -93,15 +94,20 @@ def probe_keras_settings(
                 reference,
                 True,
                 args.seed,
-                keras_augment=on_numpy and augment_for(workload) is not None,  # as the variant
+                keras_augment=on_numpy and augments(workload),  # as the variant
                 steps_per_execution=spe,
                 jit_compile=jit,
             )
+            if jit and not model.jit_compile:
+                # Keras fell back to jit_compile=False (a layer has supports_jit=False,
+                # e.g. RandomTranslation in W4's Keras variants): that probe already runs.
+                refused_jit = True
+                continue
             timer = epoch_timer(budget_s=args.probe_budget_s)
             start = time.perf_counter()
             common = {"epochs": PROBE_EPOCHS, "verbose": 0, "callbacks": [timer]}
             if data is None:
-                model.fit(x, y, batch_size=BATCH_SIZE, shuffle=True, **common)
+                model.fit(x, y, batch_size=batch, shuffle=True, **common)
             else:
                 model.fit(data, shuffle=False, **common)  # the pipeline shuffles
             done = len(timer.seconds) == PROBE_EPOCHS and timer.stopped_after_s is None
@@ -118,7 +124,10 @@ def probe_keras_settings(
             print(f"  {workload.name} probe ({backend}) {config_text(configs[-1])}", flush=True)
             del model
             gc.collect()
-    return {"steps_per_epoch": steps, "configs": configs, "note": _probe_note(configs)}
+    note = _probe_note(configs)
+    if refused_jit:
+        note += "; jit_compile=True not probed: Keras refuses it for this model"
+    return {"steps_per_epoch": steps, "configs": configs, "note": note}
 
 
 def config_text(config: dict[str, Any]) -> str:

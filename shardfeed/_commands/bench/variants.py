@@ -28,9 +28,9 @@ import numpy as np
 from shardfeed._commands.bench.timing import epoch_timer
 from shardfeed._commands.bench.tuning import probe_keras_settings
 from shardfeed._commands.bench.workloads import (
-    BATCH_SIZE,
     Workload,
     augment_for,
+    augments,
     new_model,
     tf_data,
     transform_for,
@@ -62,11 +62,11 @@ STREAM_CHUNK_BYTES = 16 * MIB
 
 VARIANT_NOTES: dict[str, str] = {
     "numpy": (
-        "`model.fit(x, y, batch_size=256, shuffle=True)` on NumPy arrays, Keras defaults "
-        "(steps_per_execution=1, jit_compile='auto')."
+        "`model.fit(x, y, batch_size=batch, shuffle=True)` on NumPy arrays (the workload's "
+        "batch), Keras defaults (steps_per_execution=1, jit_compile='auto')."
     ),
     "tfdata": (
-        "`model.fit` on `from_tensor_slices((x, y)).cache().shuffle(rows).batch(256)"
+        "`model.fit` on `from_tensor_slices((x, y)).cache().shuffle(rows).batch(batch)"
         ".prefetch(AUTOTUNE)` (a full-size shuffle buffer: a uniform permutation per epoch, "
         "like the other variants), Keras defaults."
     ),
@@ -75,7 +75,7 @@ VARIANT_NOTES: dict[str, str] = {
         "{32, 128} x jit_compile in {False, True}, chosen by a short probe in this process."
     ),
     "jax": (
-        "`model.fit(x, y, batch_size=256, shuffle=True)` on NumPy arrays, Keras defaults "
+        "`model.fit(x, y, batch_size=batch, shuffle=True)` on NumPy arrays, Keras defaults "
         "(steps_per_execution=1, jit_compile='auto': True on JAX), in a worker process with "
         "`KERAS_BACKEND=jax` (same data and initial weights; no TensorFlow in it)."
     ),
@@ -85,13 +85,13 @@ VARIANT_NOTES: dict[str, str] = {
         "process."
     ),
     "shardfeed": (
-        "`shardfeed.fit` on `ShardedResidentDataset(x, y, per_replica_batch_size=256, "
+        "`shardfeed.fit` on `ShardedResidentDataset(x, y, per_replica_batch_size=batch, "
         "seed=0)` with default `FitOptions()`; batches gathered on the device."
     ),
     "floor": (
         "The compiled train step `shardfeed.fit` runs (`Loop.train_step`, same jit_compile, "
         "same steps per call) on one fixed, already-gathered batch: no gather, no "
-        "permutation, no input work. ceil(rows/256) full steps per epoch. Its loss (one "
+        "permutation, no input work. ceil(rows/batch) full steps per epoch. Its loss (one "
         "batch seen over and over) is not reported."
     ),
     "streaming": (
@@ -162,7 +162,7 @@ class _KerasFit(Variant):
             True,
             self.args.seed,
             # W4: model.fit(numpy) augments with Keras' preprocessing layers.
-            keras_augment=self.on_numpy and augment_for(self.workload) is not None,
+            keras_augment=self.on_numpy and augments(self.workload),
             steps_per_execution=self.spe,
             jit_compile=self.jit,
         )
@@ -176,7 +176,8 @@ class _KerasFit(Variant):
         timer = epoch_timer()
         common = {"epochs": epoch + 1, "initial_epoch": epoch, "verbose": 0, "callbacks": [timer]}
         if self.data is None:
-            self.model.fit(self.x, self.y, batch_size=BATCH_SIZE, shuffle=True, **common)
+            batch = self.workload.batch_size
+            self.model.fit(self.x, self.y, batch_size=batch, shuffle=True, **common)
         else:
             self.model.fit(self.data, shuffle=False, **common)  # the pipeline shuffles
         return timer.seconds[-1], timer.losses[-1]
@@ -309,7 +310,7 @@ class _Shardfeed(Variant):
         self.dataset = ShardedResidentDataset(
             self.x,
             self.y,
-            per_replica_batch_size=BATCH_SIZE,
+            per_replica_batch_size=self.workload.batch_size,
             seed=self.args.seed,
             transform=transform_for(self.workload),
             augment=augment_for(self.workload),
@@ -387,17 +388,18 @@ class _Floor(Variant):
         self.model = new_model(self.workload, self.reference, False, self.args.seed)
         # Only the first batch is needed: the loop is built for it, then the
         # dataset's other rows never enter the timed loop.
-        rows = self.x[:BATCH_SIZE], self.y[:BATCH_SIZE]
+        batch = self.workload.batch_size
+        rows = self.x[:batch], self.y[:batch]
         dataset = ShardedResidentDataset(
             *rows,
-            per_replica_batch_size=BATCH_SIZE,
+            per_replica_batch_size=batch,
             shuffle=False,
             transform=transform_for(self.workload),
         )
-        steps = math.ceil(len(self.x) / BATCH_SIZE)
-        train_step, k, jit = _fit_step(self.model, dataset, len(self.x) // BATCH_SIZE)
+        steps = math.ceil(len(self.x) / batch)
+        train_step, k, jit = _fit_step(self.model, dataset, len(self.x) // batch)
         store = dataset.stores[0]
-        x, y, sw = dataset.gather(store.handles, tf.range(BATCH_SIZE))
+        x, y, sw = dataset.gather(store.handles, tf.range(batch))
         self.batch = (tf.identity(x), tf.identity(y), sw)
         self.calls = [tf.zeros([min(k, steps - s)], tf.int32) for s in range(0, steps, k)]
         augment = augment_for(self.workload)

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-BATCH_SIZE = 256
+DEFAULT_BATCH_SIZE = 256
 LEARNING_RATE = 1e-3
-MIN_ROWS = 2 * BATCH_SIZE  # `--rows-scale` never goes below two batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,19 +26,29 @@ class Workload:
     """One benchmark workload: data shape, model and loss.
 
     Attributes:
-        name: "W1", "W2" or "W3".
+        name: "W1" ... "W5".
         rows: Rows at `--rows-scale 1`.
         description: One line for the report.
         input_note: How the inputs reach the model, per variant family.
-        batch_size: The global batch of one step.
+        batch_size: The global batch of one step: every variant's, the one
+            owner of it.
     """
 
     name: str
     rows: int
     description: str
     input_note: str
-    batch_size: int = BATCH_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE
 
+    @property
+    def min_rows(self) -> int:
+        """`--rows-scale` never goes below two batches."""
+        return 2 * self.batch_size
+
+
+# W5 (issue 17): Keras' collaborative-filtering example, whose gradients are
+# `IndexedSlices`.
+EMBEDDING_USERS, EMBEDDING_ITEMS, EMBEDDING_WIDTH = 610, 9_724, 50
 
 WORKLOADS: dict[str, Workload] = {
     "W1": Workload(
@@ -78,22 +87,16 @@ WORKLOADS: dict[str, Workload] = {
         "`transform` (cast, /255) and `augment=compose(flip_left_right(), translate(2))` in "
         "the step. Floor: the same train step and the same augmentation on one batch.",
     ),
+    "W5": Workload(
+        "W5",
+        100_000,
+        f"100,000 ratings of {EMBEDDING_USERS:,} users x {EMBEDDING_ITEMS:,} movies (int32 id "
+        f"pairs), two Embedding towers of width {EMBEDDING_WIDTH} with biases, dot product, "
+        "sigmoid, binary cross-entropy (Keras' collaborative-filtering example)",
+        "int32 (user, movie) rows as they are; the gradients are IndexedSlices.",
+        batch_size=64,
+    ),
 }
-
-# W5 (issue 17): Keras' collaborative-filtering example, whose gradients are
-# `IndexedSlices`. Not in `WORKLOADS` yet: the variants still read
-# `BATCH_SIZE`, not `Workload.batch_size`.
-EMBEDDING_USERS, EMBEDDING_ITEMS, EMBEDDING_WIDTH = 610, 9_724, 50
-W5 = Workload(
-    "W5",
-    100_000,
-    f"100,000 ratings of {EMBEDDING_USERS:,} users x {EMBEDDING_ITEMS:,} movies (int32 id "
-    f"pairs), two Embedding towers of width {EMBEDDING_WIDTH} with biases, dot product, "
-    "sigmoid, binary cross-entropy (Keras' collaborative-filtering example)",
-    "int32 (user, movie) rows as they are; the gradients are IndexedSlices.",
-    batch_size=64,
-)
-
 
 def _ratings(rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """W5: (user, movie) id pairs, ratings in [0, 1] from a rank-8 teacher."""
@@ -135,7 +138,8 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
     W1: Gaussian rows, labels = argmax of a random linear teacher. W2: Gaussian
     rows, target = a random one-hidden-layer tanh teacher plus 0.1 noise. W3:
     ten random 8x8 colour prototypes upsampled to 32x32, each image its class'
-    prototype (0-127) plus uniform noise (0-127), as uint8.
+    prototype (0-127) plus uniform noise (0-127), as uint8. W5: uniform
+    (user, movie) id pairs, ratings from a rank-8 teacher plus 0.05 noise.
 
     Args:
         workload: Which workload.
@@ -204,7 +208,7 @@ def build_model(
         workload: Which workload.
         for_keras_fit: For W3 and W4, take uint8 input with a `Rescaling(1/255)`
             first layer (the Keras variants); else float32 input (shardfeed's
-            `transform` normalises). Ignored for W1 and W2.
+            `transform` normalises). Ignored for W1, W2 and W5.
         seed: Initialiser seed.
         keras_augment: W4 only: Keras' `RandomFlip` and `RandomTranslation`
             after the rescaling (they hold no weights).
@@ -286,9 +290,16 @@ def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
     return normalise
 
 
+def augments(workload: Workload) -> bool:
+    """Whether the workload augments its training batches (W4), without
+    importing the augmentation (TensorFlow's): the Keras variants then add
+    Keras' preprocessing layers to the model instead."""
+    return workload.name == "W4"
+
+
 def augment_for(workload: Workload) -> Callable[[Any, Any], Any] | None:
     """W4's augmentation (flip, translate by 2 with reflection), else None."""
-    if workload.name != "W4":
+    if not augments(workload):
         return None
     from shardfeed import augment
 
@@ -346,13 +357,15 @@ def new_model(
     return compile_model(model, workload, **compile_kw)
 
 
-def tf_data(x: np.ndarray, y: np.ndarray, workload: Workload | None = None) -> Any:
-    """The Keras variants' pipeline: cache, full-size shuffle, batch, the
-    workload's augmentation in `map` (W4; parallel, one seed per batch), prefetch."""
+def tf_data(x: np.ndarray, y: np.ndarray, workload: Workload) -> Any:
+    """The Keras variants' pipeline: cache, full-size shuffle, batch of the
+    workload's `batch_size`, its augmentation in `map` (W4; parallel, one seed
+    per batch), prefetch."""
     import tensorflow as tf
 
-    data = tf.data.Dataset.from_tensor_slices((x, y)).cache().shuffle(len(x)).batch(BATCH_SIZE)
-    augment = augment_for(workload) if workload is not None else None
+    data = tf.data.Dataset.from_tensor_slices((x, y)).cache().shuffle(len(x))
+    data = data.batch(workload.batch_size)
+    augment = augment_for(workload)
     if augment is not None:
         data = data.enumerate().map(
             lambda i, xy: (augment(xy[0], tf.stack([tf.constant(0, tf.int64), i])), xy[1]),

@@ -1,0 +1,182 @@
+"""The bench on Keras' JAX backend (`KERAS_BACKEND=jax`): its variants, no TensorFlow.
+
+Separation of concerns: this module owns what `shardfeed bench` times when
+Keras runs on JAX -- `jax` and `jax-tuned` (the same `_KerasFit` and `_Tuned`
+that a TensorFlow bench runs in a worker process, here in the bench's own
+process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor` (the
+JAX loop's compiled training call -- Keras' own stateless train step in a
+jitted `lax.scan` -- on one fixed batch) -- and refusing the others, which
+train on TensorFlow.
+The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
+schedule, timing, tuning probe and report are the TensorFlow bench's.
+
+W3 and W4: `shardfeed.augment` and the bench's `transform` are TensorFlow
+ops, so on JAX every variant trains the same model: uint8 input, Keras'
+`Rescaling(1/255)` first, and for W4 Keras' `RandomFlip` and
+`RandomTranslation` inside the model (their seed state is a Keras variable,
+carried through every stateless step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from shardfeed._commands.bench.timing import epoch_timer
+from shardfeed._commands.bench.variants import IN_WORKER_TYPES, Variant
+from shardfeed._commands.bench.workloads import augments, new_model
+from shardfeed._common.errors import message
+
+# A JAX bench's variants, in their default order; `jax` is the speed-up's baseline.
+JAX_VARIANTS = ("jax", "jax-tuned", "shardfeed", "floor")
+JAX_BASELINE = "jax"
+
+JAX_VARIANT_NOTES: dict[str, str] = {
+    "jax": (
+        "`model.fit(x, y, batch_size=256, shuffle=True)` on NumPy arrays, Keras defaults "
+        "(steps_per_execution=1, jit_compile='auto': True on JAX)."
+    ),
+    "jax-tuned": (
+        "`jax` compiled with the fastest of steps_per_execution in {32, 128} x jit_compile in "
+        "{False, True}, chosen by a short probe (the TensorFlow bench's `tuned` probe, on NumPy)."
+    ),
+    "shardfeed": (
+        "`shardfeed.fit` on the JAX backend, on `ShardedResidentDataset(x, y, "
+        "per_replica_batch_size=256, seed=0)` with default `FitOptions()`: the rows resident "
+        "as `jax.Array`s, batches taken on the device, many Keras train steps per jitted call."
+    ),
+    "floor": (
+        "The compiled training call `shardfeed.fit` runs on JAX (Keras' stateless "
+        "`model.train_step` in a jitted `lax.scan`, the same steps per call) on one fixed "
+        "device batch: no input work at all. ceil(rows/256) steps per epoch. Its loss (one "
+        "batch seen over and over) is not reported."
+    ),
+}
+# Appended to every note: W3 and W4 train one model on every variant here.
+IMAGES_NOTE = (
+    " W3/W4: uint8 rows, Keras' `Rescaling(1/255)` first in the model, and for W4 Keras' "
+    "`RandomFlip` + `RandomTranslation` in the model (`shardfeed.augment` is TensorFlow's)."
+)
+
+
+def check_variants(names: Iterable[str]) -> None:
+    """Refuses the variants a JAX bench cannot run.
+
+    Raises:
+        ValueError: One of `names` is a TensorFlow-only variant.
+
+    Example:
+        >>> check_variants(["jax", "floor"])
+    """
+    refused = [n for n in names if n not in JAX_VARIANTS]
+    if refused:
+        raise ValueError(
+            message(
+                f"On Keras' JAX backend the bench runs {', '.join(JAX_VARIANTS)}; the others "
+                "train on TensorFlow.",
+                f"variants={','.join(refused)}, keras.backend.backend()='jax'",
+                f"Pass `--variants {','.join(JAX_VARIANTS)}`, or run the bench with "
+                "KERAS_BACKEND=tensorflow.",
+            )
+        )
+
+
+def variant_notes(names: Iterable[str]) -> dict[str, str]:
+    """What each of a JAX bench's variants times, for the report."""
+    return {name: JAX_VARIANT_NOTES[name] + IMAGES_NOTE for name in names}
+
+
+def _model(variant: Variant) -> Any:
+    """The JAX bench's model for `variant`: what `jax` (model.fit) trains too."""
+    w = variant.workload
+    return new_model(w, variant.reference, True, variant.args.seed, augments(w))
+
+
+class _JaxShardfeed(Variant):
+    """`shardfeed.fit` on the JAX backend with default options."""
+
+    name = "shardfeed"
+
+    def setup(self) -> None:
+        import shardfeed  # the public names, resolved to the JAX backend's
+
+        self.model = _model(self)
+        self.dataset = shardfeed.ShardedResidentDataset(
+            self.x, self.y, per_replica_batch_size=self.workload.batch_size, seed=self.args.seed
+        )
+
+    def epoch(self, epoch: int) -> tuple[float, float | None]:
+        import shardfeed
+
+        timer = epoch_timer()
+        history = shardfeed.fit(
+            self.model,
+            self.dataset,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            verbose=0,
+            callbacks=[timer],
+        )
+        if epoch == 0:
+            params = history.params
+            self.settings = {
+                "steps_per_execution": params["steps_per_execution"],
+                "jit_compile": params["jit_compile"],
+            }
+        return timer.seconds[-1], timer.losses[-1]
+
+
+def _fixed_batch(batch: Any, step: Any) -> Any:
+    """The floor's `batch_fn`: the same batch at every step (no input work)."""
+    return batch
+
+
+class _JaxFloor(Variant):
+    """The compiled training call `shardfeed.fit` runs on JAX, on one fixed batch."""
+
+    name = "floor"
+
+    def setup(self) -> None:
+        from shardfeed._jax.dataset import ShardedResidentDataset
+        from shardfeed._jax.evaluation import loop_for
+        from shardfeed._training.options import FitOptions
+
+        b = self.workload.batch_size
+        self.model = _model(self)
+        # The loop is built for the first batch only; the other rows never
+        # enter the timed calls.
+        dataset = ShardedResidentDataset(
+            self.x[:b], self.y[:b], per_replica_batch_size=b, shuffle=False
+        )
+        loop = loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
+        epoch = dataset.epoch(0)
+        loop.build(epoch)
+        self.batch = epoch.batch(0)  # on the device, laid out as fit's batches
+        steps, full_steps = math.ceil(len(self.x) / b), len(self.x) // b
+        k = loop.steps_per_call(full_steps) if full_steps else 1
+        self.calls = [min(k, steps - s) for s in range(0, steps, k)]
+        # The one place the bench reaches into the JAX loop: its compiled
+        # k-step training call (Keras' `train_step` in `lax.scan`), here fed
+        # by `_fixed_batch`, so the floor moves whenever fit's step does.
+        self.fn = loop._compiled("train", False)
+        self.state = loop.state("train")
+        self.settings = {"steps_per_execution": k, "jit_compile": True}
+
+    def epoch(self, epoch: int) -> tuple[float, float | None]:
+        start = time.perf_counter()
+        for steps in self.calls:
+            logs, self.state = self.fn(self.state, self.batch, np.int32(0), _fixed_batch, steps)
+        float(logs["loss"])  # waits for the last call, and so for all of them
+        return time.perf_counter() - start, None
+
+
+JAX_VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
+    "jax": IN_WORKER_TYPES["jax"],  # the worker's model.fit variants, in this process
+    "jax-tuned": IN_WORKER_TYPES["jax-tuned"],
+    "shardfeed": _JaxShardfeed,
+    "floor": _JaxFloor,
+}

@@ -1,0 +1,102 @@
+"""`shardfeed bench` on Keras' JAX backend runs end to end and never imports TensorFlow.
+
+No timing assertions (speed claims belong to the bench's own report, with its
+machine line). W2 only: W4's CNN inside XLA:CPU's rolled loop takes minutes
+per step on a 2-core CPU (docs/performance.md), so W4 on JAX is for GPUs
+(`.ci/gpu-check.sh`). The bench runs in a subprocess whose import system refuses
+TensorFlow, so the check holds in a venv that has TensorFlow too: any import
+of it fails the run or shows in a variant's skip reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardfeed._commands.bench import jax_variants as _jax
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The bench's CLI with TensorFlow made unimportable; exits non-zero if any
+# module of it got imported all the same.
+NO_TENSORFLOW = textwrap.dedent(
+    """
+    import sys
+
+    class NoTensorFlow:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "tensorflow":
+                raise ImportError(f"the JAX bench imported TensorFlow ({name})")
+            return None
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    from shardfeed._commands.cli import main
+
+    status = main(sys.argv[1:])
+    leaked = [m for m in sys.modules if m.split(".")[0] == "tensorflow"]
+    sys.exit(status or (3 if leaked else 0))
+    """
+)
+
+
+def _bench(out: Path, *flags: str) -> dict:
+    argv = ["bench", "--rows-scale", "0.0001", "--epochs", "1", "--probe-budget-s", "20"]
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TENSORFLOW, *argv, *flags, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "bench.json").read_text())
+
+
+def _check_ran(result: dict, name: str) -> None:
+    assert len(result["epoch_s"]) == 1 and result["epoch_s"][0] > 0, name
+    assert result["ratio_to_floor"] > 0 and result["speedup_vs_numpy"] > 0, name
+    assert result["settings"]["steps_per_execution"] >= 1, name
+    if name == "floor":
+        assert result["final_loss"] is None  # one batch seen over and over
+    else:
+        assert math.isfinite(result["final_loss"]), name
+
+
+@pytest.mark.slow
+def test_jax_bench_runs_every_jax_variant_without_tensorflow(tmp_path):
+    report = _bench(tmp_path, "--workloads", "W2")  # default variants: the JAX ones
+
+    machine = report["machine"]
+    assert machine["keras_backend"] == "jax" and machine["jax"]
+    assert machine["devices"] and all(":" in d for d in machine["devices"])  # jax.devices()
+    variants = report["workloads"]["W2"]["variants"]
+    assert list(variants) == list(_jax.JAX_VARIANTS)
+    for name, result in variants.items():
+        assert "skipped" not in result, (name, result.get("skipped"))
+        _check_ran(result, name)
+    assert variants["floor"]["ratio_to_floor"] == 1.0
+    assert variants["jax"]["speedup_vs_numpy"] == 1.0  # Keras-on-JAX defaults: the baseline
+    assert variants["jax-tuned"]["probe"]["configs"]
+    markdown = (tmp_path / "bench.md").read_text()
+    assert f"Keras {machine['keras']} on jax" in markdown, markdown[:600]
+    assert f"devices {machine['devices'][0]}" in markdown, markdown[:600]
+
+
+def test_jax_bench_refuses_tensorflow_variants():
+    _jax.check_variants(_jax.JAX_VARIANTS)
+    with pytest.raises(ValueError) as raised:
+        _jax.check_variants(["jax", "tfdata", "streaming"])
+    assert str(raised.value) == (
+        "On Keras' JAX backend the bench runs jax, jax-tuned, shardfeed, floor; the others "
+        "train on TensorFlow. Received: variants=tfdata,streaming, "
+        "keras.backend.backend()='jax'. Pass `--variants jax,jax-tuned,shardfeed,floor`, or "
+        "run the bench with KERAS_BACKEND=tensorflow."
+    )
