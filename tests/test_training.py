@@ -541,6 +541,9 @@ def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
     if case == "pieces_of_3_steps":
         kwargs["steps"] = 10  # one call of 10 steps: pieces of 3, 3, 3 and 1 steps
         kwargs["augment"] = _jitter
+        from shardfeed._training import calls
+
+        monkeypatch.setattr(calls, "GATHER_PIECES", 4)
     if case in ("augment", "one_step_per_gather"):
         kwargs["augment"] = _jitter  # seeded per step: the steps' offsets must agree
     if case == "class_weight":
@@ -601,18 +604,19 @@ def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordere
 
 
 @pytest.mark.parametrize(
-    ("steps", "steps_per_gather", "pieces"),
+    ("steps", "steps_per_gather", "count", "pieces"),
     [
-        (118, 992, [(0, 30), (30, 60), (60, 90), (90, 118)]),  # W2's calls
-        (3, 992, [(0, 1), (1, 2), (2, 3)]),  # fewer steps than pieces: one each
-        (1, 992, [(0, 1)]),
-        (10, 4, [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]),  # two pieces fit 4 steps
-        (5, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),  # one step fits: one at a time
+        (118, 992, 1, [(0, 118)]),  # W2's calls, by default: the call's rows at once
+        (118, 992, 4, [(0, 30), (30, 60), (60, 90), (90, 118)]),
+        (3, 992, 4, [(0, 1), (1, 2), (2, 3)]),  # fewer steps than pieces: one each
+        (1, 992, 4, [(0, 1)]),
+        (10, 4, 1, [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]),  # two pieces fit 4 steps
+        (5, 1, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),  # one step fits: one at a time
     ],
 )
 def test_a_calls_gather_pieces_cover_its_steps_and_two_fit_the_counted_rows(
-    steps, steps_per_gather, pieces
+    steps, steps_per_gather, count, pieces
 ):
     from shardfeed._training.calls import gather_pieces
 
-    assert gather_pieces(steps, steps_per_gather) == pieces
+    assert gather_pieces(steps, steps_per_gather, count) == pieces
