@@ -504,7 +504,7 @@ def test_a_model_with_its_own_rescaling_needs_no_transform():
     )
 
 
-def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS):
+def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS, steps=3):
     """Two epochs under XLA on one replica, the call's rows gathered at once
     (`per_call`, the default) or step by step inside XLA (the former path)."""
     from shardfeed._training.compiled import loop_for
@@ -514,7 +514,7 @@ def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS):
         y = (y > 0).astype("int32")
     model = _mlp("adam")
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=3, augment=augment)
-    options = FitOptions(jit_compile=True, steps_per_execution=3)
+    options = FitOptions(jit_compile=True, steps_per_execution=steps)
     loop = loop_for(model, ds, options)
     assert loop.gathers_per_call
     if not per_call:
@@ -530,12 +530,20 @@ def _jitter(x, seed):
 
 
 @pytest.mark.parametrize(
-    "case", ["plain", "augment", "class_weight", "one_step_per_gather"]
+    "case", ["plain", "augment", "class_weight", "one_step_per_gather", "pieces_of_3_steps"]
 )
 def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
     # 1050 rows, batch 100: 10 full steps and a partial one, calls of 3 steps
-    # (the last full call has 1); shuffled, so every step reads scattered rows.
-    kwargs = {"rows": 1050}
+    # (the last full call has 1), each gathered in pieces of one step, the
+    # next piece while XLA trains on this one; shuffled, so every step reads
+    # scattered rows.
+    kwargs: dict = {"rows": 1050}
+    if case == "pieces_of_3_steps":
+        kwargs["steps"] = 10  # one call of 10 steps: pieces of 3, 3, 3 and 1 steps
+        kwargs["augment"] = _jitter
+        from shardfeed._training import calls
+
+        monkeypatch.setattr(calls, "GATHER_PIECES", 4)
     if case in ("augment", "one_step_per_gather"):
         kwargs["augment"] = _jitter  # seeded per step: the steps' offsets must agree
     if case == "class_weight":
@@ -550,3 +558,65 @@ def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
     for a, b in zip(new_weights, old_weights, strict=True):
         np.testing.assert_array_equal(a, b)
     assert new_history == old_history
+
+
+@pytest.mark.parametrize(
+    ("row_budget_steps", "unordered"),
+    [
+        (None, 2),  # room for a whole call: pieces 0 and 1 gathered at once, then one by one
+        (1, 1),  # room for one step: each piece gathered after the steps before it
+    ],
+)
+def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordered, monkeypatch):
+    # A piece's gather waits (control input) for the steps two pieces back
+    # (one back with room for one step only): without that, TensorFlow may
+    # run every gather of the call at once, holding more rows than counted.
+    from shardfeed._data import memory
+    from shardfeed._training.compiled import loop_for
+
+    if row_budget_steps is not None:
+        monkeypatch.setattr(memory, "CALL_ROWS_BYTES", 100 * 9 * 4 * row_budget_steps)
+    x, y = _data(1050)
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=3)
+    options = FitOptions(jit_compile=True, steps_per_execution=8)
+    shardfeed.fit(model, ds, epochs=1, verbose=0, options=options)
+    traced = loop_for(model, ds, options).traces.train_gathered
+    graph = traced._list_all_concrete_functions()[0].graph
+    gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"]
+    calls = [op for op in graph.get_operations() if op.type == "StatefulPartitionedCall"]
+
+    def last_call_before(op) -> int:
+        """The latest piece's steps `op` waits for (data or control), -1: none."""
+        seen, todo = set(), [op]
+        while todo:
+            node = todo.pop()
+            for up in [t.op for t in node.inputs] + list(node.control_inputs):
+                if up.name not in seen:
+                    seen.add(up.name)
+                    todo.append(up)
+        return max((i for i, call in enumerate(calls) if call.name in seen), default=-1)
+
+    columns = 2  # x and y
+    assert len(gathers) == columns * len(calls) and len(calls) > unordered
+    waits = [last_call_before(op) for op in gathers]
+    assert waits == [max(-1, p - unordered) for p in range(len(calls)) for _ in range(columns)]
+
+
+@pytest.mark.parametrize(
+    ("steps", "steps_per_gather", "count", "pieces"),
+    [
+        (118, 992, 1, [(0, 118)]),  # W2's calls, by default: the call's rows at once
+        (118, 992, 4, [(0, 30), (30, 60), (60, 90), (90, 118)]),
+        (3, 992, 4, [(0, 1), (1, 2), (2, 3)]),  # fewer steps than pieces: one each
+        (1, 992, 4, [(0, 1)]),
+        (10, 4, 1, [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]),  # two pieces fit 4 steps
+        (5, 1, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),  # one step fits: one at a time
+    ],
+)
+def test_a_calls_gather_pieces_cover_its_steps_and_two_fit_the_counted_rows(
+    steps, steps_per_gather, count, pieces
+):
+    from shardfeed._training.calls import gather_pieces
+
+    assert gather_pieces(steps, steps_per_gather, count) == pieces

@@ -3,13 +3,15 @@
 Owns the grid of calls (`Call`: Keras' step counter for the batch hooks and
 the compiled pieces each call runs) and `EpochCalls`, the iterable that
 `Loop.epoch` returns and whose `run` executes one call on the open epoch,
-keeping the epoch's running (loss sum, rows).
+keeping the epoch's running (loss sum, rows); and the pieces a call's
+gathered rows come in (`gather_pieces`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -156,3 +158,30 @@ def _calls(
         )
         cell += 1
     return out
+
+
+# Pieces a one-replica XLA training call's rows are gathered in
+# (`gather_pieces`): `Loop._train_gathered` gathers the next piece while XLA
+# trains on this one. One: on the 2-core VM more pieces showed no gain in
+# `fit` and cost an XLA compile (docs/performance.md, "W2's gap per step");
+# a call whose rows exceed half the counted bytes still comes in pieces.
+GATHER_PIECES = 1
+
+
+def gather_pieces(
+    steps: int, steps_per_gather: int, pieces: int | None = None
+) -> list[tuple[int, int]]:
+    """The `(start, stop)` steps of a call of `steps` steps whose rows are
+    gathered at once: about `pieces` (default `GATHER_PIECES`) pieces, two of which (the one
+    trained on, the next one gathered) fit the `steps_per_gather` steps the
+    memory plan counts (`ResidentEpoch.steps_per_gather`); one step each when only
+    one step fits (then gathered one after the other).
+
+    Example:
+        >>> gather_pieces(118, 992), gather_pieces(118, 992, pieces=4)
+        ([(0, 118)], [(0, 30), (30, 60), (60, 90), (90, 118)])
+        >>> gather_pieces(5, 1)
+        [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    piece = max(1, min(math.ceil(steps / (pieces or GATHER_PIECES)), steps_per_gather // 2))
+    return [(a, min(steps, a + piece)) for a in range(0, steps, piece)]

@@ -24,10 +24,11 @@ tensor makes XLA recompile per chunk, so each call receives its own
 over the static `k`. With one replica and no communication the whole loop is
 one XLA cluster; otherwise only forward/backward is (strategies' merge calls
 and Horovod's CPU ops cannot be compiled). That one-replica training call
-first gathers its steps' rows with TensorFlow's kernel, one gather per
-column (`_train_gathered`, up to `ResidentEpoch.steps_per_gather` steps at
-a time), and its XLA loop reads them contiguously: XLA's own gather cost
-more than the rest of W2's input per step (docs/performance.md).
+gathers its steps' rows with TensorFlow's kernel, one gather per column and
+piece of the call (`_train_gathered`, `calls.gather_pieces`), and its XLA loop
+reads them contiguously: XLA's own gather cost more than the rest of W2's
+input per step (docs/performance.md). The next piece is gathered while the
+XLA loop trains on this one.
 
 Memory. Keras' optimizer all-reduces gradients through
 `ReplicaContext.all_reduce`, whose `tf.custom_gradient` files a gradient
@@ -60,7 +61,7 @@ from shardfeed._training import augmenting as _augmenting
 from shardfeed._training import model_steps as _model_steps
 from shardfeed._training import predictions as _predictions
 from shardfeed._training import step_optimizers as _step_optimizers
-from shardfeed._training.calls import EpochCalls
+from shardfeed._training.calls import EpochCalls, gather_pieces
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
 from shardfeed._training.traces import Traces
@@ -285,19 +286,35 @@ class Loop:
         return self.engine.read_sum(self._loss_sum)
 
     def _train_gathered(self, handles, indices, where, replicas):
-        # One replica (no `engine.run`): the rows of up to `call_rows_steps`
-        # steps in one gather per column (TensorFlow's kernel, outside XLA;
-        # the memory plan counts them: `ResidentEpoch.steps_per_gather`), then the XLA
-        # step loop over them. Same steps, same rows, same order as `_train_chunk`.
+        # One replica (no `engine.run`): a call's rows in one gather per column
+        # and piece (TensorFlow's kernel, outside XLA), then the XLA step loop
+        # over them. Same steps, same rows, same order as `_train_chunk`.
         steps, batch = indices.shape[:2]
-        per_gather = self._open_epoch().steps_per_gather
+        epoch = self._open_epoch()
+        pieces = gather_pieces(steps, epoch.steps_per_gather)
+
+        def rows_of(a: int, b: int, after: Any) -> Batch:
+            # After the steps `after` ran: the rows of at most two pieces are
+            # held at a time, what the memory plan counts.
+            with tf.control_dependencies([] if after is None else [after]):
+                flat = tf.reshape(indices[a:b], [-1])
+                rows = epoch.gather_rows(handles, flat)
+            return _map_leaves(lambda t: tf.reshape(t, [b - a, batch, *t.shape[1:]]), rows)
+
         self._loss_sum.assign(0.0)
-        for a in range(0, steps, per_gather):
-            b = min(steps, a + per_gather)
-            rows = self._open_epoch().gather_rows(handles, tf.reshape(indices[a:b], [-1]))
-            by_step = _map_leaves(lambda t, n=b - a: tf.reshape(t, [n, batch, *t.shape[1:]]), rows)
+        # The next piece's gather waits only for the piece before this one,
+        # so TensorFlow's executor runs it beside this piece's XLA steps (on
+        # the other core); with room for one piece's rows, after them.
+        overlap = epoch.steps_per_gather >= 2
+        rows, before = rows_of(*pieces[0], None), None
+        for j, (a, _) in enumerate(pieces):
+            after = pieces[j + 1] if j + 1 < len(pieces) else None
+            if after is not None and overlap:
+                ahead = rows_of(*after, before)
             offset = tf.constant([0, a], tf.int64)
-            self.traces.train_rows(by_step, where + offset, replicas)
+            before = self.traces.train_rows(rows, where + offset, replicas)
+            if after is not None:
+                rows = ahead if overlap else rows_of(*after, before)
         return self._loss_sum.read_value()
 
     def _train_rows(self, rows, where, replicas):
