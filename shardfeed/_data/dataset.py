@@ -57,7 +57,7 @@ class _Held(NamedTuple):
     exchange: _global_order.GlobalShuffle | None
 
 
-class ShardedResidentDataset:
+class ShardedResidentDataset(_args.DatasetBase[World]):
     """A dataset held in device memory, sharded across replicas.
 
     Each worker reads only the rows its replicas own and uploads them in
@@ -206,36 +206,6 @@ class ShardedResidentDataset:
 
     # -- what it was built with ------------------------------------------------
 
-    @property
-    def world(self) -> World:
-        """The `World` (strategy, ranks, local devices) whose replicas hold the rows."""
-        return self._world
-
-    @property
-    def shuffle(self) -> bool | Literal["local"]:
-        """The `shuffle` it was built with (True: the global order)."""
-        return self._shuffle
-
-    @property
-    def seed(self) -> int | None:
-        """The seed of the epoch permutations (and of `augment`), or None."""
-        return self._seed
-
-    @property
-    def transform(self) -> Callable[[Any], Any] | None:
-        """The function applied to each batch's `x`, or None."""
-        return self._transform
-
-    @property
-    def augment(self) -> Callable[[Any, Any], Any] | None:
-        """The function `(x, seed) -> x` applied to training batches, or None."""
-        return self._augment
-
-    @property
-    def load_options(self) -> LoadOptions:
-        """The `LoadOptions` it was loaded with."""
-        return self._load_options
-
     # -- what it holds -------------------------------------------------------
 
     def _hold(self) -> _Held:
@@ -284,57 +254,6 @@ class ShardedResidentDataset:
     def exchange(self) -> _global_order.GlobalShuffle | None:
         """The per-epoch exchange of globally shuffled sharded rows, or None."""
         return self._holding().exchange
-
-    @property
-    def eval_plan(self) -> _plan.ShardPlan:
-        """The evaluation plan: rows in order, nothing dropped, a partial last
-        step padded (`evaluate`, `predict`, `epoch(e, training=False)`)."""
-        return self._eval_plan
-
-    @property
-    def plan(self) -> _plan.ShardPlan:
-        """The training plan (steps per epoch, partial last step, drops).
-
-        Raises:
-            ValueError: If these rows admit no training epoch on these replicas.
-        """
-        if self._train_plan is None:
-            raise self._train_plan_error  # type: ignore[misc]
-        return self._train_plan
-
-    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
-        """The training plan for another per-replica batch, the rows staying
-        where they are (the dataset is not changed). `fit` uses it to keep a
-        checkpoint's global batch when resuming on another number of replicas
-        (`_training/resume.py`) and passes it to `epoch_order`."""
-        return _plan.plan_shards(
-            self.num_rows,
-            self.world.num_replicas_in_sync,
-            per_replica_batch_size,
-            self.plan.placement,
-            self.plan.drop_remainder,
-            training=True,
-        )
-
-    @property
-    def num_rows(self) -> int:
-        """Rows in the dataset (all workers together)."""
-        return self.columns.num_rows
-
-    @property
-    def per_replica_batch_size(self) -> int:
-        """Rows each replica takes per step."""
-        return self.eval_plan.per_replica_batch_size
-
-    @property
-    def global_batch_size(self) -> int:
-        """Rows per step over all replicas."""
-        return self.eval_plan.global_batch_size
-
-    @property
-    def has_targets(self) -> bool:
-        """Whether it was built with `y`."""
-        return self.columns.y is not None
 
     @property
     def nbytes_on_device(self) -> int:

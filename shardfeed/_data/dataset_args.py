@@ -3,7 +3,8 @@
 Owns what `ShardedResidentDataset` checks and computes before it touches a
 device, on TensorFlow (`_data/dataset.py`) and on JAX (`_jax/dataset.py`)
 alike: the argument checks and their messages, the training and evaluation
-plans, the log line for dropped rows, and `split`'s arithmetic. No
+plans, the log line for dropped rows, `split`'s arithmetic, and the
+properties both datasets read them back by (`DatasetBase`). No
 TensorFlow, no JAX: each backend's dataset calls these, then holds the rows
 its own way.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import plan as _plan
+from shardfeed._data.options import LoadOptions
 
 logger = logging.getLogger("shardfeed")
 
@@ -269,3 +272,107 @@ def label_column(y: Any, target: tuple[Any, ...]) -> int:
             )
         )
     return column
+
+
+WorldT = TypeVar("WorldT")
+
+
+class DatasetBase(Generic[WorldT]):
+    """What both backends' `ShardedResidentDataset` were built with and plan:
+    the read-only properties they share, one implementation. A subclass's
+    constructor sets the attributes read here (from `plans` and the checks
+    above) and owns its storage and epochs."""
+
+    columns: Any
+    _world: WorldT
+    _shuffle: bool | Literal["local"]
+    _seed: int | None
+    _transform: Callable[[Any], Any] | None
+    _augment: Callable[[Any, Any], Any] | None
+    _load_options: LoadOptions
+    _eval_plan: _plan.ShardPlan
+    _train_plan: _plan.ShardPlan | None
+    _train_plan_error: ValueError | None
+
+    @property
+    def world(self) -> WorldT:
+        """The `World` whose replicas hold the rows (ranks, local devices; on
+        TensorFlow also the strategy)."""
+        return self._world
+
+    @property
+    def shuffle(self) -> bool | Literal["local"]:
+        """The `shuffle` it was built with (True: the global order)."""
+        return self._shuffle
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of the epoch permutations (and of `augment`), or None."""
+        return self._seed
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        """The function applied to each batch's `x`, or None."""
+        return self._transform
+
+    @property
+    def augment(self) -> Callable[[Any, Any], Any] | None:
+        """The function applied to training batches (`(x, seed) -> x` on
+        TensorFlow, `(x, key) -> x` on JAX), or None."""
+        return self._augment
+
+    @property
+    def load_options(self) -> LoadOptions:
+        """The `LoadOptions` it was loaded with."""
+        return self._load_options
+
+    @property
+    def eval_plan(self) -> _plan.ShardPlan:
+        """The evaluation plan: rows in order, nothing dropped, the last step padded."""
+        return self._eval_plan
+
+    @property
+    def plan(self) -> _plan.ShardPlan:
+        """The training plan: steps per epoch, dropped rows, each replica's rows.
+
+        Raises:
+            ValueError: If these rows admit no training epoch on these
+                replicas (fewer rows than replicas).
+        """
+        if self._train_plan is None:
+            raise self._train_plan_error  # type: ignore[misc]
+        return self._train_plan
+
+    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
+        """The training plan for another per-replica batch, the rows staying
+        where they are (the dataset is not changed). `fit` uses it to keep a
+        checkpoint's global batch when resuming on another number of replicas
+        (`_training/resume.py`) and passes it to `epoch_order`."""
+        return _plan.plan_shards(
+            self.num_rows,
+            self.plan.num_replicas,
+            per_replica_batch_size,
+            self.plan.placement,
+            self.plan.drop_remainder,
+            training=True,
+        )
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the dataset (all workers together)."""
+        return int(self.columns.num_rows)
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        """Rows each replica takes per step."""
+        return self.eval_plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Rows per step over all replicas."""
+        return self.eval_plan.global_batch_size
+
+    @property
+    def has_targets(self) -> bool:
+        """Whether it was built with `y`."""
+        return self.columns.y is not None

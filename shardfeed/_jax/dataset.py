@@ -76,7 +76,7 @@ def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> No
         )
 
 
-class ShardedResidentDataset:
+class ShardedResidentDataset(_args.DatasetBase[World]):
     """A dataset held in device memory, sharded across replicas, on JAX.
 
     The same arguments, checks and messages as the TensorFlow backend's (see
@@ -179,71 +179,7 @@ class ShardedResidentDataset:
 
     # -- what it was built with ------------------------------------------------
 
-    @property
-    def world(self) -> World:
-        """The JAX `World` whose replicas hold the rows."""
-        return self._world
-
-    @property
-    def shuffle(self) -> bool | Literal["local"]:
-        return self._shuffle
-
-    @property
-    def seed(self) -> int | None:
-        return self._seed
-
-    @property
-    def transform(self) -> Callable[[Any], Any] | None:
-        return self._transform
-
-    @property
-    def augment(self) -> Callable[[Any, Any], Any] | None:
-        return self._augment
-
-    @property
-    def load_options(self) -> LoadOptions:
-        return self._load_options
-
     # -- plans -----------------------------------------------------------------
-
-    @property
-    def eval_plan(self) -> _plan.ShardPlan:
-        """The evaluation plan: rows in order, nothing dropped."""
-        return self._eval_plan
-
-    @property
-    def plan(self) -> _plan.ShardPlan:
-        """The training plan.
-
-        Raises:
-            ValueError: If these rows admit no training epoch on these replicas.
-        """
-        if self._train_plan is None:
-            raise self._train_plan_error  # type: ignore[misc]
-        return self._train_plan
-
-    def training_plan(self, per_replica_batch_size: int) -> _plan.ShardPlan:
-        """The training plan for another per-replica batch, rows staying put."""
-        return _plan.plan_shards(
-            self.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
-            self.plan.placement, self.plan.drop_remainder, training=True,
-        )
-
-    @property
-    def num_rows(self) -> int:
-        return self.columns.num_rows
-
-    @property
-    def per_replica_batch_size(self) -> int:
-        return self.eval_plan.per_replica_batch_size
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.eval_plan.global_batch_size
-
-    @property
-    def has_targets(self) -> bool:
-        return self.columns.y is not None
 
     @property
     def order_is_global(self) -> bool:
