@@ -572,8 +572,12 @@ def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordere
     # (one back with room for one step only): without that, TensorFlow may
     # run every gather of the call at once, holding more rows than counted.
     from shardfeed._data import memory
+    from shardfeed._training import calls as calls_module
     from shardfeed._training.compiled import loop_for
 
+    # Four pieces per call (the default is one: then only a budget below a
+    # call's rows cuts it, as in the second case).
+    monkeypatch.setattr(calls_module, "GATHER_PIECES", 4)
     if row_budget_steps is not None:
         monkeypatch.setattr(memory, "CALL_ROWS_BYTES", 100 * 9 * 4 * row_budget_steps)
     x, y = _data(1050)
