@@ -10,13 +10,11 @@ three share in `inputs.py`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import keras
 
-from shardfeed._common import errors as _errors
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._training import backup as _backup
@@ -127,27 +125,8 @@ def fit(
     # A batch larger than the data trains one short step, as Keras
     # (`plan_shards` refuses only a step with no row on some replica).
     plan = dataset.plan
-    if not (
-        _errors.is_integer(epochs)
-        and _errors.is_integer(initial_epoch)
-        and epochs >= 0
-        and initial_epoch >= 0
-    ):
-        raise ValueError(
-            _errors.message(
-                "`epochs` and `initial_epoch` must be integers >= 0.",
-                f"epochs={epochs!r}, initial_epoch={initial_epoch!r}",
-                "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
-            )
-        )
+    epochs, initial_epoch = fit_args.epochs_to_run(epochs, initial_epoch)
     should_validate = fit_args.validation_schedule(validation_freq)
-    epochs, initial_epoch = int(epochs), int(initial_epoch)
-    # Keras' debugging caps (`keras.config.set_max_epochs`/`set_max_steps_per_epoch`),
-    # with Keras' warnings.
-    max_epochs = keras.config.max_epochs()
-    if max_epochs and max_epochs < epochs:
-        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=2)
-        epochs = max_epochs
     steps_per_epoch = fit_args.max_steps(steps_per_epoch)
     fit_args.check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
     run = FitRun(

@@ -229,3 +229,32 @@ def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> Non
                 "Pass the `{batch}` of a `ModelCheckpoint(save_freq=N)` file name, or 0.",
             )
         )
+
+
+def epochs_to_run(epochs: object, initial_epoch: object) -> tuple[int, int]:
+    """`fit`'s `(epochs, initial_epoch)` checked, on both backends, with
+    Keras' debugging cap (`keras.config.set_max_epochs`) and its warning.
+
+    Raises:
+        ValueError: Unless both are integers >= 0.
+    """
+    if not (
+        _errors.is_integer(epochs)
+        and _errors.is_integer(initial_epoch)
+        and epochs >= 0  # type: ignore[operator]
+        and initial_epoch >= 0  # type: ignore[operator]
+    ):
+        raise ValueError(
+            _errors.message(
+                "`epochs` and `initial_epoch` must be integers >= 0.",
+                f"epochs={epochs!r}, initial_epoch={initial_epoch!r}",
+                "Pass e.g. `epochs=10` (and `initial_epoch=k` to resume after epoch k).",
+            )
+        )
+    count, first = int(epochs), int(initial_epoch)  # type: ignore[call-overload]
+    max_epochs = keras.config.max_epochs()
+    if max_epochs and max_epochs < count:
+        # stacklevel 3: the user's `fit` call, as Keras' warning points there.
+        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=3)
+        count = max_epochs
+    return count, first
