@@ -37,6 +37,7 @@ INTERFACE = {
     "num_rows",
     "per_replica_batch_size",
     "plan",
+    "row_specs",
     "seed",
     "shuffle",
     "split",

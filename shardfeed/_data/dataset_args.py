@@ -11,15 +11,18 @@ its own way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import numpy as np
+import optree
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import plan as _plan
+from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
 
 logger = logging.getLogger("shardfeed")
@@ -277,6 +280,15 @@ def label_column(y: Any, target: tuple[Any, ...]) -> int:
 WorldT = TypeVar("WorldT")
 
 
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """One stored column's rows: `shape` with a leading None (the rows), as
+    a `tf.TensorSpec` of a batch, and the dtype as given."""
+
+    shape: tuple[int | None, ...]
+    dtype: np.dtype
+
+
 class DatasetBase(Generic[WorldT]):
     """What both backends' `ShardedResidentDataset` were built with and plan:
     the read-only properties they share, one implementation. A subclass's
@@ -376,3 +388,21 @@ class DatasetBase(Generic[WorldT]):
     def has_targets(self) -> bool:
         """Whether it was built with `y`."""
         return self.columns.y is not None
+
+    @property
+    def row_specs(self) -> Batch:
+        """`Batch` of a `RowSpec` per stored column, in the user's structures
+        (None for an absent part): the columns as given, before `transform`,
+        on both backends (e.g. `class_weight` checks its single target)."""
+        columns = self.columns.columns
+
+        def specs(structure: Any) -> Any:
+            if structure is None:
+                return None
+            return optree.tree_map(
+                lambda i: RowSpec((None, *columns[i].row_shape), columns[i].dtype), structure
+            )
+
+        return Batch(
+            specs(self.columns.x), specs(self.columns.y), specs(self.columns.sample_weight)
+        )

@@ -21,18 +21,24 @@ from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
+from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions, with_model_steps
 
 
-def loop_for(model: keras.Model, dataset: ShardedResidentDataset, options: FitOptions) -> Loop:
+def loop_for(
+    model: keras.Model,
+    dataset: ShardedResidentDataset,
+    options: FitOptions,
+    class_weights: ClassWeights | None = None,
+) -> Loop:
     """The loop for `model` on `dataset`'s world with `options`' steps per call
-    (the model's `compile(steps_per_execution=k)` applied), kept across calls
-    (`_jax/loop.py`'s `loop_for`)."""
+    (the model's `compile(steps_per_execution=k)` applied) and `fit`'s
+    `class_weights`, kept across calls (`_jax/loop.py`'s `loop_for`)."""
     _inputs.check_not_eager(model)
     options = with_model_steps(options, model)
     _inputs.check_jax_options(options)
-    return _loop.loop_for(model, dataset.world, options.steps_per_execution)
+    return _loop.loop_for(model, dataset.world, options.steps_per_execution, class_weights)
 
 
 def evaluate_loop(

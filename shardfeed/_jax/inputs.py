@@ -114,19 +114,12 @@ def check_jax_options(options: FitOptions) -> None:
         )
 
 
-def check_jax_fit(class_weight: Any, callbacks: list[Any] | None) -> None:
+def check_jax_fit(callbacks: list[Any] | None) -> None:
     """Refuses what `shardfeed.fit` supports on TensorFlow but not yet on JAX.
 
     Raises:
-        ValueError: For `class_weight`, and for a `BackupAndRestore` callback.
+        ValueError: For a `BackupAndRestore` callback.
     """
-    if class_weight is not None:
-        raise _refusal(
-            "`class_weight` is not implemented on the JAX backend yet.",
-            f"class_weight={class_weight!r}",
-            "Fold the weights into the dataset's `sample_weight` column "
-            "(`sample_weight = np.take(weights, y)`), or use the TensorFlow backend.",
-        )
     for callback in callbacks or []:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             raise _refusal(

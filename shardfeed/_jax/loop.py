@@ -30,7 +30,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from shardfeed._data.batch import Batch
 from shardfeed._jax.world import REPLICA_AXIS, World
+from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import auto_steps_per_execution
 
 Mode = Literal["train", "test", "predict"]
@@ -121,10 +123,14 @@ def _compiled_parts(model: keras.Model) -> tuple[Any, ...]:
 
 
 def loop_for(
-    model: keras.Model, world: World, steps_per_execution: int | Literal["auto"]
+    model: keras.Model,
+    world: World,
+    steps_per_execution: int | Literal["auto"],
+    class_weights: ClassWeights | None = None,
 ) -> Loop:
-    """The loop of `model` on `world` with `steps_per_execution`: the one made
-    by an earlier call for the model's current compile, else a new one."""
+    """The loop of `model` on `world` with `steps_per_execution` (and `fit`'s
+    `class_weights`): the one made by an earlier call for the model's current
+    compile, else a new one."""
     compiled = _compiled_parts(model)
     cached = _LOOPS.get(model)
     if cached is None or cached[0] != compiled:
@@ -132,10 +138,10 @@ def loop_for(
         # traces would run the old ones, so they go.
         cached = (compiled, {})
         _LOOPS[model] = cached
-    key = (world.mesh, world.world_size, steps_per_execution)
+    key = (world.mesh, world.world_size, steps_per_execution, class_weights)
     loop = cached[1].get(key)
     if loop is None:
-        loop = cached[1][key] = Loop(model, world, steps_per_execution)
+        loop = cached[1][key] = Loop(model, world, steps_per_execution, class_weights)
     return loop
 
 
@@ -167,15 +173,22 @@ class Loop:
         world: The replicas (the state is replicated on `world.mesh`).
         steps_per_execution: Steps per compiled call, or "auto" (about ten
             calls per epoch, at most 512 steps each).
+        class_weights: `fit`'s `class_weight`: training batches get weights
+            by class (in place of the dataset's none), as in Keras.
     """
 
     def __init__(
-        self, model: keras.Model, world: World, steps_per_execution: int | Literal["auto"]
+        self,
+        model: keras.Model,
+        world: World,
+        steps_per_execution: int | Literal["auto"],
+        class_weights: ClassWeights | None = None,
     ) -> None:
         # Weakly: `_LOOPS` keeps loops for as long as their model lives.
         self._model = weakref.ref(model)
         self.world = world
         self.steps_per_execution = steps_per_execution
+        self.class_weights = class_weights
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
         self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
@@ -267,6 +280,12 @@ class Loop:
 
         return predict
 
+    def _weighted(self, mode: Mode, batch: Batch) -> Batch:
+        """`batch` with its class weights: training batches only, as Keras."""
+        if mode != "train" or self.class_weights is None:
+            return batch
+        return batch._replace(sample_weight=self.class_weights.weights(batch.y))
+
     def _compiled(self, mode: Mode, partial: bool) -> Callable[..., Any]:
         key = (mode, partial)
         if key in self._jitted:
@@ -284,7 +303,7 @@ class Loop:
             # The model's step is looked up when tracing: the compiled call
             # must not hold the model (`_LOOPS` keys it weakly).
             def one(state: Any, batch: Any) -> Any:
-                return self._step(mode)(state, _data(batch))
+                return self._step(mode)(state, _data(self._weighted(mode, batch)))
 
             fn = jax.jit(one, donate_argnums=donate, out_shardings=out)
         else:
@@ -293,7 +312,8 @@ class Loop:
                 step = self._step(mode)
 
                 def body(state: Any, i: Any) -> tuple[Any, Any]:
-                    result, state = step(state, _data(batch_fn(arrays, start + i)))
+                    batch = self._weighted(mode, batch_fn(arrays, start + i))
+                    result, state = step(state, _data(batch))
                     return state, result
 
                 steps = jnp.arange(num_steps, dtype=jnp.int32)

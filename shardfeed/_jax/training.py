@@ -24,6 +24,7 @@ from shardfeed._jax.loop import Loop, python_logs
 from shardfeed._training import fit_args
 from shardfeed._training.arguments import FIT_TRANSFORMS, check_model, resolve_verbose
 from shardfeed._training.callbacks import callback_list
+from shardfeed._training.class_weights import class_weights
 from shardfeed._training.options import FitOptions
 from shardfeed._training.resume_state import epoch_span
 
@@ -49,15 +50,14 @@ def fit(
 
     The same arguments, results and errors as the TensorFlow backend's
     `shardfeed.fit` (see its documentation), but for what docs/keras.md lists
-    as not yet on JAX (`class_weight`, `BackupAndRestore`,
-    `FitOptions(jit_compile=False)`). Each compiled call runs
+    as not yet on JAX (`BackupAndRestore`, `FitOptions(jit_compile=False)`). Each compiled call runs
     `steps_per_execution` of the model's own `train_step` in one `jax.jit`;
     batch hooks fire once per call, with the weights already in the model.
     """
     fit_args.refuse(unsupported, dataset)
     fit_args.check_positional(dataset, positional, ShardedResidentDataset)
     check_model(model, needs_compile=True)
-    _inputs.check_jax_fit(class_weight, callbacks)
+    _inputs.check_jax_fit(callbacks)
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
     if validation_split:
@@ -72,7 +72,7 @@ def fit(
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform
     verbose = resolve_verbose(verbose)
-    loop = loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset, options or FitOptions(), class_weights(class_weight, dataset))
     validate = _validation(model, dataset, validation_data, loop, should_validate)
     run = _Run(model, dataset, loop, None if steps_per_epoch is None else int(steps_per_epoch))
     params = {

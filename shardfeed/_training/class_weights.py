@@ -6,6 +6,8 @@ the class of a row is its label rounded to an integer (sparse labels, shape
 `(n,)` or `(n, 1)`) or the argmax of its label vector (one-hot labels); a
 class missing from the mapping weighs 1. Here the weights are looked up on
 the device for each gathered batch, so no weight column is stored.
+Backend-neutral (`keras.ops`, the dataset's `row_specs`): the TensorFlow and
+the JAX loops both call `ClassWeights.weights` inside their steps.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 from shardfeed._common import errors as _errors
+from shardfeed._data.dataset_args import RowSpec
 
 # Class ids above this would make the lookup table large for no reason.
 _MAX_CLASS_ID = 1_000_000
@@ -34,18 +37,29 @@ class ClassWeights:
 
     table: tuple[float, ...]
 
-    def weights(self, y: Any) -> tf.Tensor:
-        """One weight per row of the label batch `y` (in the graph)."""
-        if y.shape.rank is not None and y.shape.rank > 1:
+    def weights(self, y: Any) -> Any:
+        """One weight per row of the label batch `y` (traced, either backend)."""
+        ops = keras.ops
+        if len(y.shape) > 1:
             if y.shape[-1] == 1:
-                y = tf.squeeze(y, axis=-1)
+                y = ops.squeeze(y, axis=-1)
             else:
-                y = tf.argmax(y, axis=-1, output_type=tf.int32)
-        classes = tf.cast(tf.round(tf.cast(y, tf.float64)), tf.int32)
-        table = tf.constant(self.table, keras.backend.floatx())
-        known = (classes >= 0) & (classes < len(self.table))
-        looked_up = tf.gather(table, tf.clip_by_value(classes, 0, len(self.table) - 1))
-        return tf.where(known, looked_up, tf.ones_like(looked_up))
+                y = ops.argmax(y, axis=-1)
+        dtype = np.dtype(keras.backend.standardize_dtype(y.dtype))
+        if np.issubdtype(dtype, np.floating):
+            # Rounding in the label's own float type is exact (no float64:
+            # JAX runs without x64); as Keras, half to even.
+            y = ops.round(y)
+        elif not np.issubdtype(dtype, np.integer):
+            y = ops.cast(y, "int32")  # e.g. bool labels
+        # Known classes are tested before the cast, so a huge label cannot
+        # wrap into the table.
+        size = len(self.table)
+        known = ops.logical_and(y >= 0, y < size)
+        classes = ops.cast(ops.clip(y, 0, size - 1), "int32")
+        table = ops.convert_to_tensor(self.table, keras.backend.floatx())
+        looked_up = ops.take(table, classes)
+        return ops.where(known, looked_up, ops.ones_like(looked_up))
 
 
 def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> ClassWeights | None:
@@ -81,7 +95,7 @@ def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> Cla
                 "Pass e.g. `class_weight={0: 1.0, 1: 5.0}` (classes left out weigh 1).",
             )
         )
-    spec = dataset.element_spec
+    spec = dataset.row_specs
     if spec.sample_weight is not None:
         raise ValueError(
             _errors.message(
@@ -92,8 +106,8 @@ def class_weights(class_weight: Mapping[int, float] | None, dataset: Any) -> Cla
             )
         )
     # A single target is one spec; several outputs are a structure of them.
-    target = spec.y if isinstance(spec.y, tf.TensorSpec) else None
-    rank = None if target is None else target.shape.rank
+    target = spec.y if isinstance(spec.y, RowSpec) else None
+    rank = None if target is None else len(target.shape)
     if target is None or rank is None or rank > 2:
         shape = None if target is None else (dataset.num_rows, *target.shape[1:])
         got = "several outputs" if target is None else f"shape {shape}"

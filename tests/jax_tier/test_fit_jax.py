@@ -241,7 +241,6 @@ def test_memory_stays_flat_over_repeated_fits():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"class_weight": {0: 1.0}}, "`class_weight` is not implemented on the JAX backend yet."),
         ({"callbacks": [keras.callbacks.BackupAndRestore("unused")]},
          "Resuming with `BackupAndRestore` is not implemented on the JAX backend yet."),
         ({"options": FitOptions(jit_compile=False)},
