@@ -18,6 +18,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers_resume import DELETE as _DELETE
+from _helpers_resume import Preempt
+from _helpers_resume import edit_state as _state
 
 import shardfeed
 from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset
@@ -119,21 +122,6 @@ def _fit(
         **kwargs,
     )
     return model, hist
-
-
-class Preempt(keras.callbacks.Callback):
-    """Raises after the call ending at `batch` of `epoch` (after any backup)."""
-
-    def __init__(self, epoch, batch):
-        super().__init__()
-        self.epoch, self.batch, self.current = epoch, batch, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.current = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (self.current, batch) == (self.epoch, self.batch):
-            raise KeyboardInterrupt("preempted")
 
 
 def _assert_every_row_once(hist):
@@ -435,29 +423,6 @@ def _backup_copy(interrupted, tmp_path):
     backup = tmp_path / "backup"
     shutil.copytree(interrupted, backup, symlinks=True)
     return backup
-
-
-def _state(**changes):
-    """An edit of the state file's `state` object: dotted names, `None` to delete."""
-
-    def edit(backup):
-        path = backup / "shardfeed_state.json"
-        saved = json.loads(path.read_text())
-        for name, value in changes.items():
-            *parents, leaf = ["state", *name.split("__")]
-            obj = saved
-            for p in parents:
-                obj = obj[p]
-            if value is _DELETE:
-                del obj[leaf]
-            else:
-                obj[leaf] = value
-        path.write_text(json.dumps(saved))
-
-    return edit
-
-
-_DELETE = object()
 
 
 def _write(data):

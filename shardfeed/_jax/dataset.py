@@ -191,6 +191,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         return self.shuffle is False and self.plan.num_replicas == 1
 
     @property
+    def is_streaming(self) -> bool:
+        """Whether rows are streamed from the host: never on JAX (every row
+        is resident; `LoadOptions(streaming=True)` is refused)."""
+        return False
+
+    @property
     def order_is_replayable(self) -> bool:
         """Whether epoch `e`'s order depends only on `(seed, e)` and the plan:
         always on JAX (no partial exchange)."""

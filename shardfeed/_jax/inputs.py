@@ -3,7 +3,8 @@
 Owns wrapping arrays in an unshuffled JAX `ShardedResidentDataset` (for
 `evaluate`, `predict` and `fit`'s `validation_data`), the shared checks of
 `_training/arguments.py` bound to the JAX dataset class, and what only the
-JAX backend refuses yet (each listed in docs/keras.md with its fix).
+JAX backend refuses (`jit_compile=False`, `run_eagerly=True`; listed in
+docs/keras.md with the fix).
 """
 
 from __future__ import annotations
@@ -112,22 +113,6 @@ def check_jax_options(options: FitOptions) -> None:
             'Leave `jit_compile="auto"` (or True); to debug a step, run it under '
             "`jax.disable_jit()` or use Keras' `model.fit`.",
         )
-
-
-def check_jax_fit(callbacks: list[Any] | None) -> None:
-    """Refuses what `shardfeed.fit` supports on TensorFlow but not yet on JAX.
-
-    Raises:
-        ValueError: For a `BackupAndRestore` callback.
-    """
-    for callback in callbacks or []:
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
-            raise _refusal(
-                "Resuming with `BackupAndRestore` is not implemented on the JAX backend yet.",
-                f"callbacks=[..., {type(callback).__name__}(...)]",
-                "Save with `keras.callbacks.ModelCheckpoint` and resume with "
-                "`shardfeed.fit(..., initial_epoch=k)`, or use the TensorFlow backend.",
-            )
 
 
 def check_not_eager(model: keras.Model) -> None:

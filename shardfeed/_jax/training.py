@@ -4,8 +4,11 @@ Owns what a Keras user sees of `fit` on the JAX backend -- the same arguments,
 checks, callbacks, progress bar and `History` as on TensorFlow
 (`_training/api.py`, sharing `fit_args`, `callbacks`, `progress` and
 `arguments`) -- and the plain loop over epochs and calls, as Keras' `fit`
-is. The steps run in `_jax/loop.py`; the data comes from the JAX dataset's
-epochs. What the JAX backend does not support yet is refused in `inputs.py`.
+is, with the cursor a `BackupAndRestore` saves and resumes at (the backup
+and the state's checks are the neutral `_training/backup.py` and
+`resume.py`). The steps run in `_jax/loop.py`; the data comes from the JAX
+dataset's epochs. What the JAX backend does not support is refused in
+`inputs.py`.
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ from typing import Any
 
 import keras
 
+from shardfeed._data.plan import ShardPlan
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
 from shardfeed._jax.evaluation import evaluate_loop, loop_for
-from shardfeed._jax.loop import Loop, python_logs
+from shardfeed._jax.loop import Loop, python_logs, to_host
+from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
+from shardfeed._training import resume as _resume
 from shardfeed._training.arguments import FIT_TRANSFORMS, check_model, resolve_verbose
 from shardfeed._training.callbacks import callback_list
 from shardfeed._training.class_weights import class_weights
 from shardfeed._training.options import FitOptions
-from shardfeed._training.resume_state import epoch_span
+from shardfeed._training.resume_state import Cursor, ResumeState, epoch_span
 
 
 def fit(
@@ -49,15 +55,15 @@ def fit(
     """Trains a compiled Keras model on a resident dataset, on JAX.
 
     The same arguments, results and errors as the TensorFlow backend's
-    `shardfeed.fit` (see its documentation), but for what docs/keras.md lists
-    as not yet on JAX (`BackupAndRestore`, `FitOptions(jit_compile=False)`). Each compiled call runs
+    `shardfeed.fit` (see its documentation), `class_weight` and
+    `BackupAndRestore` (mid-epoch) included, but for what docs/keras.md lists
+    as not on JAX (`FitOptions(jit_compile=False)`). Each compiled call runs
     `steps_per_execution` of the model's own `train_step` in one `jax.jit`;
     batch hooks fire once per call, with the weights already in the model.
     """
     fit_args.refuse(unsupported, dataset)
     fit_args.check_positional(dataset, positional, ShardedResidentDataset)
     check_model(model, needs_compile=True)
-    _inputs.check_jax_fit(callbacks)
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
     if validation_split:
@@ -74,7 +80,16 @@ def fit(
     verbose = resolve_verbose(verbose)
     loop = loop_for(model, dataset, options or FitOptions(), class_weights(class_weight, dataset))
     validate = _validation(model, dataset, validation_data, loop, should_validate)
-    run = _Run(model, dataset, loop, None if steps_per_epoch is None else int(steps_per_epoch))
+    run = _Run(
+        model,
+        dataset,
+        loop,
+        initial_epoch,
+        int(initial_step),
+        None if steps_per_epoch is None else int(steps_per_epoch),
+    )
+    callbacks = _backup.wrap(callbacks, run, dataset.world)
+    plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     params = {
         "epochs": epochs,
         "steps": run.epoch_steps,
@@ -92,7 +107,9 @@ def fit(
     cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
-    epoch_logs = run.train(cbs, initial_epoch, int(initial_step), epochs, validate)
+    # The cursor (and a backup's state) says where to start; a callback that
+    # restores the Keras way sets `model._initial_epoch`, which `train` reads.
+    epoch_logs = run.train(cbs, epochs, validate)
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
         # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
         model.optimizer.finalize_variable_values(model.trainable_weights)
@@ -129,24 +146,56 @@ def _validation(
 
 
 class _Run:
-    """One `fit` call's epochs: which steps of which pass over the data each
-    fit epoch takes (`epoch_span`, as Keras' epoch iterator on finite data)."""
+    """One `fit` call's epochs and position: which steps of which pass over
+    the data each fit epoch takes (`epoch_span`, as Keras' epoch iterator on
+    finite data), the cursor a `BackupAndRestore` saves (`capture`) and a
+    restarted fit starts at (`resume`, checked by `_training/resume.py`).
+
+    The epoch's running loss and metrics are Keras' metric variables (the
+    loss tracker among them), so the resume state's `metrics` carry them
+    whole and its `loss_sum`/`loss_rows` stay 0.
+    """
 
     def __init__(
         self,
         model: keras.Model,
         dataset: ShardedResidentDataset,
         loop: Loop,
+        initial_epoch: int,
+        initial_step: int,
         steps_per_epoch: int | None,
     ) -> None:
         self.model, self.dataset, self.loop = model, dataset, loop
         self.steps_per_epoch = steps_per_epoch
+        self.plan: ShardPlan = dataset.plan
+        self.cursor = self._cursor(initial_epoch, initial_step)
+        self.steps_run = 0  # steps run by this fit call, for save frequencies
+        self.state: ResumeState | None = None
         self._open: ResidentEpoch | None = None
+
+    def _cursor(self, epoch: int, step: int) -> Cursor:
+        return _resume.cursor_at(epoch, step, self.steps_per_epoch, self.plan.steps_per_epoch)
 
     @property
     def epoch_steps(self) -> int:
         """Steps of a fit epoch, as Keras' `params["steps"]`."""
-        return self.steps_per_epoch or self.dataset.plan.steps_per_epoch
+        return self.steps_per_epoch or self.plan.steps_per_epoch
+
+    def resume(self, state: ResumeState) -> None:
+        """Continues from `state` (a backup's): checks it fits this dataset,
+        world and `steps_per_epoch`, takes the plan that keeps its global
+        batch, and starts at its cursor."""
+        self.plan = _resume.adapt(state, self.dataset, self.steps_per_epoch)
+        self.state = state
+        self.cursor = state.cursor
+
+    def capture(self) -> ResumeState:
+        """The state to save now: the cursor and the metric variables'
+        values (replicated: this process's copy, no collective)."""
+        metrics = [to_host(v.value).tolist() for v in _resume.metric_variables(self.model)]
+        return _resume.capture(
+            self.cursor, (0.0, 0), self.dataset, self.plan, self.steps_per_epoch, metrics
+        )
 
     def _data_epoch(self, number: int) -> ResidentEpoch:
         """Pass `number` over the data, opened once for the fit epochs it spans."""
@@ -154,7 +203,7 @@ class _Run:
             return self._open
         self._close()
         augment = self.dataset.augment is not None
-        self._open = self.dataset.epoch(number, augment=augment)
+        self._open = self.dataset.epoch(number, augment=augment, plan=self.plan)
         return self._open
 
     def _close(self) -> None:
@@ -165,35 +214,42 @@ class _Run:
     def train(
         self,
         cbs: keras.callbacks.CallbackList,
-        initial_epoch: int,
-        initial_step: int,
         epochs: int,
         validate: Callable[[int, keras.callbacks.CallbackList], dict[str, Any]],
     ) -> dict[str, Any] | None:
-        """Runs fit epochs `[initial_epoch, epochs)`; returns the last epoch's
-        logs (None when no epoch ran, as Keras)."""
+        """Runs fit epochs from the cursor to `epochs`; returns the last
+        epoch's logs (None when no epoch ran, as Keras)."""
         model, loop = self.model, self.loop
-        # A callback that restores the Keras way sets `model._initial_epoch`.
-        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
-        data_steps = self.dataset.plan.steps_per_epoch
+        initial = getattr(model, "_initial_epoch", None)
+        if self.state is None and initial:
+            # A callback that restores an epoch-boundary checkpoint the Keras way.
+            self.cursor = self._cursor(initial, 0)
         epoch_logs: dict[str, Any] | None = None
         first = True
         try:
-            for epoch in range(initial_epoch, epochs):
+            for epoch in range(self.cursor.epoch, epochs):
                 model.reset_metrics()
                 cbs.on_epoch_begin(epoch)
-                number, start, stop = epoch_span(epoch, self.steps_per_epoch, data_steps)
+                number, start, stop = epoch_span(
+                    epoch, self.steps_per_epoch, self.plan.steps_per_epoch
+                )
                 data = self._data_epoch(number)
                 if first:
                     _inputs.check_sparse_labels(model, self.dataset, "dataset", loop.build(data))
                     loop.broadcast_from_chief()
-                skip = initial_step if first else 0
-                first = False
+                    first = False
                 logs: dict[str, Any] = {}
-                for call in loop.calls(data, start + skip, stop):
-                    begin = call.begin_step - start
-                    cbs.on_train_batch_begin(begin)
+                if self.state is not None and self.cursor.step > 0:
+                    # Resumed inside the epoch: its metrics so far (the metric
+                    # variables exist once `build` ran).
+                    _resume.restore_metrics(model, self.state.metrics, self.state.source)
+                    logs = python_logs(model.get_metrics_result())
+                self.state = None
+                for call in loop.calls(data, start + self.cursor.step, stop):
+                    cbs.on_train_batch_begin(call.begin_step - start)
                     logs = python_logs(loop.run("train", data, call))
+                    self.steps_run += call.stop - call.start
+                    self.cursor = Cursor(epoch, call.stop - start, number, call.stop)
                     cbs.on_train_batch_end(call.end_step - start, logs)
                     if model.stop_training:
                         break
@@ -206,6 +262,8 @@ class _Run:
                 # As Keras: the metrics' results when the logs name them.
                 epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
                 epoch_logs.update(validate(epoch, cbs))
+                # Before `on_epoch_end`, so an epoch-end backup resumes at the next epoch.
+                self.cursor = self._cursor(epoch + 1, 0)
                 cbs.on_epoch_end(epoch, epoch_logs)
                 if model.stop_training:
                     break

@@ -136,7 +136,7 @@ def fit(
         int(initial_step),
         None if steps_per_epoch is None else int(steps_per_epoch),
     )
-    callbacks = _backup.wrap(callbacks, run, dataset.world.is_chief)
+    callbacks = _backup.wrap(callbacks, run, dataset.world)
     plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform

@@ -22,9 +22,11 @@ multi-worker pattern:
   point leaves a state that names a complete weights file;
 - every rank reads the same files on restore (`backup_dir` must be on a
   filesystem every worker sees, as for TensorFlow's own backups).
-Batch hooks fire once per compiled call, so `save_freq=N` saves at the end of
-the first call after which at least N steps ran since the last save (as
-Keras' own callback does with `steps_per_execution`).
+Backend-neutral: both backends' `fit` wrap their callbacks here (the world
+passed in is either backend's). Batch hooks fire once per compiled call, so
+`save_freq=N` saves at the end of the first call after which at least N
+steps ran since the last save (as Keras' own callback does with
+`steps_per_execution`).
 """
 
 from __future__ import annotations
@@ -34,19 +36,33 @@ import os
 import shutil
 import stat
 import tempfile
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 
 from shardfeed._common import checked_open as _checked_open
 from shardfeed._common import errors as _errors
-from shardfeed._distribute.world import current_world
-from shardfeed._training import saving as _saving
-from shardfeed._training.epochs import FitRun
-from shardfeed._training.resume_state import FIX, ResumeState
+from shardfeed._common.chief_write import write_on_chief
+from shardfeed._training.resume_state import FIX, Cursor, ResumeState
 
 STATE_FILE = "shardfeed_state.json"
 WEIGHTS_FILES = ("ckpt-0.weights.h5", "ckpt-1.weights.h5")  # written in turn
+
+
+class Run(Protocol):
+    """What the backup reads of a `fit` call (`epochs.FitRun` on TensorFlow,
+    `_jax/training.py`'s run on JAX)."""
+
+    cursor: Cursor
+    steps_run: int  # steps run by this fit call, for `save_freq`
+
+    def capture(self) -> ResumeState:
+        """The state to save now (every rank calls it)."""
+        ...
+
+    def resume(self, state: ResumeState) -> None:
+        """Checks `state` against the dataset and world, and starts there."""
+        ...
 
 
 def _file_error(path: str, constraint: str, received: str) -> ValueError:
@@ -69,21 +85,20 @@ class ResumableBackup(keras.callbacks.Callback):
     Args:
         source: The user's `keras.callbacks.BackupAndRestore` (its
             `backup_dir`, `save_freq` and `delete_checkpoint` are used).
-        run: The `fit` call's `FitRun` (its cursor and running totals).
-        is_chief: Whether this rank writes the files.
+        run: The `fit` call's run (its cursor and running totals).
+        world: The workers (its chief writes the files), either backend's `World`.
     """
 
     shardfeed_all_ranks = True
 
-    def __init__(
-        self, source: keras.callbacks.BackupAndRestore, run: FitRun, is_chief: bool
-    ) -> None:
+    def __init__(self, source: keras.callbacks.BackupAndRestore, run: Run, world: Any) -> None:
         super().__init__()
         self.backup_dir = str(source.backup_dir)
         self.save_freq = source.save_freq
         self.delete_checkpoint = source.delete_checkpoint
         self._run = run
-        self._is_chief = is_chief
+        self._world = world
+        self._is_chief = bool(world.is_chief)
         self._saved_at_steps = 0
         self._state_path = os.path.join(self.backup_dir, STATE_FILE)
         self._weights_file: str | None = None
@@ -206,8 +221,7 @@ class ResumableBackup(keras.callbacks.Callback):
         state = self._run.capture()  # every rank: metric reads may be collectives
         # The chief writes; every rank learns whether it could (else the others
         # would fail later in a collective the chief never joins).
-        world = current_world(self.model.distribute_strategy)
-        _saving.write_on_chief(world, self.backup_dir, lambda: self._write(state))
+        write_on_chief(self._world, self.backup_dir, lambda: self._write(state))
 
     def _write(self, state: ResumeState) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
@@ -231,7 +245,7 @@ class ResumableBackup(keras.callbacks.Callback):
 
 
 def wrap(
-    callbacks: list[keras.callbacks.Callback] | None, run: FitRun, is_chief: bool
+    callbacks: list[keras.callbacks.Callback] | None, run: Run, world: Any
 ) -> list[keras.callbacks.Callback]:
     """`callbacks` with each `BackupAndRestore` run through a `ResumableBackup`
     (which keeps the user's object's state); a found backup's state is handed
@@ -266,7 +280,7 @@ def wrap(
             )
         )
     for i in backups:
-        backup = ResumableBackup(out[i], run, is_chief)
+        backup = ResumableBackup(out[i], run, world)
         state = backup.read_state()
         if state is not None:
             run.resume(state)

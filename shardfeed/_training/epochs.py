@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import ShardPlan
@@ -24,6 +26,22 @@ from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
 from shardfeed._training.loop import Loop
 
 __all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
+
+def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
+    """The metric variables' global values (every rank must call it: under
+    MultiWorkerMirroredStrategy reading a sync-on-read variable is a
+    collective; under Horovod each rank holds its own part, summed here)."""
+    values = []
+    for v in _resume.metric_variables(model):
+        if engine.name == "horovod":
+            value = tf.convert_to_tensor(v.value)
+            if getattr(v, "aggregation", "sum") == "sum":
+                value = engine.sum_across_replicas(value)
+            values.append(np.asarray(value).tolist())
+        else:
+            values.append(np.asarray(v.numpy()).tolist())
+    return values
+
 
 class FitRun:
     """One `fit` call's position and running totals.
@@ -76,7 +94,7 @@ class FitRun:
         """The state to save now. Every rank must call it (metric reads may be
         collectives)."""
         assert self.loop is not None
-        metrics = _resume.read_metrics(self.model, self.loop.engine)
+        metrics = read_metrics(self.model, self.loop.engine)
         return _resume.capture(
             self.cursor, self.totals, self.dataset, self.plan, self.steps_per_epoch, metrics
         )
@@ -104,8 +122,12 @@ class FitRun:
             model.reset_metrics()
             self.totals = (0.0, 0)
             if self.state is not None and self.cursor.step > 0:
+                engine = loop.engine
                 _resume.restore_metrics(
-                    model, self.state.metrics, loop.engine, self.state.source
+                    model,
+                    self.state.metrics,
+                    self.state.source,
+                    zero_sums=engine.name == "horovod" and engine.world.rank != 0,
                 )
                 self.totals = (self.state.loss_sum, self.state.loss_rows)
             self.state = None

@@ -7,7 +7,9 @@ shape, the running loss and the metric variables' values -- never rows), and
 what resuming may change: a different number of replicas keeps the global
 batch and the global order, or is refused when the order is not global. The
 backup callback (`backup.py`) writes and reads the state; the loop runs the
-steps it names.
+steps it names. Backend-neutral: both backends' `fit` (`epochs.py`,
+`_jax/training.py`) check and capture states here (`dataset` is either
+backend's `ShardedResidentDataset`).
 
 Why this is enough: an epoch's order is a pure function of
 `(seed, data epoch)` and the plan, and step `s` of it takes fixed rows, so
@@ -23,10 +25,8 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._data.plan import ShardPlan, plan_shards
 from shardfeed._training.resume_state import (
     Cursor,
@@ -45,33 +45,22 @@ def cursor_at(epoch: int, step: int, steps_per_epoch: int | None, data_steps: in
     return Cursor(epoch, step, data_epoch, start + step)
 
 
-def _metric_variables(model: keras.Model) -> list[Any]:
+def metric_variables(model: keras.Model) -> list[Any]:
+    """The model's metric variables in the resume state's order."""
     return [v for m in model.metrics for v in m.variables]
 
 
-def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
-    """The metric variables' global values (every rank must call it: under
-    MultiWorkerMirroredStrategy reading a sync-on-read variable is a
-    collective; under Horovod each rank holds its own part, summed here)."""
-    values = []
-    for v in _metric_variables(model):
-        if engine.name == "horovod":
-            value = tf.convert_to_tensor(v.value)
-            if getattr(v, "aggregation", "sum") == "sum":
-                value = engine.sum_across_replicas(value)
-            values.append(np.asarray(value).tolist())
-        else:
-            values.append(np.asarray(v.numpy()).tolist())
-    return values
-
-
 def restore_metrics(
-    model: keras.Model, values: list[Any], engine: Any, source: str = "the resume state"
+    model: keras.Model,
+    values: list[Any],
+    source: str = "the resume state",
+    zero_sums: bool = False,
 ) -> None:
     """Sets the metric variables to global `values`: assigned outside the
     replicas, a sync-on-read SUM variable splits the value over its replicas
-    (so reading it sums back); under Horovod rank 0 takes the sums."""
-    variables = _metric_variables(model)
+    (so reading it sums back); `zero_sums` (Horovod's ranks but 0, which hold
+    their own parts) sets the summed ones to zeros instead."""
+    variables = metric_variables(model)
     if len(variables) != len(values):
         raise ValueError(
             _errors.message(
@@ -96,14 +85,13 @@ def restore_metrics(
             )
         arrays.append(array.astype(v.dtype))
     for v, value in zip(variables, arrays, strict=True):
-        if engine.name == "horovod" and engine.world.rank != 0:
-            if getattr(v, "aggregation", "sum") == "sum":
-                value = np.zeros_like(value)
+        if zero_sums and getattr(v, "aggregation", "sum") == "sum":
+            value = np.zeros_like(value)
         v.assign(value)
 
 
 def adapt(
-    state: ResumeState, dataset: ShardedResidentDataset, steps_per_epoch: int | None
+    state: ResumeState, dataset: Any, steps_per_epoch: int | None
 ) -> ShardPlan:
     """Checks that `state` can resume on `dataset` in a `fit` with
     `steps_per_epoch` (see `check_run`); returns the training plan that keeps
@@ -299,7 +287,7 @@ def _one_pass_each(steps_per_epoch: int | None, data_steps: int) -> int | None:
 def capture(
     cursor: Cursor,
     totals: tuple[float, int],
-    dataset: ShardedResidentDataset,
+    dataset: Any,
     plan: ShardPlan,
     steps_per_epoch: int | None,
     metrics: list[Any],
