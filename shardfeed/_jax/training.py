@@ -19,6 +19,7 @@ from typing import Any
 
 import keras
 
+from shardfeed._common import errors as _errors
 from shardfeed._data.plan import ShardPlan
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax.dataset import ShardedResidentDataset
@@ -186,6 +187,21 @@ class _Run:
         world and `steps_per_epoch`, takes the plan that keeps its global
         batch, and starts at its cursor."""
         self.plan = _resume.adapt(state, self.dataset, self.steps_per_epoch)
+        if state.cursor.step and state.loss_rows:
+            # TensorFlow's loop keeps the epoch's loss beside the metrics: its
+            # loss tracker in `metrics` does not hold it.
+            raise ValueError(
+                _errors.message(
+                    "A backup taken inside an epoch resumes on the Keras backend that wrote "
+                    "it: the TensorFlow backend's running loss (`loss_sum`, `loss_rows`) is "
+                    "not in the metric variables the JAX backend restores.",
+                    f"{state.source}: state.loss_rows={state.loss_rows}, "
+                    f"state.cursor.step={state.cursor.step}",
+                    "Resume with KERAS_BACKEND=tensorflow, or from a backup taken at an epoch "
+                    'boundary (save_freq="epoch"), or delete the backup directory to start '
+                    "afresh.",
+                )
+            )
         self.state = state
         self.cursor = state.cursor
 
