@@ -77,3 +77,15 @@ def train_and_predict(shardfeed: Any) -> dict[str, Any]:
         "predict": shardfeed.predict(model, x[:77]).tolist(),
         "weights": [w.tolist() for w in model.get_weights()],
     }
+
+
+def backup_fit(shardfeed: Any, callbacks: list[Any], epochs: int = 3) -> dict[str, Any]:
+    """The resume checks' run (in each worker and in the test): 600 sharded
+    rows in the global order, 12 per replica per step, 2 steps per call;
+    JSON-ready history and weights."""
+    x, y = regression_data(600)
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=12, seed=1)
+    model = mlp()
+    history = shardfeed.fit(model, ds, epochs=epochs, callbacks=callbacks, verbose=0,
+                            options=shardfeed.FitOptions(steps_per_execution=2))
+    return {"history": history.history, "weights": [w.tolist() for w in model.get_weights()]}
