@@ -1,5 +1,6 @@
 """`shardfeed.init()` on JAX: the engine rules, where the coordinator is, the CPU split,
-and real 2-process `jax.distributed` jobs under `shardfeed launch` on 127.0.0.1.
+and real 2-process `jax.distributed` jobs under `shardfeed launch` on 127.0.0.1 (and
+under mpirun, `--engine mpi`).
 
 The pure rules are tested with plain values; everything that starts JAX's
 backends runs in a fresh process (a backend starts once per process). The
@@ -194,7 +195,9 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 with open(os.path.join(out_dir, f"pid{world.rank}"), "w") as f:
     f.write(str(os.getpid()))
-assert (world.world_size, world.rank) == (2, int(os.environ["SHARDFEED_RANK"]))
+# The launcher's rank: `shardfeed launch` (multiworker) or mpirun's (engine "mpi").
+launcher_rank = os.environ.get("SHARDFEED_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
+assert (world.world_size, world.rank) == (2, int(launcher_rank))
 assert world.num_replicas_in_sync == 4 and len(world.local_devices) == 2
 world.barrier()
 print("gathered", world.all_gather_bytes(b"r%d" % world.rank * (world.rank + 1)), flush=True)
@@ -213,7 +216,7 @@ if mode == "kill-rank-1":
 """
 
 
-def _launch_job(tmp_path, monkeypatch, mode):
+def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker"):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -221,7 +224,7 @@ def _launch_job(tmp_path, monkeypatch, mode):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script, num_workers=2, args=[tmp_path, mode], timeout_s=100, grace_s=10,
+        script, num_workers=2, engine=engine, args=[tmp_path, mode], timeout_s=100, grace_s=10,
         system=System(stdout=out, stderr=err),
     )
     return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
@@ -251,6 +254,24 @@ def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
     assert code != 0
     assert "worker rank 1 was killed by SIGKILL; stopping the other 1 worker(s)." in err
     assert "sending SIGKILL" not in err  # rank 0, in a collective, ended on SIGTERM
+    assert elapsed < 60
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert len(pids) == 2
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
+@pytest.mark.multi_process
+def test_killing_one_jax_worker_under_mpirun_stops_every_rank(tmp_path, monkeypatch, capfd):
+    """`shardfeed launch --engine mpi` on JAX: mpirun starts the ranks, `shardfeed.init()`
+    finds the coordinator by the mpi4py exchange (the collectives work: the job's sum);
+    rank 1 dies by SIGKILL while rank 0 waits in a collective, and mpirun stops rank 0
+    and exits non-zero, naming rank 1."""
+    code, _, err, elapsed = _launch_job(tmp_path, monkeypatch, "kill-rank-1", engine="mpi")
+    output = capfd.readouterr()  # mpirun's own output reaches the terminal, rank-tagged
+    assert code == 128 + 9, err[-3000:]
+    assert "shardfeed launch: mpirun exited with code 137." in err
+    assert "[1,0]<stdout>: sum 12.0" in output.out and "[1,1]<stdout>: sum 12.0" in output.out
+    assert "process rank 1 with PID" in output.err and "signal 9 (Killed)" in output.err
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
