@@ -203,10 +203,9 @@ def exposure_line(coordinator: Coordinator) -> str | None:
     """The line a multi-host JAX job's chief logs (None for a loopback job)."""
     if coordinator.loopback:
         return None
-    port = coordinator.address.rsplit(":", 1)[1]
     return (
-        "shardfeed: this multi-host JAX job's coordinator (process 0, port "
-        f"{port}) listens on every interface of its host, and every process's Gloo "
+        "shardfeed: this multi-host JAX job's coordinator (process 0 at "
+        f"{coordinator.address}) listens on every interface of its host, and every process's Gloo "
         "collectives listen on a random port of the address its host name resolves to; "
         "neither is authenticated. Keep the hosts on a trusted network, or firewall these "
         "ports from everyone but the other workers (docs/engines.md, Security)."

@@ -100,7 +100,7 @@ def test_a_multi_host_coordinator_binds_where_jax_does_and_says_so():
     assert coordinator == initialize.Coordinator("10.0.0.1:5000", 2, 1, loopback=False)
     assert coordinator.bind_address is None
     assert initialize.exposure_line(coordinator) == (
-        "shardfeed: this multi-host JAX job's coordinator (process 0, port 5000) listens on "
+        "shardfeed: this multi-host JAX job's coordinator (process 0 at 10.0.0.1:5000) listens on "
         "every interface of its host, and every process's Gloo collectives listen on a random "
         "port of the address its host name resolves to; neither is authenticated. Keep the "
         "hosts on a trusted network, or firewall these ports from everyone but the other "
