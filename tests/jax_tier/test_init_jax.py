@@ -108,6 +108,21 @@ def test_a_multi_host_coordinator_binds_where_jax_does_and_says_so():
     )
 
 
+@pytest.mark.parametrize(
+    ("loopback", "environ", "binding"),
+    [
+        (True, {}, {"hostname": "127.0.0.1"}),  # never the host name's (external) address
+        (True, {"SHARDFEED_NETWORK_INTERFACE": "eth1"}, {"hostname": "127.0.0.1"}),
+        (False, {}, {}),  # JAX's default: the address the host name resolves to
+        # Where host names do not resolve: the interface the ranks announce.
+        (False, {"SHARDFEED_NETWORK_INTERFACE": " eth1 "}, {"interface": "eth1"}),
+    ],
+)
+def test_where_gloo_listens(loopback, environ, binding):
+    coordinator = initialize.Coordinator("10.0.0.1:5000", 2, 0, loopback=loopback)
+    assert initialize.gloo_binding(coordinator, environ) == binding
+
+
 def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
     environ = {
         "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
