@@ -118,50 +118,84 @@ def local_array(world: World, per_replica: Sequence[np.ndarray]) -> jax.Array:
     )
 
 
+def _into(out: tuple[jax.Array, ...] | None, taken: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    # Written into the donated copy of an earlier epoch: its memory is already
+    # the process's. A fresh copy is new pages the OS faults in one by one
+    # (W2, 38 MB: ~9,400 faults, 25 of the gather's 57 ms; docs/performance.md).
+    if out is None:
+        return taken
+    return tuple(o.at[:].set(t) for o, t in zip(out, taken, strict=True))
+
+
 @functools.cache
 def _gather_fn(mesh: Mesh) -> Any:
-    def gather(tables: tuple[jax.Array, ...], slots: jax.Array) -> tuple[jax.Array, ...]:
-        return tuple(jnp.take(t, slots, axis=0, mode="clip") for t in tables)
+    def gather(
+        tables: tuple[jax.Array, ...], slots: jax.Array, out: tuple[jax.Array, ...] | None
+    ) -> tuple[jax.Array, ...]:
+        return _into(out, tuple(jnp.take(t, slots, axis=0, mode="clip") for t in tables))
 
+    spec = P(REPLICA_AXIS)
     return jax.jit(
-        jax.shard_map(
-            gather, mesh=mesh, in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS)),
-            out_specs=P(REPLICA_AXIS),
-        )
+        jax.shard_map(gather, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec),
+        donate_argnums=(2,),
     )
 
 
 @functools.cache
 def _exchange_fn(mesh: Mesh) -> Any:
     def exchange(
-        tables: tuple[jax.Array, ...], send: jax.Array, take: jax.Array
+        tables: tuple[jax.Array, ...], send: jax.Array, take: jax.Array,
+        out: tuple[jax.Array, ...] | None,
     ) -> tuple[jax.Array, ...]:
-        out = []
+        taken = []
         for t in tables:
             staged = jnp.take(t, send, axis=0, mode="clip")  # [R * send_rows, ...] by destination
             received = lax.all_to_all(staged, REPLICA_AXIS, 0, 0, tiled=True)  # by source
-            out.append(jnp.take(received, take, axis=0, mode="clip"))
-        return tuple(out)
+            taken.append(jnp.take(received, take, axis=0, mode="clip"))
+        return _into(out, tuple(taken))
 
     spec = P(REPLICA_AXIS)
     return jax.jit(
-        jax.shard_map(exchange, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
+        jax.shard_map(exchange, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=spec),
+        donate_argnums=(3,),
     )
 
 
+def reusable(
+    out: tuple[jax.Array, ...] | None, tables: tuple[jax.Array, ...], slots: int, num_replicas: int
+) -> tuple[jax.Array, ...] | None:
+    """`out` if it can take an epoch copy of `slots` rows a replica of `tables`
+    (the same shapes, dtypes and sharding, and not deleted), else None."""
+    if out is None or len(out) != len(tables):
+        return None
+    for o, t in zip(out, tables, strict=True):
+        shape = (num_replicas * slots, *t.shape[1:])
+        if (
+            o.is_deleted() or o.shape != shape or o.dtype != t.dtype
+            or not o.sharding.is_equivalent_to(t.sharding, t.ndim)
+        ):
+            return None
+    return out
+
+
 def gather_local(
-    world: World, tables: tuple[jax.Array, ...], slots: Sequence[np.ndarray]
+    world: World, tables: tuple[jax.Array, ...], slots: Sequence[np.ndarray],
+    out: tuple[jax.Array, ...] | None = None,
 ) -> tuple[jax.Array, ...]:
     """Each replica's epoch copy of rows it holds: `slots[g]` are positions in
-    global replica `g`'s buffer, all replicas' of one length."""
-    return _gather_fn(world.mesh)(tables, local_array(world, [s.astype(np.int32) for s in slots]))
+    global replica `g`'s buffer, all replicas' of one length. `out` (an earlier
+    copy, `reusable`) is donated: the copy is written into its memory."""
+    positions = local_array(world, [s.astype(np.int32) for s in slots])
+    return _gather_fn(world.mesh)(tables, positions, out)
 
 
 def exchange(
-    world: World, tables: tuple[jax.Array, ...], plan_moves: Moves
+    world: World, tables: tuple[jax.Array, ...], plan_moves: Moves,
+    out: tuple[jax.Array, ...] | None = None,
 ) -> tuple[jax.Array, ...]:
-    """Each replica's epoch copy of rows any replica holds (`moves`'s all-to-all)."""
+    """Each replica's epoch copy of rows any replica holds (`moves`'s all-to-all);
+    `out` as in `gather_local`."""
     n_rep = plan_moves.send.shape[0]
     send = local_array(world, [plan_moves.send[s].reshape(-1) for s in range(n_rep)])
     take = local_array(world, list(plan_moves.take))
-    return _exchange_fn(world.mesh)(tables, send, take)
+    return _exchange_fn(world.mesh)(tables, send, take, out)
