@@ -319,8 +319,13 @@ def epoch_columns(
     written into `spare` (a closed epoch's copy, donated) when it fits."""
     slots = plan.steps_per_epoch * plan.per_replica_batch_size
     tables, world = dataset.tables, dataset.world
-    out = _exchange.reusable(spare, tables, slots, plan.num_replicas)
-    del spare  # one that does not fit is freed before the new copy is made
+    # Written into memory the process already has when it can: a new copy is
+    # pages the OS faults in one by one (W2, 38 MB: ~9,400 faults, about 25 of
+    # the copy's 57 ms on the 2-core VM; docs/performance.md).
+    if not _exchange.fits(spare, world, tables, slots):
+        spare = None  # let go of before a new copy is made
+    out = _exchange.new_copy(world, tables, slots) if spare is None else spare
+    del spare
     if rows.moved:
         starts = [start for start, _ in plan.shards]
         return _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots), out)

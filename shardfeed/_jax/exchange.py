@@ -118,21 +118,15 @@ def local_array(world: World, per_replica: Sequence[np.ndarray]) -> jax.Array:
     )
 
 
-def _into(out: tuple[jax.Array, ...] | None, taken: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-    # Written into the donated copy of an earlier epoch: its memory is already
-    # the process's. A fresh copy is new pages the OS faults in one by one
-    # (W2, 38 MB: ~9,400 faults, 25 of the gather's 57 ms; docs/performance.md).
-    if out is None:
-        return taken
-    return tuple(o.at[:].set(t) for o, t in zip(out, taken, strict=True))
-
-
 @functools.cache
 def _gather_fn(mesh: Mesh) -> Any:
     def gather(
-        tables: tuple[jax.Array, ...], slots: jax.Array, out: tuple[jax.Array, ...] | None
+        tables: tuple[jax.Array, ...], slots: jax.Array, out: tuple[jax.Array, ...]
     ) -> tuple[jax.Array, ...]:
-        return _into(out, tuple(jnp.take(t, slots, axis=0, mode="clip") for t in tables))
+        return tuple(
+            o.at[:].set(jnp.take(t, slots, axis=0, mode="clip"))
+            for o, t in zip(out, tables, strict=True)
+        )
 
     spec = P(REPLICA_AXIS)
     return jax.jit(
@@ -145,14 +139,14 @@ def _gather_fn(mesh: Mesh) -> Any:
 def _exchange_fn(mesh: Mesh) -> Any:
     def exchange(
         tables: tuple[jax.Array, ...], send: jax.Array, take: jax.Array,
-        out: tuple[jax.Array, ...] | None,
+        out: tuple[jax.Array, ...],
     ) -> tuple[jax.Array, ...]:
-        taken = []
-        for t in tables:
+        copies = []
+        for t, o in zip(tables, out, strict=True):
             staged = jnp.take(t, send, axis=0, mode="clip")  # [R * send_rows, ...] by destination
             received = lax.all_to_all(staged, REPLICA_AXIS, 0, 0, tiled=True)  # by source
-            taken.append(jnp.take(received, take, axis=0, mode="clip"))
-        return _into(out, tuple(taken))
+            copies.append(o.at[:].set(jnp.take(received, take, axis=0, mode="clip")))
+        return tuple(copies)
 
     spec = P(REPLICA_AXIS)
     return jax.jit(
@@ -161,37 +155,54 @@ def _exchange_fn(mesh: Mesh) -> Any:
     )
 
 
-def reusable(
-    out: tuple[jax.Array, ...] | None, tables: tuple[jax.Array, ...], slots: int, num_replicas: int
-) -> tuple[jax.Array, ...] | None:
-    """`out` if it can take an epoch copy of `slots` rows a replica of `tables`
-    (the same shapes, dtypes and sharding, and not deleted), else None."""
-    if out is None or len(out) != len(tables):
-        return None
-    for o, t in zip(out, tables, strict=True):
-        shape = (num_replicas * slots, *t.shape[1:])
-        if (
-            o.is_deleted() or o.shape != shape or o.dtype != t.dtype
-            or not o.sharding.is_equivalent_to(t.sharding, t.ndim)
-        ):
-            return None
-    return out
+@functools.cache
+def _zeros_fn(mesh: Mesh, shapes: tuple[tuple[tuple[int, ...], Any], ...]) -> Any:
+    sharding = NamedSharding(mesh, P(REPLICA_AXIS))
+    return jax.jit(
+        lambda: tuple(jnp.zeros(shape, dtype) for shape, dtype in shapes),
+        out_shardings=tuple(sharding for _ in shapes),
+    )
+
+
+def _copy_shapes(
+    world: World, tables: tuple[jax.Array, ...], slots: int
+) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    return tuple(((world.num_replicas_in_sync * slots, *t.shape[1:]), t.dtype) for t in tables)
+
+
+def fits(
+    spare: tuple[jax.Array, ...] | None, world: World, tables: tuple[jax.Array, ...], slots: int
+) -> bool:
+    """Whether `spare` (a closed epoch's copy) can take an epoch copy of
+    `slots` rows a replica of `tables`: the same shapes, dtypes and sharding."""
+    if spare is None or len(spare) != len(tables):
+        return False
+    return all(
+        not o.is_deleted() and (o.shape, o.dtype) == shape
+        and o.sharding.is_equivalent_to(t.sharding, t.ndim)
+        for o, t, shape in zip(spare, tables, _copy_shapes(world, tables, slots), strict=True)
+    )
+
+
+def new_copy(world: World, tables: tuple[jax.Array, ...], slots: int) -> tuple[jax.Array, ...]:
+    """Zeroed buffers for an epoch copy of `slots` rows a replica of `tables`."""
+    return _zeros_fn(world.mesh, _copy_shapes(world, tables, slots))()
 
 
 def gather_local(
     world: World, tables: tuple[jax.Array, ...], slots: Sequence[np.ndarray],
-    out: tuple[jax.Array, ...] | None = None,
+    out: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, ...]:
     """Each replica's epoch copy of rows it holds: `slots[g]` are positions in
-    global replica `g`'s buffer, all replicas' of one length. `out` (an earlier
-    copy, `reusable`) is donated: the copy is written into its memory."""
+    global replica `g`'s buffer, all replicas' of one length; written into
+    `out` (donated: a closed epoch's copy that `fits`, or a `new_copy`)."""
     positions = local_array(world, [s.astype(np.int32) for s in slots])
     return _gather_fn(world.mesh)(tables, positions, out)
 
 
 def exchange(
     world: World, tables: tuple[jax.Array, ...], plan_moves: Moves,
-    out: tuple[jax.Array, ...] | None = None,
+    out: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, ...]:
     """Each replica's epoch copy of rows any replica holds (`moves`'s all-to-all);
     `out` as in `gather_local`."""
