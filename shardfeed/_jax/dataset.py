@@ -343,6 +343,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         rows into that memory (donated) instead of a new buffer. Arrays of a
         closed epoch are deleted then; the copy of rows in order
         (`shuffle=False`) is kept as it is."""
+        if self._tables is None:  # `split` let go of the rows: keep nothing either
+            return
         if self._static is None or columns is not self._static[2]:
             self._spare = columns
 

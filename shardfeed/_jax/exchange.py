@@ -13,7 +13,9 @@ replicas hold: each replica gathers what every other replica needs from it
 into `[num_replicas, send_rows]`, one `lax.all_to_all` inside `jax.shard_map`
 swaps those blocks, and each replica gathers its step order out of what it
 received. Who sends which rows is pure NumPy (`moves`), computed alike on
-every process; only 4-byte indices cross from the host.
+every process; only 4-byte indices cross from the host. Either way the copy
+is written into a donated buffer: a closed epoch's copy (`fits`), or for the
+first epoch a `new_copy`.
 """
 
 from __future__ import annotations

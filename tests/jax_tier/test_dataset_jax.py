@@ -301,6 +301,12 @@ def test_the_next_epoch_is_written_into_a_closed_epochs_copy(replicas, placement
     other = ds.epoch(3, plan=ds.training_plan(3))
     expected = fresh.epoch(3, plan=fresh.training_plan(3))
     np.testing.assert_array_equal(rows_of(other), rows_of(expected))
+    # After `split` let go of the rows, a closed epoch's copy is let go of too.
+    other.close()
+    opened = ds.epoch(4)
+    ds.split(0.5)
+    opened.close()
+    assert ds._spare is None
 
 
 def test_a_dataset_let_go_of_frees_its_device_memory(replicas):
