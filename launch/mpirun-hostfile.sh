@@ -14,7 +14,8 @@
 #     (`hostname`), which every host must resolve to a reachable address; if
 #     they do not (shardfeed.init() then fails on every rank naming the host),
 #     set this to the cluster network's interface (e.g. eth0) and each rank
-#     announces that interface's IPv4 address instead.
+#     announces that interface's IPv4 address instead (on Keras' JAX backend
+#     Gloo's collectives listen there too).
 # Needs passwordless ssh from this host to the others.
 # Run from the repository root:  launch/mpirun-hostfile.sh [script args...]
 

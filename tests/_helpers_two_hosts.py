@@ -175,8 +175,10 @@ def why_not() -> str | None:
 
 
 @contextlib.contextmanager
-def two_hosts() -> Iterator[TwoHosts]:
-    """Creates the two namespaces and their veth pair; deletes them (and it) on exit."""
+def two_hosts(names_resolve: bool = True) -> Iterator[TwoHosts]:
+    """Creates the two namespaces and their veth pair; deletes them (and it) on exit.
+    `names_resolve=False`: the node names resolve on neither host (as on clusters
+    whose host names are not in DNS)."""
     tag = f"{os.getpid() % 100000}"
     names = (f"sf{tag}a", f"sf{tag}b")  # also the veth ends' names (<= 15 characters)
     created: list[str] = []
@@ -195,7 +197,8 @@ def two_hosts() -> Iterator[TwoHosts]:
             os.makedirs(f"/etc/netns/{name}", exist_ok=True)
             with open("/etc/hosts") as original, open(f"/etc/netns/{name}/hosts", "w") as f:
                 f.write(original.read().rstrip("\n") + "\n")
-                f.writelines(f"{a} {n}\n" for a, n in zip(ADDRESSES, NODES, strict=True))
+                if names_resolve:
+                    f.writelines(f"{a} {n}\n" for a, n in zip(ADDRESSES, NODES, strict=True))
         yield TwoHosts(names)
     finally:
         for name in names:

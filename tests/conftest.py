@@ -40,6 +40,7 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
         "test_memplan.py",
         "test_plan.py",
         "test_startup.py",
+        "test_two_hosts.py",
     }
 )
 

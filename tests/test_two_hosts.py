@@ -9,6 +9,11 @@ launch/mpirun-hostfile.sh and launch/horovodrun-multihost.sh (Gloo, MPI) with a
 stand-in for ssh, launch/slurm.sbatch with a stand-in for srun. A link cut
 mid-training is named on both sides. The chief (or, under `shardfeed
 launch`, each host's launcher), and only it, says what the job exposes.
+
+The JAX tier runs this file too (Keras on JAX, no TensorFlow: the workers import
+none): the same runs end with the same weights over `jax.distributed`, and the
+chief's line names the coordinator; the TensorFlow-only tests are marked
+`tensorflow`.
 Every process has a timeout and is reaped; the namespaces are deleted
 afterwards.
 """
@@ -32,6 +37,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+ON_JAX = os.environ.get("KERAS_BACKEND") == "jax"
 PORT = 23456  # free in a fresh namespace
 TIMEOUT_S = 150
 
@@ -90,7 +96,7 @@ def _run_workers(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "TF_CONFIG"))
+        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "TF_CONFIG", "XLA_FLAGS"))
     }
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), SHARDFEED_STARTUP_TIMEOUT_S="60")
     workers = []
@@ -115,6 +121,15 @@ def _run_workers(
                 w.communicate()
 
 
+def _exposure(coordinator: str) -> str:
+    """What the chief says the job exposes, on this tier's backend: TensorFlow's
+    servers (naming each worker), or JAX's coordinator (at `coordinator`, rank 0's
+    address) and Gloo."""
+    if ON_JAX:
+        return f"JAX job's coordinator (process 0 at {coordinator}) listens on every interface"
+    return "servers listen on every interface"
+
+
 def _assert_same_weights(prefix: Path) -> None:
     first, second = (np.load(f"{prefix}.rank{rank}.npz") for rank in range(2))
     assert int(first["num_replicas"]) == 2  # one job of two workers
@@ -127,6 +142,10 @@ def two():
         yield made
 
 
+# CI time: on JAX a hand-written TF_CONFIG takes the coordinator path `shardfeed
+# launch --hosts` gives its workers, run on JAX below.
+@pytest.mark.skipif(ON_JAX, reason="on JAX the `shardfeed launch --hosts` test below runs "
+                    "the same TF_CONFIG coordinator path (kept out for CI time)")
 def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -137,10 +156,10 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
         assert rc == 0, output[-3000:]
     _assert_same_weights(tmp_path / "r")
     # The chief (and only it) says once what the job exposes, naming the ports.
-    exposure = "servers listen on every interface"
+    exposure = _exposure(f"10.231.0.1:{PORT}")
     assert results[0][1].count(exposure) == 1, results[0][1][-3000:]
-    assert f"worker 1 at 10.231.0.2:{PORT}" in results[0][1]
-    assert exposure not in results[1][1]
+    assert ON_JAX or f"worker 1 at 10.231.0.2:{PORT}" in results[0][1]
+    assert "on every interface" not in results[1][1]
 
 
 LAUNCH = [sys.executable, "-m", "shardfeed._commands.cli", "launch"]
@@ -178,6 +197,12 @@ def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path)
     results = _run_workers(two, tmp_path, on_host, tf_config=False)
     assert [rc for rc, _ in results] == [0, 0], "\n---\n".join(o[-3000:] for _, o in results)
     _assert_same_weights(tmp_path / "l")
+    if ON_JAX:
+        # The chief says what the JAX job exposes. (Each host's launcher still words its
+        # line for TensorFlow's servers: it cannot tell the workers' backend.)
+        assert results[0][1].count(_exposure(f"10.231.0.1:{PORT}")) == 1, results[0][1][-3000:]
+        assert "JAX job's coordinator" not in results[1][1]
+        return
     exposure = "servers listen on every interface"
     for _, output in results:
         # Once per host, from its launcher (the chief worker leaves it to its launcher).
@@ -206,7 +231,11 @@ def test_shardfeed_launch_names_the_right_host_index(two, tmp_path):
     assert "never started" not in result.stderr
 
 
+# On JAX a cut link is found by `jax.distributed`'s heartbeats (100 s by default):
+# each process then aborts (SIGABRT) with JAX's own message naming the unhealthy
+# task, not the peer's address; too slow for CI, and not named by shardfeed.
 @pytest.mark.slow
+@pytest.mark.tensorflow
 def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
     script = tmp_path / "endless.py"
     script.write_text(ENDLESS)
@@ -237,7 +266,10 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
 
 
 MPI_BIN = Path(sys.executable).parent
-_LAUNCHER_VARIABLES = ("SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG", "SLURM", "HOROVOD")
+# XLA_FLAGS: the JAX tier forces 4 CPU devices per process; a worker here has one.
+_LAUNCHER_VARIABLES = (
+    "SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG", "SLURM", "HOROVOD", "XLA_FLAGS"
+)
 
 
 def _recipe_env(**extra: str) -> dict[str, str]:
@@ -266,15 +298,30 @@ def _run_recipe(two, recipe: str, prefix: Path, env: dict[str, str]) -> str:
 @pytest.mark.skipif(
     not (MPI_BIN / "mpirun").exists(), reason="needs an mpirun (Open MPI 5) next to the interpreter"
 )
-@pytest.mark.parametrize("announce", ["host names", "NETWORK_INTERFACE"])
-def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path, announce):
+@pytest.mark.parametrize(
+    "announce",
+    [
+        pytest.param("host names", marks=pytest.mark.skipif(
+            ON_JAX, reason="on JAX the SLURM recipe's test runs the host-name path (the "
+            "coordinator and Gloo at node names); kept out for CI time")),
+        "NETWORK_INTERFACE",
+    ],
+)
+def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(tmp_path, announce):
     """launch/mpirun-hostfile.sh as written, run on host 0 with a stand-in for ssh.
 
     By default each rank announces its host name (sfnode1, sfnode2: both hosts
     resolve both); with NETWORK_INTERFACE (what the recipe says to set where
-    names do not resolve) each announces its veth address.
+    names do not resolve, and here they do not) each announces its veth address, and
+    on JAX Gloo listens on that interface (it failed to start before: "gloo/transport/
+    tcp/device.cc:99 rv == 0. -3 vs 0", the host name not resolving).
     """
     pytest.importorskip("mpi4py", reason="the MPI ranks exchange addresses with mpi4py")
+    with hosts.two_hosts(names_resolve=announce == "host names") as two:
+        _run_mpirun_recipe(two, tmp_path, announce)
+
+
+def _run_mpirun_recipe(two, tmp_path, announce):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     hostfile = tmp_path / "hostfile"
@@ -290,8 +337,11 @@ def test_mpirun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path
     )
     output = _run_recipe(two, "mpirun-hostfile.sh", tmp_path / "m", env)
     # The chief's exposure line names what the ranks announced.
-    second = two.addresses[1] if announce == "NETWORK_INTERFACE" else hosts.NODES[1]
-    assert f"worker 1 at {second}:" in output, output[-3000:]
+    first, second = two.addresses if announce == "NETWORK_INTERFACE" else hosts.NODES
+    if ON_JAX:  # rank 0's address (the coordinator), its port picked by rank 0
+        assert f"JAX job's coordinator (process 0 at {first}:" in output, output[-3000:]
+    else:
+        assert f"worker 1 at {second}:" in output, output[-3000:]
 
 
 @pytest.mark.slow
@@ -312,12 +362,13 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
     )
     output = _run_recipe(two, "slurm.sbatch", tmp_path / "s", env)
     # The chief names what the job exposes: SLURM's node names, SHARDFEED_PORT_BASE's port.
-    assert output.count("servers listen on every interface") == 1, output[-3000:]
-    assert "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
+    assert output.count(_exposure("sfnode1:8888")) == 1, output[-3000:]
+    assert ON_JAX or "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
 
 
 @pytest.mark.slow
 @pytest.mark.horovod
+@pytest.mark.tensorflow
 @pytest.mark.skipif(
     not (MPI_BIN / "horovodrun").exists(),
     reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); the "

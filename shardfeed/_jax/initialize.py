@@ -19,7 +19,9 @@ every process, Gloo's collectives on a random port of the address the host
 name resolves to -- an external interface on most hosts, even for a job whose
 coordinator is 127.0.0.1, and unbindable inside `shardfeed launch`'s private
 network namespace. So for a loopback job both are bound to 127.0.0.1; a
-multi-host job binds them where JAX does, and its chief logs `exposure_line`.
+multi-host job binds them where JAX does (Gloo on the interface
+SHARDFEED_NETWORK_INTERFACE names, when set: where host names do not resolve),
+and its chief logs `exposure_line`.
 """
 
 from __future__ import annotations
@@ -199,14 +201,26 @@ def coordinator_for(
     return Coordinator(address, launch_env.world_size, launch_env.rank, loopback)
 
 
+def gloo_binding(coordinator: Coordinator, environ: Mapping[str, str]) -> dict[str, str]:
+    """Where this process's Gloo collectives listen (the keywords of JAX's
+    `make_gloo_tcp_collectives`; pure): 127.0.0.1 for a loopback job; the
+    interface SHARDFEED_NETWORK_INTERFACE names, when set, for a multi-host one
+    (the interface whose address the ranks announce: where host names do not
+    resolve, Gloo's default, the address of `socket.gethostname()`, fails to
+    start); else JAX's default ({})."""
+    if coordinator.loopback:
+        return {"hostname": "127.0.0.1"}
+    interface = environ.get(_tf_config.NETWORK_INTERFACE_VARIABLE, "").strip()
+    return {"interface": interface} if interface else {}
+
+
 def exposure_line(coordinator: Coordinator) -> str | None:
     """The line a multi-host JAX job's chief logs (None for a loopback job)."""
     if coordinator.loopback:
         return None
-    port = coordinator.address.rsplit(":", 1)[1]
     return (
-        "shardfeed: this multi-host JAX job's coordinator (process 0, port "
-        f"{port}) listens on every interface of its host, and every process's Gloo "
+        "shardfeed: this multi-host JAX job's coordinator (process 0 at "
+        f"{coordinator.address}) listens on every interface of its host, and every process's Gloo "
         "collectives listen on a random port of the address its host name resolves to; "
         "neither is authenticated. Keep the hosts on a trusted network, or firewall these "
         "ports from everyone but the other workers (docs/engines.md, Security)."
@@ -317,7 +331,8 @@ def init(
                     _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
                 ),
             )
-        with _gloo_on_loopback(coordinator is not None and coordinator.loopback):
+        binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)
+        with _gloo_bound(binding):
             devices = jax.devices()  # starts the backends (and, in a job, Gloo)
     if split_cpu_into is not None and split_cpu_into > 1 and jax.default_backend() != "cpu":
         raise ValueError(
@@ -363,19 +378,20 @@ def _split_cpu(num_devices: int) -> None:
 
 
 @contextlib.contextmanager
-def _gloo_on_loopback(enabled: bool) -> Iterator[None]:
-    """While JAX makes its CPU client, Gloo binds 127.0.0.1 instead of the
-    address the host name resolves to (measured: an external address, or in
-    `shardfeed launch`'s network namespace none that can be bound). JAX has
-    no public setting for it; its CPU client calls this factory once, when
+def _gloo_bound(binding: Mapping[str, str]) -> Iterator[None]:
+    """While JAX makes its CPU client, Gloo binds where `binding` says
+    (`gloo_binding`) instead of the address the host name resolves to
+    (measured: an external address; in `shardfeed launch`'s network namespace
+    none that can be bound; where the name does not resolve, none at all). JAX
+    has no public setting for it; its CPU client calls this factory once, when
     the backends start."""
-    if not enabled:
+    if not binding:
         yield
         return
     from jax._src import xla_bridge
 
     make = xla_bridge._jax.make_gloo_tcp_collectives
-    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname="127.0.0.1")
+    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, **binding)
     try:
         yield
     finally:

@@ -1,5 +1,6 @@
 """`shardfeed.init()` on JAX: the engine rules, where the coordinator is, the CPU split,
-and real 2-process `jax.distributed` jobs under `shardfeed launch` on 127.0.0.1.
+and real 2-process `jax.distributed` jobs under `shardfeed launch` on 127.0.0.1 (and
+under mpirun, `--engine mpi`).
 
 The pure rules are tested with plain values; everything that starts JAX's
 backends runs in a fresh process (a backend starts once per process). The
@@ -99,12 +100,27 @@ def test_a_multi_host_coordinator_binds_where_jax_does_and_says_so():
     assert coordinator == initialize.Coordinator("10.0.0.1:5000", 2, 1, loopback=False)
     assert coordinator.bind_address is None
     assert initialize.exposure_line(coordinator) == (
-        "shardfeed: this multi-host JAX job's coordinator (process 0, port 5000) listens on "
+        "shardfeed: this multi-host JAX job's coordinator (process 0 at 10.0.0.1:5000) listens on "
         "every interface of its host, and every process's Gloo collectives listen on a random "
         "port of the address its host name resolves to; neither is authenticated. Keep the "
         "hosts on a trusted network, or firewall these ports from everyone but the other "
         "workers (docs/engines.md, Security)."
     )
+
+
+@pytest.mark.parametrize(
+    ("loopback", "environ", "binding"),
+    [
+        (True, {}, {"hostname": "127.0.0.1"}),  # never the host name's (external) address
+        (True, {"SHARDFEED_NETWORK_INTERFACE": "eth1"}, {"hostname": "127.0.0.1"}),
+        (False, {}, {}),  # JAX's default: the address the host name resolves to
+        # Where host names do not resolve: the interface the ranks announce.
+        (False, {"SHARDFEED_NETWORK_INTERFACE": " eth1 "}, {"interface": "eth1"}),
+    ],
+)
+def test_where_gloo_listens(loopback, environ, binding):
+    coordinator = initialize.Coordinator("10.0.0.1:5000", 2, 0, loopback=loopback)
+    assert initialize.gloo_binding(coordinator, environ) == binding
 
 
 def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
@@ -194,7 +210,9 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 with open(os.path.join(out_dir, f"pid{world.rank}"), "w") as f:
     f.write(str(os.getpid()))
-assert (world.world_size, world.rank) == (2, int(os.environ["SHARDFEED_RANK"]))
+# The launcher's rank: `shardfeed launch` (multiworker) or mpirun's (engine "mpi").
+launcher_rank = os.environ.get("SHARDFEED_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
+assert (world.world_size, world.rank) == (2, int(launcher_rank))
 assert world.num_replicas_in_sync == 4 and len(world.local_devices) == 2
 world.barrier()
 print("gathered", world.all_gather_bytes(b"r%d" % world.rank * (world.rank + 1)), flush=True)
@@ -213,7 +231,7 @@ if mode == "kill-rank-1":
 """
 
 
-def _launch_job(tmp_path, monkeypatch, mode):
+def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker"):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -221,7 +239,7 @@ def _launch_job(tmp_path, monkeypatch, mode):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script, num_workers=2, args=[tmp_path, mode], timeout_s=100, grace_s=10,
+        script, num_workers=2, engine=engine, args=[tmp_path, mode], timeout_s=100, grace_s=10,
         system=System(stdout=out, stderr=err),
     )
     return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
@@ -251,6 +269,24 @@ def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
     assert code != 0
     assert "worker rank 1 was killed by SIGKILL; stopping the other 1 worker(s)." in err
     assert "sending SIGKILL" not in err  # rank 0, in a collective, ended on SIGTERM
+    assert elapsed < 60
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert len(pids) == 2
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
+@pytest.mark.multi_process
+def test_killing_one_jax_worker_under_mpirun_stops_every_rank(tmp_path, monkeypatch, capfd):
+    """`shardfeed launch --engine mpi` on JAX: mpirun starts the ranks, `shardfeed.init()`
+    finds the coordinator by the mpi4py exchange (the collectives work: the job's sum);
+    rank 1 dies by SIGKILL while rank 0 waits in a collective, and mpirun stops rank 0
+    and exits non-zero, naming rank 1."""
+    code, _, err, elapsed = _launch_job(tmp_path, monkeypatch, "kill-rank-1", engine="mpi")
+    output = capfd.readouterr()  # mpirun's own output reaches the terminal, rank-tagged
+    assert code == 128 + 9, err[-3000:]
+    assert "shardfeed launch: mpirun exited with code 137." in err
+    assert "[1,0]<stdout>: sum 12.0" in output.out and "[1,1]<stdout>: sum 12.0" in output.out
+    assert "process rank 1 with PID" in output.err and "signal 9 (Killed)" in output.err
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
