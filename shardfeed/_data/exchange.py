@@ -71,7 +71,7 @@ def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
         [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
     """
     return [
-        permutation[plan.global_order_positions(r)].astype(np.int64)
+        permutation[plan.global_order_positions(r)].astype(np.int64, copy=False)
         for r in range(plan.num_replicas)
     ]
 

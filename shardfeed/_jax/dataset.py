@@ -140,6 +140,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
         # The copy of an order that never changes (see `epoch_data`).
         self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
+        # A closed epoch's copy, which the next epoch's copy is written into
+        # (`recycle`): held between epochs, within the one copy the memory
+        # check counts.
+        self._spare: tuple[Any, ...] | None = None
         plans = _args.plans(
             self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
             placement, drop_remainder,
@@ -274,7 +278,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if cached is not None:
             return cached
         train_kw, val_kw = _args.split_kwargs(self, self.plan, self.num_rows - at)
-        self._tables = self._static = None
+        self._tables = self._static = self._spare = None
         training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
         validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
         self._splits[float(validation_split)] = (training, validation)
@@ -330,10 +334,25 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if static and self._static is not None and self._static[0] == plan:
             return self._static[1], self._static[2]
         rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
-        columns = _epoch.epoch_columns(self, plan, rows)
+        columns = _epoch.epoch_columns(self, plan, rows, self._take_spare())
         if static:
             self._static = (plan, rows.rows, columns)
         return rows.rows, columns
+
+    def _take_spare(self) -> tuple[Any, ...] | None:
+        # Taken either way: one of another shape is let go of before the new copy.
+        spare, self._spare = self._spare, None
+        return spare
+
+    def recycle(self, columns: tuple[Any, ...]) -> None:
+        """Takes back a closed epoch's device copy: the next epoch writes its
+        rows into that memory (donated) instead of a new buffer. Arrays of a
+        closed epoch are deleted then; the copy of rows in order
+        (`shuffle=False`) is kept as it is."""
+        if self._tables is None:  # `split` let go of the rows: keep nothing either
+            return
+        if self._static is None or columns is not self._static[2]:
+            self._spare = columns
 
     def batch_fn(self, per_replica_batch_size: int, augment: bool) -> _epoch.BatchFn:
         """The `batch_fn` of this dataset's epochs with that batch (one object)."""

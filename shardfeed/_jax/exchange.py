@@ -13,7 +13,9 @@ replicas hold: each replica gathers what every other replica needs from it
 into `[num_replicas, send_rows]`, one `lax.all_to_all` inside `jax.shard_map`
 swaps those blocks, and each replica gathers its step order out of what it
 received. Who sends which rows is pure NumPy (`moves`), computed alike on
-every process; only 4-byte indices cross from the host.
+every process; only 4-byte indices cross from the host. Either way the copy
+is written into a donated buffer: a closed epoch's copy (`fits`), or for the
+first epoch a `new_copy`.
 """
 
 from __future__ import annotations
@@ -120,48 +122,93 @@ def local_array(world: World, per_replica: Sequence[np.ndarray]) -> jax.Array:
 
 @functools.cache
 def _gather_fn(mesh: Mesh) -> Any:
-    def gather(tables: tuple[jax.Array, ...], slots: jax.Array) -> tuple[jax.Array, ...]:
-        return tuple(jnp.take(t, slots, axis=0, mode="clip") for t in tables)
-
-    return jax.jit(
-        jax.shard_map(
-            gather, mesh=mesh, in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS)),
-            out_specs=P(REPLICA_AXIS),
+    def gather(
+        tables: tuple[jax.Array, ...], slots: jax.Array, out: tuple[jax.Array, ...]
+    ) -> tuple[jax.Array, ...]:
+        return tuple(
+            o.at[:].set(jnp.take(t, slots, axis=0, mode="clip"))
+            for o, t in zip(out, tables, strict=True)
         )
+
+    spec = P(REPLICA_AXIS)
+    return jax.jit(
+        jax.shard_map(gather, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec),
+        donate_argnums=(2,),
     )
 
 
 @functools.cache
 def _exchange_fn(mesh: Mesh) -> Any:
     def exchange(
-        tables: tuple[jax.Array, ...], send: jax.Array, take: jax.Array
+        tables: tuple[jax.Array, ...], send: jax.Array, take: jax.Array,
+        out: tuple[jax.Array, ...],
     ) -> tuple[jax.Array, ...]:
-        out = []
-        for t in tables:
+        copies = []
+        for t, o in zip(tables, out, strict=True):
             staged = jnp.take(t, send, axis=0, mode="clip")  # [R * send_rows, ...] by destination
             received = lax.all_to_all(staged, REPLICA_AXIS, 0, 0, tiled=True)  # by source
-            out.append(jnp.take(received, take, axis=0, mode="clip"))
-        return tuple(out)
+            copies.append(o.at[:].set(jnp.take(received, take, axis=0, mode="clip")))
+        return tuple(copies)
 
     spec = P(REPLICA_AXIS)
     return jax.jit(
-        jax.shard_map(exchange, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
+        jax.shard_map(exchange, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=spec),
+        donate_argnums=(3,),
     )
 
 
+@functools.cache
+def _zeros_fn(mesh: Mesh, shapes: tuple[tuple[tuple[int, ...], Any], ...]) -> Any:
+    sharding = NamedSharding(mesh, P(REPLICA_AXIS))
+    return jax.jit(
+        lambda: tuple(jnp.zeros(shape, dtype) for shape, dtype in shapes),
+        out_shardings=tuple(sharding for _ in shapes),
+    )
+
+
+def _copy_shapes(
+    world: World, tables: tuple[jax.Array, ...], slots: int
+) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    return tuple(((world.num_replicas_in_sync * slots, *t.shape[1:]), t.dtype) for t in tables)
+
+
+def fits(
+    spare: tuple[jax.Array, ...] | None, world: World, tables: tuple[jax.Array, ...], slots: int
+) -> bool:
+    """Whether `spare` (a closed epoch's copy) can take an epoch copy of
+    `slots` rows a replica of `tables`: the same shapes, dtypes and sharding."""
+    if spare is None or len(spare) != len(tables):
+        return False
+    return all(
+        not o.is_deleted() and (o.shape, o.dtype) == shape
+        and o.sharding.is_equivalent_to(t.sharding, t.ndim)
+        for o, t, shape in zip(spare, tables, _copy_shapes(world, tables, slots), strict=True)
+    )
+
+
+def new_copy(world: World, tables: tuple[jax.Array, ...], slots: int) -> tuple[jax.Array, ...]:
+    """Zeroed buffers for an epoch copy of `slots` rows a replica of `tables`."""
+    return _zeros_fn(world.mesh, _copy_shapes(world, tables, slots))()
+
+
 def gather_local(
-    world: World, tables: tuple[jax.Array, ...], slots: Sequence[np.ndarray]
+    world: World, tables: tuple[jax.Array, ...], slots: Sequence[np.ndarray],
+    out: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, ...]:
     """Each replica's epoch copy of rows it holds: `slots[g]` are positions in
-    global replica `g`'s buffer, all replicas' of one length."""
-    return _gather_fn(world.mesh)(tables, local_array(world, [s.astype(np.int32) for s in slots]))
+    global replica `g`'s buffer, all replicas' of one length; written into
+    `out` (donated: a closed epoch's copy that `fits`, or a `new_copy`)."""
+    positions = local_array(world, [s.astype(np.int32) for s in slots])
+    return _gather_fn(world.mesh)(tables, positions, out)
 
 
 def exchange(
-    world: World, tables: tuple[jax.Array, ...], plan_moves: Moves
+    world: World, tables: tuple[jax.Array, ...], plan_moves: Moves,
+    out: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, ...]:
-    """Each replica's epoch copy of rows any replica holds (`moves`'s all-to-all)."""
+    """Each replica's epoch copy of rows any replica holds (`moves`'s all-to-all);
+    `out` as in `gather_local`."""
     n_rep = plan_moves.send.shape[0]
     send = local_array(world, [plan_moves.send[s].reshape(-1) for s in range(n_rep)])
     take = local_array(world, list(plan_moves.take))
-    return _exchange_fn(world.mesh)(tables, send, take)
+    return _exchange_fn(world.mesh)(tables, send, take, out)

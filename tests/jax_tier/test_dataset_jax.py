@@ -267,6 +267,48 @@ def test_rows_in_order_are_copied_once(replicas):
     assert shuffled.epoch(0).arrays.columns[0] is not shuffled.epoch(0).arrays.columns[0]
 
 
+def _pointers(epoch) -> list[int]:
+    return [s.data.unsafe_buffer_pointer() for c in epoch.arrays.columns
+            for s in c.addressable_shards]
+
+
+# Rows in order are copied once and kept: nothing to write into.
+@pytest.mark.parametrize(("placement", "shuffle"), [o for o in ORDERS if o[1] is not False])
+def test_the_next_epoch_is_written_into_a_closed_epochs_copy(replicas, placement, shuffle):
+    replicas(4)
+    n = 103
+    x, y = np.arange(n * 2, dtype=np.float32).reshape(n, 2), np.arange(n)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, shuffle=shuffle, seed=7,
+                                placement=placement)
+    fresh = ShardedResidentDataset(x, y, per_replica_batch_size=4, shuffle=shuffle, seed=7,
+                                   placement=placement)
+    first = ds.epoch(0)
+    pointers, taken = _pointers(first), first.batch(1)
+    first.close()
+    second = ds.epoch(1)
+    assert _pointers(second) == pointers  # the same memory: no new buffer to fault in
+    assert first.arrays is None and second.arrays is not None
+    np.testing.assert_array_equal(rows_of(second), rows_of(fresh.epoch(1)))
+    np.testing.assert_array_equal(np.asarray(taken.y), np.asarray(fresh.epoch(0).batch(1).y))
+    third = ds.epoch(2)  # `second` is still open: a copy of its own
+    assert _pointers(third) != pointers
+    np.testing.assert_array_equal(rows_of(second), rows_of(fresh.epoch(1)))
+    second.close()
+    evaluation = ds.epoch(0, training=False)  # its own order, into the same memory
+    np.testing.assert_array_equal(rows_of(evaluation), rows_of(fresh.epoch(0, training=False)))
+    evaluation.close()
+    # Another batch, another length of copy: the spare is let go of, not written.
+    other = ds.epoch(3, plan=ds.training_plan(3))
+    expected = fresh.epoch(3, plan=fresh.training_plan(3))
+    np.testing.assert_array_equal(rows_of(other), rows_of(expected))
+    # After `split` let go of the rows, a closed epoch's copy is let go of too.
+    other.close()
+    opened = ds.epoch(4)
+    ds.split(0.5)
+    opened.close()
+    assert ds._spare is None
+
+
 def test_a_dataset_let_go_of_frees_its_device_memory(replicas):
     replicas(4)
 

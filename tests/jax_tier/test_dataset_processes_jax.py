@@ -1,7 +1,8 @@
 """The JAX dataset over two `jax.distributed` processes on 127.0.0.1 (2 CPU
 devices each, 4 replicas): each process uploads only its devices' rows; the
 global order (sharded rows moved by the all-to-all across processes, or
-replicated rows) is the one a single replica with the global batch takes.
+replicated rows) is the one a single replica with the global batch takes,
+also when an epoch is written into the previous epoch's closed copy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ for e in range(2):
     rows = [np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist()
             for _, b in epoch]
     out["epochs"].append({"rows": rows, "slot_rows": epoch.slot_rows().tolist()})
+    epoch.close()  # epoch 1 is written into epoch 0's copy (donated, on every process)
 print("RESULT " + json.dumps(out))
 """
 
