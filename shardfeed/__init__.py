@@ -59,7 +59,7 @@ _JAX_EXPORTS: dict[str, str | None] = {
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
-    "save_model": None,
+    "save_model": "shardfeed._jax.saving",
 }
 
 # Same module on every backend: resolved without asking Keras for its backend.
@@ -68,8 +68,6 @@ _NEUTRAL = frozenset(name for name, module in _JAX_EXPORTS.items() if module == 
 _JAX_FIXES = {
     "ResidentIterator": "Loop over `dataset.epoch(epoch)` (`for step, batch in ...`) and keep "
     "the step yourself, or use the TensorFlow backend (`KERAS_BACKEND=tensorflow`).",
-    "save_model": "Call `model.save(path)` on the chief only (`if world.is_chief:`), then "
-    "`world.barrier()`, or use the TensorFlow backend (`KERAS_BACKEND=tensorflow`).",
 }
 
 __all__ = sorted(_EXPORTS)

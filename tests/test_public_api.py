@@ -45,7 +45,7 @@ EXPECTED_JAX = {
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
-    "save_model": None,
+    "save_model": "shardfeed._jax.saving",
 }
 
 # Public submodules and their exports.

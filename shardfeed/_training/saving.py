@@ -1,7 +1,8 @@
 """Saving a model with several workers: the chief writes, the others wait.
 
-Owns `save_model`. Every worker holds the same weights, so one file is
-enough; when every rank calls `model.save(path)` on a shared path, the
+Owns TensorFlow's `save_model` (the checks and the write are
+`model_file.py`'s, shared with `_jax/saving.py`). Every worker holds the
+same weights, so one file is enough; when every rank calls `model.save(path)` on a shared path, the
 writes interleave and the file is corrupt (`BadZipFile: Bad CRC-32`). Here
 the chief writes a temporary file next to `path` and renames it into place
 (readers never see half a file), then every worker waits for the chief's
@@ -14,14 +15,13 @@ collective the chief never joins.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import keras
 
-from shardfeed._common import errors as _errors
 from shardfeed._common.chief_write import ChiefWriteError, write_on_chief
 from shardfeed._distribute.world import current_world
+from shardfeed._training import model_file as _model_file
 
 __all__ = ["ChiefWriteError", "save_model", "write_on_chief"]
 
@@ -52,32 +52,6 @@ def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: A
         >>> with world.scope():
         ...     model = keras.models.load_model("model.keras")
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            _errors.message(
-                "`save_model` saves Keras 3 models (`keras.Model`).",
-                f"type(model)={type(model).__name__}",
-                "Pass the model you trained with `shardfeed.fit`.",
-            )
-        )
-    path = Path(filepath)
-    if path.suffix not in (".keras", ".h5"):
-        raise ValueError(
-            _errors.message(
-                "`save_model` writes what `model.save` writes: a `.keras` (or legacy `.h5`) file.",
-                f"filepath={str(filepath)!r}",
-                'Name the file e.g. "model.keras"; for weights alone, save them on the '
-                "chief (`if world.is_chief: model.save_weights(...)`), then `world.barrier()`.",
-            )
-        )
-    # The same suffix: `model.save` picks the format from it.
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
-
-    def write() -> None:
-        try:
-            model.save(str(partial), **kwargs)
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
-
+    path = _model_file.checked_path(model, filepath)
+    write = _model_file.model_file_write(model, path, **kwargs)
     write_on_chief(current_world(model.distribute_strategy), path, write)

@@ -1,13 +1,15 @@
 """`fit`, `evaluate` and `predict` over two `jax.distributed` processes on
 127.0.0.1 (2 CPU devices each, 4 replicas, sharded rows in the global order):
 every process ends with the weights, history and results of one process
-with the same 4 replicas, and `predict` returns every row on both; a fit
+with the same 4 replicas, `predict` returns every row on both and
+`save_model` writes one file from the chief; a fit
 preempted on both resumes from its `BackupAndRestore` like an uninterrupted
 one.
 """
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 from _helpers_fit import backup_fit, replicas, train_and_predict
 from _helpers_jax import run_jax_processes
@@ -24,7 +26,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
                            initialization_timeout=60)
 import shardfeed
 from _helpers_fit import train_and_predict
-print("RESULT " + json.dumps(train_and_predict(shardfeed)))
+print("RESULT " + json.dumps(train_and_predict(shardfeed, save_to=sys.argv[3])))
 """
 
 
@@ -69,8 +71,9 @@ def test_two_processes_resume_a_preempted_fit_like_an_uninterrupted_one(tmp_path
     assert not (tmp_path / "backup").exists()  # the chief deleted it at the end
 
 
-def test_two_processes_train_like_one_process_with_the_same_replicas():
-    results = run_jax_processes(CHILD)
+def test_two_processes_train_like_one_process_with_the_same_replicas(tmp_path):
+    saved = tmp_path / "model.keras"
+    results = run_jax_processes(CHILD, [str(saved)])
     with replicas(4):
         expected = train_and_predict(shardfeed)
     for result in results:
@@ -83,3 +86,7 @@ def test_two_processes_train_like_one_process_with_the_same_replicas():
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     # Both processes hold the same weights (replicated state, not two copies that drift).
     assert results[0]["weights"] == results[1]["weights"]
+    # `save_model` on both: the chief wrote one complete file of those weights.
+    loaded = keras.models.load_model(saved)
+    assert [w.tolist() for w in loaded.get_weights()] == results[0]["weights"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]

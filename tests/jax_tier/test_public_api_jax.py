@@ -27,13 +27,13 @@ def test_every_public_name_resolves_on_jax_or_says_why():
 
 def test_a_name_missing_on_jax_names_the_backend_and_the_fix():
     with pytest.raises(NotImplementedError) as info:
-        shardfeed.__getattr__("save_model")
+        shardfeed.__getattr__("ResidentIterator")
     assert str(info.value) == (
-        "`shardfeed.save_model` has no implementation on the JAX backend yet (docs/engines.md "
-        "lists what each backend supports). Received: name='save_model', "
-        "keras.backend.backend()='jax'. Call `model.save(path)` on the chief only "
-        "(`if world.is_chief:`), then `world.barrier()`, or use the TensorFlow backend "
-        "(`KERAS_BACKEND=tensorflow`)."
+        "`shardfeed.ResidentIterator` has no implementation on the JAX backend yet "
+        "(docs/engines.md lists what each backend supports). Received: "
+        "name='ResidentIterator', keras.backend.backend()='jax'. Loop over "
+        "`dataset.epoch(epoch)` (`for step, batch in ...`) and keep the step yourself, or use "
+        "the TensorFlow backend (`KERAS_BACKEND=tensorflow`)."
     )
 
 
