@@ -23,7 +23,7 @@ from shardfeed._data import memory as _memory
 from shardfeed._data.augment import step_seed
 from shardfeed._data.batch import Batch as Batch
 from shardfeed._data.order import Order
-from shardfeed._data.plan import ShardPlan
+from shardfeed._data.plan import EpochSizes, ShardPlan
 
 if TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset
@@ -91,7 +91,7 @@ def open_epoch(
     return opened
 
 
-class ResidentEpoch:
+class ResidentEpoch(EpochSizes):
     """One epoch of a `ShardedResidentDataset`: steps and their batches.
 
     Made by `ShardedResidentDataset.epoch(...)`. Iterating yields
@@ -136,35 +136,8 @@ class ResidentEpoch:
     # -- what it is ------------------------------------------------------------
 
     @property
-    def steps(self) -> int:
-        return self.plan.steps_per_epoch
-
-    @property
-    def full_steps(self) -> int:
-        return self.plan.full_steps_per_epoch
-
-    @property
-    def has_partial_step(self) -> bool:
-        return self.plan.has_partial_step
-
-    @property
-    def per_replica_batch_size(self) -> int:
-        return self.plan.per_replica_batch_size
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.plan.global_batch_size
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return self.plan.num_replicas
-
-    @property
     def closed(self) -> bool:
         return self._closed
-
-    def __len__(self) -> int:
-        return self.steps - self.first_step
 
     def __repr__(self) -> str:
         return (

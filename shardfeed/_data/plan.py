@@ -265,3 +265,39 @@ def plan_shards(
     )
     # What is dropped follows from what each replica takes (`rows_per_epoch`).
     return dataclasses.replace(plan, dropped_rows_per_epoch=num_rows - plan.used_rows_per_epoch)
+
+
+class EpochSizes:
+    """The sizes of one epoch of `plan`, read by both backends' `ResidentEpoch`
+    (`self.plan` and `self.first_step` are set by the subclass)."""
+
+    plan: ShardPlan
+    first_step: int
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps_per_epoch
+
+    @property
+    def full_steps(self) -> int:
+        return self.plan.full_steps_per_epoch
+
+    @property
+    def has_partial_step(self) -> bool:
+        return self.plan.has_partial_step
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.plan.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.plan.num_replicas
+
+    def __len__(self) -> int:
+        """The steps iteration yields: `steps - first_step`."""
+        return self.steps - self.first_step

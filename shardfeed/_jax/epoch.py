@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardfeed._common import errors as _errors
 from shardfeed._data.batch import Batch
-from shardfeed._data.plan import ShardPlan
+from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import order as _order
 from shardfeed._jax.world import REPLICA_AXIS
@@ -143,7 +143,7 @@ class BatchFn:
         return Batch(x, y, sw)
 
 
-class ResidentEpoch:
+class ResidentEpoch(EpochSizes):
     """One epoch of a JAX `ShardedResidentDataset`: steps and their batches.
 
     Made by `ShardedResidentDataset.epoch(...)`. Iterating yields
@@ -180,35 +180,8 @@ class ResidentEpoch:
     # -- what it is ------------------------------------------------------------
 
     @property
-    def steps(self) -> int:
-        return self.plan.steps_per_epoch
-
-    @property
-    def full_steps(self) -> int:
-        return self.plan.full_steps_per_epoch
-
-    @property
-    def has_partial_step(self) -> bool:
-        return self.plan.has_partial_step
-
-    @property
-    def per_replica_batch_size(self) -> int:
-        return self.plan.per_replica_batch_size
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.plan.global_batch_size
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return self.plan.num_replicas
-
-    @property
     def closed(self) -> bool:
         return self.arrays is None
-
-    def __len__(self) -> int:
-        return self.steps - self.first_step
 
     def __repr__(self) -> str:
         return (
