@@ -1,15 +1,14 @@
 """`shardfeed.save_model` on JAX, one process: one complete file, no partial
-left, the same refusals as on TensorFlow (tests/test_saving.py). Two
-processes: tests/jax_tier/test_fit_processes_jax.py."""
+left, the same refusals as on TensorFlow (the checks: tests/_helpers_saving.py).
+Two processes: tests/jax_tier/test_fit_processes_jax.py."""
 
 from __future__ import annotations
 
-import zipfile
-
-import keras
-import numpy as np
-import pytest
 from _helpers_fit import mlp, regression_data
+from _helpers_saving import (
+    check_refuses_other_suffixes_before_writing,
+    check_writes_one_complete_file,
+)
 
 import shardfeed
 
@@ -19,21 +18,8 @@ def test_save_model_writes_one_complete_file_and_leaves_no_partial(tmp_path):
     model = mlp()
     ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=20, seed=0)
     shardfeed.fit(model, ds, verbose=0)
-    path = tmp_path / "m.keras"
-    shardfeed.save_model(model, path)
-    assert [p.name for p in tmp_path.iterdir()] == ["m.keras"]
-    assert zipfile.ZipFile(path).testzip() is None
-    loaded = keras.models.load_model(path)
-    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    check_writes_one_complete_file(shardfeed, model, x, tmp_path)
 
 
 def test_save_model_refuses_other_suffixes_before_writing(tmp_path):
-    with pytest.raises(ValueError) as err:
-        shardfeed.save_model(mlp(), tmp_path / "m.ckpt")
-    assert str(err.value).startswith(
-        "`save_model` writes what `model.save` writes: a `.keras` (or legacy `.h5`) file. "
-        "Received: filepath="
-    )
-    assert list(tmp_path.iterdir()) == []
-    with pytest.raises(TypeError, match="Received: type\\(model\\)=str"):
-        shardfeed.save_model("model", tmp_path / "m.keras")
+    check_refuses_other_suffixes_before_writing(shardfeed, mlp(), tmp_path)
