@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._distribute import gradients as _gradients
-from shardfeed._distribute.metrics import metric_results
+from shardfeed._distribute.metrics import metric_results, reported_metrics
 from shardfeed._distribute.world import World
 
 
@@ -88,13 +88,13 @@ class HorovodEngine:
             out[i] = g
         return out
 
-    def metric_results(self, model: keras.Model) -> dict[str, Any]:
+    def metric_results(self, model: keras.Model, skip_loss: bool = False) -> dict[str, Any]:
         """Results over all ranks: sum (or average) each metric variable across
         ranks, read the results, then restore this rank's own state so the
         next call keeps accumulating locally."""
-        variables = [v for m in model.metrics for v in m.variables]
+        variables = [v for m in reported_metrics(model, skip_loss) for v in m.variables]
         if not variables:
-            return metric_results(model)
+            return metric_results(model, skip_loss)
         local = [tf.identity(v.value) for v in variables]
         for v, value in zip(variables, local, strict=True):
             aggregation = getattr(v, "aggregation", "sum")
@@ -105,7 +105,7 @@ class HorovodEngine:
             else:
                 v.assign(hvd.allreduce(value, op=hvd.Sum))
         try:
-            return metric_results(model)
+            return metric_results(model, skip_loss)
         finally:
             for v, value in zip(variables, local, strict=True):
                 v.assign(value)

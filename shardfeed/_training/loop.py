@@ -480,7 +480,7 @@ class Loop:
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
         logs = {"loss": loss}
-        for name, value in self.engine.metric_results(self.model).items():
+        for name, value in self.engine.metric_results(self.model, skip_loss=True).items():
             if name != "loss":
                 logs[name] = value
         return logs
