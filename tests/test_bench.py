@@ -7,6 +7,7 @@ runs on tiny data and that the JSON, Markdown and chart come out.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -61,7 +62,7 @@ def test_bench_runs_every_variant_and_writes_report(tmp_path, capsys):
                 assert result[key] > 0, (name, key)
             assert isinstance(result["settings"]["jit_compile"], bool), name
             assert result["settings"]["steps_per_execution"] >= 1, name
-            if name == "floor":
+            if name.startswith("floor"):
                 assert result["final_loss"] is None  # one batch seen over and over
             else:
                 assert math.isfinite(result["final_loss"]), name
@@ -122,6 +123,60 @@ def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
     assert "| Keras on JAX, model.fit(numpy) | spe=1, jit=True | " in markdown
     assert "Tuning probe of Keras on JAX, model.fit(numpy, tuned) (3 epochs of 8 steps" in markdown
     assert "W2 probe (jax) steps_per_execution=32" in capfd.readouterr().err  # the worker's
+
+
+@pytest.mark.slow
+def test_bench_runs_shardfeed_and_its_floor_on_jax_in_worker_processes(tmp_path):
+    """`shardfeed-jax` trains with `shardfeed.fit` on Keras' JAX backend and
+    `floor-jax` runs the JAX loop's call on one batch, each in a process
+    without TensorFlow; both get their ratio to the JAX floor, said under the
+    table."""
+    python = os.environ.get("SHARDFEED_JAX_PYTHON")
+    if not python:
+        pytest.skip("no Keras-on-JAX venv: set SHARDFEED_JAX_PYTHON (.ci/setup makes .venv-jax)")
+    argv = ["bench", "--workloads", "W2", "--variants", "shardfeed-jax,floor-jax,floor"]
+    argv += ["--rows-scale", "0.002", "--epochs", "2", "--out", str(tmp_path)]
+    argv += ["--jax-python", python]
+    assert main(argv) == 0
+
+    variants = json.loads((tmp_path / "bench.json").read_text())["workloads"]["W2"]["variants"]
+    fit, floor = variants["shardfeed-jax"], variants["floor-jax"]
+    for result in (fit, floor):
+        assert result["backend"] == "jax" and result["tensorflow_imported"] is False
+        assert result["ratio_to_floor"] > 0  # against TensorFlow's floor, as every row
+    assert fit["final_loss"] < 0.9 * fit["first_epoch_loss"]  # it trained
+    assert floor["final_loss"] is None
+    # 8 steps per epoch: "auto" is ceil(8 / 10) = 1 step per call on both backends.
+    assert fit["settings"] == floor["settings"] == {"steps_per_execution": 1, "jit_compile": True}
+    assert floor["ratio_to_backend_floor"] == 1.0
+    assert fit["ratio_to_backend_floor"] == pytest.approx(
+        fit["median_epoch_s"] / floor["median_epoch_s"]
+    )
+    assert "ratio_to_backend_floor" not in variants["floor"]  # TensorFlow's own floor
+    markdown = (tmp_path / "bench.md").read_text()
+    ratio = f"shardfeed.fit on JAX {fit['ratio_to_backend_floor']:.2f}x; floor on JAX 1.00x."
+    assert f"Against their own backend's floor (floor on JAX): {ratio}" in markdown
+
+
+def test_the_opaque_floor_trains_on_the_same_values_as_the_floor():
+    """`floor-opaque` multiplies its batch by one inside each step: after the
+    same calls, its model's weights equal the floor's to the bit."""
+    from shardfeed._commands.bench.variants import VARIANT_TYPES
+
+    workload = _workloads.WORKLOADS["W2"]
+    data = _workloads.make_data(workload, 1024, 0)
+    reference = _workloads.build_model(workload, False, 0)
+    args = argparse.Namespace(seed=0, probe_budget_s=20.0)
+    floors = [VARIANT_TYPES[name](workload, data, reference, args)
+              for name in ("floor", "floor-opaque")]
+    for floor in floors:
+        floor.setup()
+        floor.epoch(0)
+    plain, opaque = (f.model.get_weights() for f in floors)
+    assert [v.name for v in floors] == ["floor", "floor-opaque"]
+    assert not np.array_equal(plain[0], reference.get_weights()[0])  # it trained
+    for a, b in zip(plain, opaque, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_workloads_own_their_batch_and_minimum_rows():

@@ -31,6 +31,11 @@ weights (copied from one reference model), each with its own model instance:
     floor      `Loop.train_step` on one fixed device batch inside the same
                compiled loop shape: the compute floor, no input work at all.
     streaming  `shardfeed.fit` streaming its rows through the two-slot ring.
+    floor-opaque  `floor` with the batch made to depend on the step, so XLA
+               cannot hoist work on it out of the loop (no real input can be
+               hoisted): the floor a free input path would reach.
+    shardfeed-jax, floor-jax  `shardfeed` and the floor on Keras' JAX backend,
+               each in a worker process of its own, like `jax`.
 Timing: each timed epoch is measured from `on_epoch_begin` to `on_epoch_end`
 (the loss is read back first, so the work is done), so per-`fit`-call set-up is
 excluded; the warm-up column is the whole first `fit` call, compilation

@@ -1,17 +1,19 @@
-"""The worker process of a bench variant on another Keras backend (`jax`, `jax-tuned`).
+"""The worker process of a bench variant on another Keras backend (`jax`, `jax-tuned`,
+`shardfeed-jax`, `floor-jax`).
 
 Separation of concerns: this module owns the worker side of
 `variants._OtherBackend` -- checking that the backend imports, rebuilding the
 workload's data and the reference weights it is sent, then running the
 variant's `setup()` and one `epoch(e)` per request. What the variant does is
-`variants`' (the same `_KerasFit` and `_Tuned` classes as on TensorFlow); this
-module only carries it across the process boundary.
+`variants`' (the same `_KerasFit` and `_Tuned` classes as on TensorFlow) and
+`jax_variants`' (`shardfeed.fit` and the floor on JAX); this module only
+carries it across the process boundary.
 
 Protocol, one JSON object per line. In, on stdin: the set-up (`variant`,
 `workload`, `rows`, `seed`, `probe_budget_s`, `weights_path`), then
 `{"epoch": e}` per epoch; end of input ends the process. Out, on the original
 stdout: `{"settings", "extra"}` or `{"skipped": why}`, then `{"seconds",
-"loss"}` per epoch. Everything else the process prints (the probe's lines,
+"loss", "settings"}` per epoch. Everything else the process prints (the probe's lines,
 Keras, the backend) goes to stderr, which the bench shares.
 
 Run as `KERAS_BACKEND=jax python -m shardfeed._commands.bench.backend_worker`.
@@ -84,7 +86,12 @@ def main() -> int:
     with np.load(setup["weights_path"]) as weights:
         reference.set_weights([weights[f"arr_{i}"] for i in range(len(weights.files))])
     args = argparse.Namespace(seed=setup["seed"], probe_budget_s=setup["probe_budget_s"])
-    variant = IN_WORKER_TYPES[setup["variant"]](workload, data, reference, args)
+    types = dict(IN_WORKER_TYPES)
+    if backend == "jax":
+        from shardfeed._commands.bench.jax_variants import IN_WORKER_TYPES_JAX
+
+        types.update(IN_WORKER_TYPES_JAX)
+    variant = types[setup["variant"]](workload, data, reference, args)
     variant.setup()
     extra = {
         **variant.extra,
@@ -95,7 +102,8 @@ def main() -> int:
     _send(replies, {"settings": variant.settings, "extra": extra})
     for line in sys.stdin:
         seconds, loss = variant.epoch(json.loads(line)["epoch"])
-        _send(replies, {"seconds": seconds, "loss": loss})
+        # The settings again: `shardfeed.fit`'s are known after its first epoch.
+        _send(replies, {"seconds": seconds, "loss": loss, "settings": variant.settings})
     return 0
 
 

@@ -86,9 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
-        help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming "
-        "(or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,streaming, g jax, h jax-tuned; "
-        "default: all). jax and jax-tuned run Keras on JAX in a worker process each, "
+        help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming,"
+        "floor-opaque,shardfeed-jax,floor-jax (or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,"
+        "streaming, g jax, h jax-tuned; default: all). jax, jax-tuned, shardfeed-jax and "
+        "floor-jax run Keras on JAX in a worker process each, "
         "skipped with the reason when JAX does not import. With KERAS_BACKEND=jax the whole "
         "bench runs on Keras' JAX backend, without TensorFlow: variants from jax,jax-tuned,"
         "shardfeed,floor (default: those four)",

@@ -180,3 +180,9 @@ JAX_VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
     "shardfeed": _JaxShardfeed,
     "floor": _JaxFloor,
 }
+# What a TensorFlow bench's `backend_worker` process runs for `shardfeed-jax`
+# and `floor-jax` (beside `variants.IN_WORKER_TYPES`).
+IN_WORKER_TYPES_JAX: dict[str, Callable[..., Variant]] = {
+    "shardfeed-jax": _JaxShardfeed,
+    "floor-jax": _JaxFloor,
+}

@@ -73,6 +73,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(r['speedup_vs_numpy'], '.2f', 'x')} | {_fmt(r['final_loss'], '.4f')} "
                 f"| {_fmt(r['setup_s'], '.2f')} | {_fmt(r['warmup_s'], '.2f')} |"
             )
+        lines += _other_floors(w["variants"])
         floor = w["variants"].get("floor") or {}
         if floor.get("augment_ms_per_step") is not None:
             share = floor["augment_ms_per_step"] / floor["ms_per_step"]
@@ -93,6 +94,27 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"{tuned['probe_s']:.1f} s): {configs}. {probe['note']}.",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _other_floors(variants: dict[str, Any]) -> list[str]:
+    """Lines under a workload's table: the variants on another backend against
+    that backend's floor, and `shardfeed.fit` against the opaque floor."""
+    lines = []
+    backend = [
+        f"{r['label']} {r['ratio_to_backend_floor']:.2f}x"
+        for r in variants.values()
+        if r.get("ratio_to_backend_floor") is not None
+    ]
+    if backend:
+        lines += ["", f"Against their own backend's floor (floor on JAX): {'; '.join(backend)}."]
+    opaque, fit = variants.get("floor-opaque") or {}, variants.get("shardfeed") or {}
+    if opaque.get("median_epoch_s") and fit.get("median_epoch_s"):
+        lines += [
+            "",
+            f"{fit['label']} against the {opaque['label']}: "
+            f"{fit['median_epoch_s'] / opaque['median_epoch_s']:.2f}x.",
+        ]
+    return lines
 
 
 def write_chart(report: dict[str, Any], path: Path) -> None:

@@ -19,7 +19,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardfeed._commands.bench.variants import VARIANT_TYPES, VARIANTS, Variant
+from shardfeed._commands.bench.variants import (
+    BACKEND_FLOORS,
+    OTHER_BACKENDS,
+    VARIANT_TYPES,
+    VARIANTS,
+    Variant,
+)
 from shardfeed._commands.bench.workloads import Workload, build_model, make_data
 
 
@@ -125,6 +131,11 @@ def _run_variants(
             "warmup_s": warmup_s[v.name],
             **v.extra,
         }
+        backend_floor = BACKEND_FLOORS.get(OTHER_BACKENDS.get(v.name, ""), "")
+        if backend_floor in seconds:  # a variant on another backend, and that backend's floor
+            results[v.name]["ratio_to_backend_floor"] = median / statistics.median(
+                seconds[backend_floor]
+            )
     return results
 
 

@@ -1,5 +1,6 @@
 """The timed variants: `model.fit` (numpy, tfdata, tuned; on JAX: jax, jax-tuned),
-`shardfeed.fit`, streaming, floor.
+`shardfeed.fit` (also on JAX: shardfeed-jax), streaming, floor (also on JAX:
+floor-jax; and floor-opaque).
 
 Separation of concerns: this module owns what each variant does -- its set-up
 (a fresh model from the reference weights, its input pipeline or dataset) and
@@ -46,6 +47,9 @@ VARIANTS: dict[str, str] = {
     "shardfeed": "shardfeed.fit",
     "floor": "floor",
     "streaming": "shardfeed.fit (streaming)",
+    "floor-opaque": "floor, batch opaque to XLA",
+    "shardfeed-jax": "shardfeed.fit on JAX",
+    "floor-jax": "floor on JAX",
 }
 # The letters predate the JAX variants: a-f keep their meaning, g and h are new.
 VARIANT_ALIASES = dict(
@@ -56,7 +60,9 @@ VARIANT_ALIASES = dict(
     )
 )
 # Variants on another Keras backend: the backend each worker process runs.
-OTHER_BACKENDS = {"jax": "jax", "jax-tuned": "jax"}
+OTHER_BACKENDS = {"jax": "jax", "jax-tuned": "jax", "shardfeed-jax": "jax", "floor-jax": "jax"}
+# Each backend's own floor: the ratio a variant on that backend is also given.
+BACKEND_FLOORS = {"jax": "floor-jax"}
 WORKER_MODULE = "shardfeed._commands.bench.backend_worker"
 STREAM_CHUNK_BYTES = 16 * MIB
 
@@ -99,6 +105,22 @@ VARIANT_NOTES: dict[str, str] = {
         "rows flow through a two-slot ring per replica, the next chunk uploaded by a "
         "background thread while the current one trains (the fallback for shards that do "
         "not fit)."
+    ),
+    "floor-opaque": (
+        "`floor` with its fixed batch multiplied by `step >= 0` inside each step: the same "
+        "values, but XLA can no longer hoist work on the batch out of the step loop, as it "
+        "cannot for any input that changes from step to step. The floor an input path "
+        "could reach if reading a new batch cost nothing."
+    ),
+    "shardfeed-jax": (
+        "`shardfeed.fit` on Keras' JAX backend (default `FitOptions()`; the rows resident as "
+        "`jax.Array`s), in a worker process with `KERAS_BACKEND=jax`, same data and initial "
+        "weights. Its ratio to `floor-jax` is also given."
+    ),
+    "floor-jax": (
+        "The JAX loop's compiled training call (Keras' stateless `train_step` in a jitted "
+        "`lax.scan`, `shardfeed.fit`'s steps per call) on one fixed device batch, in a worker "
+        "process with `KERAS_BACKEND=jax`: the floor of the variants on JAX."
     ),
 }
 
@@ -255,6 +277,7 @@ class _OtherBackend(Variant):
 
     def epoch(self, epoch: int) -> tuple[float, float | None]:
         reply = self._request({"epoch": epoch})
+        self.settings = reply.get("settings", self.settings)
         return reply["seconds"], reply["loss"]
 
     def close(self) -> None:
@@ -375,9 +398,15 @@ def _fit_step(model: Any, dataset: Any, full_steps: int) -> tuple[Callable[..., 
 
 
 class _Floor(Variant):
-    """`Loop.train_step` on one fixed batch, k steps per compiled call."""
+    """`Loop.train_step` on one fixed batch, k steps per compiled call
+    (`floor-opaque`: the batch made to depend on the step first)."""
 
     name = "floor"
+
+    def __init__(self, *a: Any, opaque: bool = False) -> None:
+        super().__init__(*a)
+        self.opaque = opaque
+        self.name = "floor-opaque" if opaque else "floor"
 
     def setup(self) -> None:
         import tensorflow as tf
@@ -409,10 +438,16 @@ class _Floor(Variant):
                 return x
             return augment(x, step_seed(self.args.seed, tf.constant(0), i, tf.constant(0)))
 
+        def opaque(t: Any, i: Any) -> Any:
+            # Times one: XLA does not prove `i >= 0`, so the batch is no longer
+            # loop-invariant and nothing computed from it leaves the loop.
+            return t * tf.cast(i >= 0, t.dtype) if self.opaque and t is not None else t
+
         def chunk(x: Any, y: Any, sw: Any, steps: Any) -> Any:
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(steps.shape[0]):  # static trip count, as in Loop._train_chunk
-                loss_sum += tf.cast(train_step(augmented(x, i), y, sw), tf.float32)
+                step_x, step_y = opaque(x, i), opaque(y, i)
+                loss_sum += tf.cast(train_step(augmented(step_x, i), step_y, sw), tf.float32)
             return loss_sum
 
         def augment_only(x: Any, steps: Any) -> Any:
@@ -458,9 +493,13 @@ VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
     "shardfeed": _Shardfeed,
     "streaming": _Streaming,
     "floor": _Floor,
+    "floor-opaque": lambda *a: _Floor(*a, opaque=True),
+    "shardfeed-jax": lambda *a: _OtherBackend(*a, name="shardfeed-jax"),
+    "floor-jax": lambda *a: _OtherBackend(*a, name="floor-jax"),
 }
 
-# What a `backend_worker` process runs for each variant on another backend.
+# What a `backend_worker` process runs for each variant on another backend
+# (`shardfeed-jax` and `floor-jax`: `jax_variants.IN_WORKER_TYPES`).
 IN_WORKER_TYPES: dict[str, Callable[..., Variant]] = {
     "jax": lambda *a: _KerasFit(*a, name="jax", on_numpy=True),
     "jax-tuned": lambda *a: _Tuned(*a, name="jax-tuned", on_numpy=True),
