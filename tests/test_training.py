@@ -226,6 +226,54 @@ def test_validation_data_gives_val_logs():
     )
 
 
+class _LogsSeen(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batch_logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_logs.append(dict(logs))
+
+
+def test_per_call_logs_leave_keras_loss_tracker_unread(monkeypatch):
+    """`fit` logs its own exact loss after each call, so Keras' loss tracker
+    (whose value it would drop) is never read there; the compiled metrics are,
+    and a model's own `get_metrics_result` still runs whole."""
+    x, y = _data()
+    model = _mlp(metrics=("mae",))
+    reads = {"loss": 0, "mae": 0}
+    tracker_result = type(model._loss_tracker).result
+
+    def counted(metric):
+        if metric.name in reads and tf.executing_eagerly():  # not Keras' step, traced
+            reads[metric.name] += 1
+        return tracker_result(metric)
+
+    monkeypatch.setattr(type(model._loss_tracker), "result", counted)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=0)
+    seen = _LogsSeen()
+    shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[seen],
+                  options=FitOptions(steps_per_execution=5))
+    assert [sorted(logs) for logs in seen.batch_logs] == [["loss", "mae"]] * 2  # 2 calls
+    assert reads["loss"] == 0
+
+    class OwnResults(keras.Sequential):
+        calls = 0
+
+        def get_metrics_result(self):
+            OwnResults.calls += 1
+            return {**super().get_metrics_result(), "custom": 1.0}
+
+    keras.utils.set_random_seed(1)
+    own = OwnResults([keras.Input((8,)), layers.Dense(1)])
+    own.compile(optimizer="sgd", loss="mse")
+    seen = _LogsSeen()
+    shardfeed.fit(own, ds, epochs=1, verbose=0, callbacks=[seen],
+                  options=FitOptions(steps_per_execution=5))
+    assert OwnResults.calls >= 2
+    assert [logs["custom"] for logs in seen.batch_logs] == [1.0, 1.0]
+
+
 def test_progress_bar_shows_steps_metrics_and_samples_per_second(capsys):
     x, y = _data()
     model = _mlp()
