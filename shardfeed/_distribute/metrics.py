@@ -29,8 +29,8 @@ def metric_results(model: keras.Model, skip_loss: bool = False) -> dict[str, Any
     for an array result such as `F1Score(average=None)`'s one per class.
 
     `skip_loss`: without Keras' loss tracker, whose value the caller
-    replaces: reading it cost 0.5 ms of host work per compiled call on W2
-    (a tenth of the time `fit` spent outside its calls). A model that
+    replaces: reading it cost about 0.5 ms of host work per compiled call on
+    W2 (a quarter of `fit`'s host work per epoch). A model that
     overrides `get_metrics_result` gets its own, whole.
     """
     own = type(model).get_metrics_result is not Trainer.get_metrics_result

@@ -499,7 +499,7 @@ VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
 }
 
 # What a `backend_worker` process runs for each variant on another backend
-# (`shardfeed-jax` and `floor-jax`: `jax_variants.IN_WORKER_TYPES`).
+# (`shardfeed-jax` and `floor-jax`: `jax_variants.IN_WORKER_TYPES_JAX`).
 IN_WORKER_TYPES: dict[str, Callable[..., Variant]] = {
     "jax": lambda *a: _KerasFit(*a, name="jax", on_numpy=True),
     "jax-tuned": lambda *a: _Tuned(*a, name="jax-tuned", on_numpy=True),
