@@ -20,7 +20,6 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.plan import ShardPlan
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
@@ -146,11 +145,11 @@ def _validation(
     return validate
 
 
-class _Run:
-    """One `fit` call's epochs and position: which steps of which pass over
-    the data each fit epoch takes (`epoch_span`, as Keras' epoch iterator on
-    finite data), the cursor a `BackupAndRestore` saves (`capture`) and a
-    restarted fit starts at (`resume`, checked by `_training/resume.py`).
+class _Run(_resume.FitPosition):
+    """One `fit` call's epochs and position (`FitPosition`): which steps of
+    which pass over the data each fit epoch takes (`epoch_span`, as Keras'
+    epoch iterator on finite data), and the state a `BackupAndRestore` saves
+    (`capture`) and a restarted fit resumes from (`resume`).
 
     The epoch's running loss and metrics are Keras' metric variables (the
     loss tracker among them), so the resume state's `metrics` carry them
@@ -166,27 +165,13 @@ class _Run:
         initial_step: int,
         steps_per_epoch: int | None,
     ) -> None:
-        self.model, self.dataset, self.loop = model, dataset, loop
-        self.steps_per_epoch = steps_per_epoch
-        self.plan: ShardPlan = dataset.plan
-        self.cursor = self._cursor(initial_epoch, initial_step)
-        self.steps_run = 0  # steps run by this fit call, for save frequencies
-        self.state: ResumeState | None = None
+        super().__init__(dataset, initial_epoch, initial_step, steps_per_epoch)
+        self.model, self.loop = model, loop
         self._open: ResidentEpoch | None = None
 
-    def _cursor(self, epoch: int, step: int) -> Cursor:
-        return _resume.cursor_at(epoch, step, self.steps_per_epoch, self.plan.steps_per_epoch)
-
-    @property
-    def epoch_steps(self) -> int:
-        """Steps of a fit epoch, as Keras' `params["steps"]`."""
-        return self.steps_per_epoch or self.plan.steps_per_epoch
-
     def resume(self, state: ResumeState) -> None:
-        """Continues from `state` (a backup's): checks it fits this dataset,
-        world and `steps_per_epoch`, takes the plan that keeps its global
-        batch, and starts at its cursor."""
-        self.plan = _resume.adapt(state, self.dataset, self.steps_per_epoch)
+        """As `FitPosition.resume`, refusing a TensorFlow mid-epoch backup."""
+        super().resume(state)
         if state.cursor.step and state.loss_rows:
             # TensorFlow's loop keeps the epoch's loss beside the metrics: its
             # loss tracker in `metrics` does not hold it.
@@ -202,8 +187,6 @@ class _Run:
                     "afresh.",
                 )
             )
-        self.state = state
-        self.cursor = state.cursor
 
     def capture(self) -> ResumeState:
         """The state to save now: the cursor and the metric variables'

@@ -19,13 +19,13 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.plan import ShardPlan
 from shardfeed._training import resume as _resume
 from shardfeed._training import sync as _sync
 from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
 from shardfeed._training.loop import Loop
 
 __all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
+
 
 def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
     """The metric variables' global values (every rank must call it: under
@@ -43,8 +43,8 @@ def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
     return values
 
 
-class FitRun:
-    """One `fit` call's position and running totals.
+class FitRun(_resume.FitPosition):
+    """One `fit` call's position (`FitPosition`) and running totals.
 
     Args:
         model: The model being trained.
@@ -63,32 +63,10 @@ class FitRun:
         initial_step: int,
         steps_per_epoch: int | None,
     ) -> None:
+        super().__init__(dataset, initial_epoch, initial_step, steps_per_epoch)
         self.model = model
-        self.dataset = dataset
-        self.plan: ShardPlan = dataset.plan
-        self.steps_per_epoch = steps_per_epoch
-        self.cursor = self._cursor(initial_epoch, initial_step)
         self.totals: tuple[float, int] = (0.0, 0)  # the epoch's (loss sum, rows)
-        self.steps_run = 0  # steps run by this fit call, for save frequencies
-        self.state: _resume.ResumeState | None = None
         self.loop: Loop | None = None
-
-    def _cursor(self, epoch: int, step: int) -> _resume.Cursor:
-        return _resume.cursor_at(epoch, step, self.steps_per_epoch, self.plan.steps_per_epoch)
-
-    @property
-    def epoch_steps(self) -> int:
-        """Steps of a fit epoch, as Keras' `params["steps"]` (an epoch may
-        end sooner, when the pass over the data runs out)."""
-        return self.steps_per_epoch or self.plan.steps_per_epoch
-
-    def resume(self, state: _resume.ResumeState) -> None:
-        """Continues from `state` (a backup's): checks it fits this dataset,
-        world and `steps_per_epoch`, takes the plan that keeps its global
-        batch, and starts at its cursor."""
-        self.plan = _resume.adapt(state, self.dataset, self.steps_per_epoch)
-        self.state = state
-        self.cursor = state.cursor
 
     def capture(self) -> _resume.ResumeState:
         """The state to save now. Every rank must call it (metric reads may be

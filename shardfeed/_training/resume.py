@@ -45,6 +45,49 @@ def cursor_at(epoch: int, step: int, steps_per_epoch: int | None, data_steps: in
     return Cursor(epoch, step, data_epoch, start + step)
 
 
+class FitPosition:
+    """Where one `fit` call stands, on either backend: its training plan (a
+    resume on another number of replicas keeps the checkpoint's global
+    batch), the cursor a `BackupAndRestore` saves and a restarted fit starts
+    at, and the steps this call ran. `epochs.FitRun` (TensorFlow) and
+    `_jax/training.py`'s run add their loops and `capture`.
+
+    Args:
+        dataset: The training dataset (either backend's).
+        initial_epoch: Fit epoch to start at.
+        initial_step: Steps of `initial_epoch` already done (a resume from a
+            mid-epoch `ModelCheckpoint`).
+        steps_per_epoch: Steps per fit epoch (None: one pass over the data).
+    """
+
+    def __init__(
+        self, dataset: Any, initial_epoch: int, initial_step: int, steps_per_epoch: int | None
+    ) -> None:
+        self.dataset = dataset
+        self.plan: ShardPlan = dataset.plan
+        self.steps_per_epoch = steps_per_epoch
+        self.cursor = self._cursor(initial_epoch, initial_step)
+        self.steps_run = 0  # steps run by this fit call, for save frequencies
+        self.state: ResumeState | None = None
+
+    def _cursor(self, epoch: int, step: int) -> Cursor:
+        return cursor_at(epoch, step, self.steps_per_epoch, self.plan.steps_per_epoch)
+
+    @property
+    def epoch_steps(self) -> int:
+        """Steps of a fit epoch, as Keras' `params["steps"]` (an epoch may
+        end sooner, when the pass over the data runs out)."""
+        return self.steps_per_epoch or self.plan.steps_per_epoch
+
+    def resume(self, state: ResumeState) -> None:
+        """Continues from `state` (a backup's): checks it fits this dataset,
+        world and `steps_per_epoch`, takes the plan that keeps its global
+        batch, and starts at its cursor."""
+        self.plan = adapt(state, self.dataset, self.steps_per_epoch)
+        self.state = state
+        self.cursor = state.cursor
+
+
 def metric_variables(model: keras.Model) -> list[Any]:
     """The model's metric variables in the resume state's order."""
     return [v for m in model.metrics for v in m.variables]
