@@ -35,6 +35,7 @@ if (Path(__file__).parent / "jax").exists():
 BACKEND_NEUTRAL_TEST_FILES = frozenset(
     {
         "test_exchange.py",
+        "test_relayout.py",
         "test_launch.py",
         "test_launch_integration.py",
         "test_memplan.py",

@@ -54,6 +54,16 @@ class LoadOptions:
             exchange mixes across replicas, in (0, 1]. 1 (default): the exact
             global order; below 1: a partial mix, then a local shuffle
             (see docs/data.md).
+        epoch_copy: Keras on JAX only (TensorFlow always gathers). Whether each
+            epoch keeps a copy of each replica's rows in step order, so a step
+            slices contiguous rows instead of gathering them: `"auto"`
+            (default) copies only on CPU devices, where it was measured
+            faster (docs/performance.md), and only when the copy and its
+            exchange fit in `epoch_copy_bytes` and the memory check; True
+            always copies (counted in the memory check); False never (device
+            memory stays near one copy of the rows).
+        epoch_copy_bytes: Most device bytes per replica that `"auto"` gives an
+            epoch copy (with its exchange's staging).
         check_agreement: With several workers, check before loading that every
             worker passed the same rows (row count, columns, and a hash of a
             few seeded rows; docs/data.md "Several workers"): a mismatch
@@ -74,6 +84,8 @@ class LoadOptions:
     exchange_buffer_bytes: int = 256 * MIB
     exchange_fraction: float = 1.0
     check_agreement: bool = True
+    epoch_copy: bool | Literal["auto"] = "auto"
+    epoch_copy_bytes: int = 256 * MIB
 
     def __post_init__(self) -> None:
         _require(
@@ -123,7 +135,19 @@ class LoadOptions:
             "Leave it True (the default) to check that every worker passed the same "
             "rows, or pass False to skip the check.",
         )
+        _require(
+            self.epoch_copy in (True, False, "auto"),
+            '`epoch_copy` must be True, False or "auto".',
+            f"epoch_copy={self.epoch_copy!r}",
+            'Use "auto" to copy an epoch\'s rows only where it is faster and fits.',
+        )
+        _require(
+            _errors.is_integer(self.epoch_copy_bytes) and self.epoch_copy_bytes >= 0,
+            "`epoch_copy_bytes` must be a non-negative integer.",
+            f"epoch_copy_bytes={self.epoch_copy_bytes!r}",
+            "Use e.g. 256 * 1024**2 (256 MiB per replica), or 0 to never copy under \"auto\".",
+        )
         object.__setattr__(self, "exchange_fraction", float(self.exchange_fraction))
         for name in ("chunk_bytes", "device_memory_bytes", "stream_chunk_bytes",
-                     "exchange_buffer_bytes"):
+                     "exchange_buffer_bytes", "epoch_copy_bytes"):
             _as_int(self, name)

@@ -12,14 +12,18 @@ the compiled steps and the gradients' reduction; it reads an epoch's
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
+
+import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
+from shardfeed._data import relayout as _relayout
 from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import epoch as _epoch
@@ -92,14 +96,18 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
       Keras on JAX feeds them); integers that do not fit are refused.
     - No streaming: a shard that does not fit is a `MemoryError`.
-    - The global order of sharded rows moves all of an epoch's rows in one
-      all-to-all, staging about twice a replica's epoch rows (counted in the
-      memory check; `LoadOptions.exchange_buffer_bytes` does not apply, and
-      `exchange_fraction` below 1 is refused).
+    - `exchange_fraction` below 1 is refused.
 
-    Each epoch holds a copy of its rows in step order on each device (the
-    fast path of contiguous slices per step), counted in the memory check,
-    with the exchange's staging for the global order of sharded rows.
+    A step gathers each replica's batch from its resident rows, so device
+    memory stays near one copy of them plus 4 bytes of positions per row.
+    The global order of sharded rows moves rows between replicas in place
+    before each training epoch, in rounds that stage at most
+    `LoadOptions.exchange_buffer_bytes` per replica (`_data/relayout.py`).
+    On CPU devices, where contiguous slices were measured faster than a
+    gather, an epoch whose copy fits in `LoadOptions.epoch_copy_bytes`
+    keeps a copy of its rows in step order instead (`epoch_copy`; the
+    memory check counts it, and the global order's all-to-all then stages
+    about twice a replica's epoch rows).
 
     Example:
         >>> ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)
@@ -139,11 +147,15 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
         self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
         # The copy of an order that never changes (see `epoch_data`).
-        self._static: tuple[_plan.ShardPlan, list[Any], tuple[Any, ...]] | None = None
+        self._static: tuple[_plan.ShardPlan, _epoch.EpochData] | None = None
         # A closed epoch's copy, which the next epoch's copy is written into
         # (`recycle`): held between epochs, within the one copy the memory
         # check counts.
         self._spare: tuple[Any, ...] | None = None
+        # Per global replica, the global row in each slot once rows have moved
+        # in place (the global order of sharded rows, no copy); None: as loaded.
+        self._layout: list[Any] | None = None
+        self._epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         plans = _args.plans(
             self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
             placement, drop_remainder,
@@ -151,12 +163,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._eval_plan, self._train_plan = plans.eval_plan, plans.train_plan
         self._train_plan_error = plans.train_plan_error
         plan = self.eval_plan
-        slots = plan.steps_per_epoch * plan.per_replica_batch_size  # an epoch's copy
-        staging = 0
-        if _args.uses_exchange(shuffle, plan):
-            staging = _exchange.staging_rows(slots, plan.num_replicas)
-        self.memory_reports = _storage.memory_reports(
-            self.world, plan, self.columns.row_bytes, slots + staging, options
+        self.epoch_copy, self.memory_reports = _choose_epoch_copy(
+            self.world, plan, self.columns.row_bytes, _args.uses_exchange(shuffle, plan), options
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         if misfit is not None:
@@ -216,6 +224,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             self._tables = _storage.upload(
                 self.columns, self.eval_plan, self.world, self.load_options
             )
+            self._layout = None
         return self._tables
 
     @property
@@ -278,7 +287,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if cached is not None:
             return cached
         train_kw, val_kw = _args.split_kwargs(self, self.plan, self.num_rows - at)
-        self._tables = self._static = self._spare = None
+        self._tables = self._static = self._spare = self._layout = None
         training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
         validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
         self._splits[float(validation_split)] = (training, validation)
@@ -325,19 +334,59 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
     def epoch_data(
         self, plan: _plan.ShardPlan, epoch: int, training: bool
-    ) -> tuple[list[Any], tuple[Any, ...]]:
+    ) -> _epoch.EpochData:
         """An epoch's rows per replica (global numbers, step order) and its
-        device copy. With `shuffle=False` the order never changes, so the
-        copy is made once and kept (one: the copy the memory check counts),
-        and repeated epochs and validation passes copy nothing."""
+        device data (`EpochData`). With `shuffle=False` the order never
+        changes, so it is made once and kept (a copy: the one the memory
+        check counts), and repeated epochs and validation passes make nothing."""
         static = self.shuffle is False
         if static and self._static is not None and self._static[0] == plan:
-            return self._static[1], self._static[2]
+            return self._static[1]
         rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
-        columns = _epoch.epoch_columns(self, plan, rows, self._take_spare())
+        if self.epoch_copy:
+            data = _epoch.copied(self, plan, rows, self._take_spare())
+        else:
+            data = self._gathered(plan, rows)
         if static:
-            self._static = (plan, rows.rows, columns)
-        return rows.rows, columns
+            self._static = (plan, data)
+        return data
+
+    def _gathered(self, plan: _plan.ShardPlan, rows: _order.EpochRows) -> _epoch.EpochData:
+        """The epoch as positions in the resident rows; for the global order
+        of sharded rows, the rows are first moved in place to their replicas."""
+        tables = self.tables
+        held = tables[0].shape[0] // plan.num_replicas
+        if plan.placement == "replicate":
+            return _epoch.gathered(self, plan, rows.rows, rows.rows)
+        row_dtype = np.int32 if self.num_rows < 2**31 else np.int64  # 4 bytes a row on the host
+        layout = self._layout or [
+            np.arange(a, b, dtype=row_dtype) for a, b in self.eval_plan.shards
+        ]
+        taken = rows.rows
+        if rows.moved:
+            for open_epoch in list(self._epochs):  # their arrays are donated below
+                open_epoch.invalidate()
+            per_pair = _relayout.rows_per_pair(
+                plan.num_replicas, self.columns.row_bytes, self.load_options.exchange_buffer_bytes
+            )
+            target = _relayout.targets(layout, taken)
+            moves, layout = _relayout.rounds(layout, target, held, per_pair)
+            self._tables = _exchange.relayout(self.world, tables, moves)
+            self._layout = layout
+            del target, moves
+        elif self._layout is not None:
+            # Rows in order after they moved: each replica takes the rows it
+            # holds (`slot_rows` keeps `predict`'s order).
+            taken = [layout[g][: plan.rows_per_epoch(g)] for g in range(plan.num_replicas)]
+        slot_of = np.empty(self.num_rows, row_dtype)
+        for held_rows in layout:
+            slot_of[held_rows] = np.arange(len(held_rows), dtype=row_dtype)
+        return _epoch.gathered(self, plan, taken, [slot_of[t] for t in taken])
+
+    def opened(self, epoch: _epoch.ResidentEpoch) -> None:
+        """Keeps (weakly) an epoch this dataset opened: moving rows in place
+        closes it."""
+        self._epochs.add(epoch)
 
     def _take_spare(self) -> tuple[Any, ...] | None:
         # Taken either way: one of another shape is let go of before the new copy.
@@ -351,7 +400,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         (`shuffle=False`) is kept as it is."""
         if self._tables is None:  # `split` let go of the rows: keep nothing either
             return
-        if self._static is None or columns is not self._static[2]:
+        if self._static is None or columns is not self._static[1].columns:
             self._spare = columns
 
     def batch_fn(self, per_replica_batch_size: int, augment: bool) -> _epoch.BatchFn:
@@ -364,6 +413,37 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 self.transform, self.augment if augment else None, self.seed,
             )
         return self._batch_fns[key]
+
+
+def _choose_epoch_copy(
+    world: World, plan: _plan.ShardPlan, row_bytes: int, exchange: bool, options: LoadOptions
+) -> tuple[bool, list[_memory.MemoryReport]]:
+    """Whether epochs keep a copy of their rows (`LoadOptions.epoch_copy`), and
+    the memory reports of that choice: what the devices hold besides the rows."""
+    slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    copy_bytes = slots * row_bytes
+    if exchange:  # the copy's all-to-all stages about twice the epoch's rows
+        copy_bytes += _exchange.staging_rows(slots, plan.num_replicas) * row_bytes
+    # Without a copy: 4-byte positions per slot, and the in-place rounds' staging.
+    gather_bytes = slots * 4
+    if exchange:
+        per_pair = _relayout.rows_per_pair(
+            plan.num_replicas, row_bytes, options.exchange_buffer_bytes
+        )
+        gather_bytes += 2 * plan.num_replicas * per_pair * row_bytes
+    copy = options.epoch_copy
+    if copy == "auto":
+        # Measured faster only on CPU devices (W2: 0.34 s/epoch against 0.47);
+        # on a GPU a batch's gather from device memory is cheap, and rows fit 2x.
+        on_cpu = all(d.platform == "cpu" for d in world.devices)
+        copy = on_cpu and copy_bytes <= options.epoch_copy_bytes
+        if copy:
+            reports = _storage.memory_reports(world, plan, row_bytes, copy_bytes, options)
+            if all(r.fits for r in reports):
+                return True, reports
+            copy = False
+    extra = copy_bytes if copy else gather_bytes
+    return bool(copy), _storage.memory_reports(world, plan, row_bytes, extra, options)
 
 
 def _check_int(name: str, value: Any, high: int, fix: str) -> int:

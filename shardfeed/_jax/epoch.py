@@ -1,12 +1,13 @@
 """The JAX form of resident batches: `ResidentEpoch` and its `batch_fn`.
 
 Owns what a loop on JAX -- `shardfeed.fit`'s compiled one, or the user's own
-`jax.jit` step -- sees of one epoch: `arrays` (this epoch's device data, each
-replica's rows copied into step order on its own device, `exchange.py`) and
-`batch_fn(arrays, step)`, a pure, jittable function of a traced step that
-slices the global batch out of them on the device; the real rows of a
-partial last step (`partial_batch`), and each emitted row's global number
-(`slot_rows`, for `predict`'s order). No host work per step.
+`jax.jit` step -- sees of one epoch: `arrays` (this epoch's device data: the
+resident rows and each replica's positions of its rows in step order, or,
+where the dataset keeps a per-epoch copy, that copy) and `batch_fn(arrays,
+step)`, a pure, jittable function of a traced step that takes the global
+batch out of them on each device; the real rows of a partial last step
+(`partial_batch`), and each emitted row's global number (`slot_rows`, for
+`predict`'s order). No host work per step.
 """
 
 from __future__ import annotations
@@ -40,13 +41,35 @@ class EpochArrays(NamedTuple):
     """One epoch's device data (a pytree of `jax.Array`s, passed to `batch_fn`).
 
     Attributes:
-        columns: Per column, `[num_replicas * steps * per_replica_batch_size, ...]`
-            sharded along rows: each replica's rows of the epoch in step order.
+        columns: Per column, sharded along rows: the resident rows (each
+            replica's buffer), or with `positions` None, the epoch's copy
+            `[num_replicas * steps * per_replica_batch_size, ...]` (each
+            replica's rows in step order).
         epoch: The epoch number (int32, replicated): `augment`'s key reads it.
+        positions: `[num_replicas * steps * per_replica_batch_size]` int32
+            sharded along rows: each replica's positions in its own buffer of
+            its rows in step order (padding: 0); None for a copy.
     """
 
     columns: tuple[jax.Array, ...]
     epoch: jax.Array
+    positions: jax.Array | None = None
+
+
+class EpochData(NamedTuple):
+    """What a dataset hands an epoch it opens (`ShardedResidentDataset.epoch_data`).
+
+    Attributes:
+        rows: Per global replica, the global rows it takes in step order.
+        columns, positions: As in `EpochArrays`.
+        partial_rows: Indices into `columns` (global arrays) of the partial
+            last step's real rows, replicas in order (empty without one).
+    """
+
+    rows: list[np.ndarray]
+    columns: tuple[jax.Array, ...]
+    positions: jax.Array | None
+    partial_rows: np.ndarray
 
 
 @functools.cache
@@ -59,6 +82,23 @@ def _slicer(mesh: Mesh, per_replica_batch_size: int) -> Callable[..., Any]:
 
     return jax.shard_map(
         slice_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P()), out_specs=P(REPLICA_AXIS)
+    )
+
+
+@functools.cache
+def _gatherer(mesh: Mesh, per_replica_batch_size: int) -> Callable[..., Any]:
+    b = per_replica_batch_size
+
+    def gather_step(
+        columns: tuple[jax.Array, ...], positions: jax.Array, step: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        # Each replica gathers its batch from its own buffer: no traffic.
+        at = lax.dynamic_slice_in_dim(positions, step * b, b, axis=0)
+        return tuple(jnp.take(c, at, axis=0, mode="clip") for c in columns)
+
+    return jax.shard_map(
+        gather_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P()),
+        out_specs=P(REPLICA_AXIS),
     )
 
 
@@ -114,7 +154,11 @@ class BatchFn:
         return hash(self._key())
 
     def __call__(self, arrays: EpochArrays, step: Any) -> Batch:
-        columns = _slicer(self.mesh, self.per_replica_batch_size)(arrays.columns, step)
+        b = self.per_replica_batch_size
+        if arrays.positions is None:
+            columns = _slicer(self.mesh, b)(arrays.columns, step)
+        else:
+            columns = _gatherer(self.mesh, b)(arrays.columns, arrays.positions, step)
         return self.assemble(columns, arrays.epoch, step)
 
     @functools.cached_property
@@ -173,9 +217,11 @@ class ResidentEpoch(EpochSizes):
         self._mesh = dataset.world.mesh
         self._dataset = weakref.ref(dataset)  # `close` hands the copy back to it
         self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
-        self._rows, columns = dataset.epoch_data(plan, epoch, training)
+        data = dataset.epoch_data(plan, epoch, training)
+        self._rows, self._partial_rows = data.rows, data.partial_rows
         number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
-        self.arrays: EpochArrays | None = EpochArrays(columns, number)
+        self.arrays: EpochArrays | None = EpochArrays(data.columns, number, data.positions)
+        dataset.opened(self)
 
     # -- what it is ------------------------------------------------------------
 
@@ -215,13 +261,7 @@ class ResidentEpoch(EpochSizes):
         if not self.has_partial_step:
             return None
         arrays = self._open()
-        b, full = self.per_replica_batch_size, self.full_steps
-        slots = self.steps * b
-        rows = np.concatenate([
-            g * slots + full * b + np.arange(n, dtype=np.int32)
-            for g, n in enumerate(self.plan.last_step_rows)
-        ]).astype(np.int32)
-        columns = _rows_taker(self._mesh)(arrays.columns, rows)
+        columns = _rows_taker(self._mesh)(arrays.columns, self._partial_rows)
         return self.batch_fn.assemble(columns, arrays.epoch, jnp.int32(self.steps - 1))
 
     def batch(self, step: Any) -> Batch:
@@ -255,8 +295,14 @@ class ResidentEpoch(EpochSizes):
         already taken stay valid)."""
         arrays, self.arrays = self.arrays, None
         dataset = self._dataset()
-        if arrays is not None and dataset is not None:
+        if arrays is not None and arrays.positions is None and dataset is not None:
             dataset.recycle(arrays.columns)
+
+    def invalidate(self) -> None:
+        """Closes the epoch without handing anything back: the dataset moved
+        its rows in place (a new epoch of the global order of sharded rows),
+        so these `arrays` are deleted."""
+        self.arrays = None
 
     # -- internals -------------------------------------------------------------
 
@@ -281,6 +327,42 @@ class ResidentEpoch(EpochSizes):
                     "full steps only.",
                 )
             )
+
+
+def copied(
+    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows,
+    spare: tuple[jax.Array, ...] | None = None,
+) -> EpochData:
+    """The epoch as a per-epoch copy of each replica's rows in step order
+    (`epoch_columns`); its partial step's rows are at the end of each block."""
+    columns = epoch_columns(dataset, plan, rows, spare)
+    b, slots = plan.per_replica_batch_size, plan.steps_per_epoch * plan.per_replica_batch_size
+    first = plan.full_steps_per_epoch * b
+    partial = [g * slots + first + np.arange(n) for g, n in enumerate(plan.last_step_rows)]
+    return EpochData(rows.rows, columns, None, _partial(plan, partial))
+
+
+def gathered(
+    dataset: ShardedResidentDataset, plan: ShardPlan, rows: list[np.ndarray],
+    positions: list[np.ndarray],
+) -> EpochData:
+    """The epoch as positions in the resident rows: `positions[g]` are global
+    replica `g`'s positions of `rows[g]` in its own buffer, in step order."""
+    slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    held = dataset.tables[0].shape[0] // plan.num_replicas  # rows of each replica's buffer
+    first = plan.full_steps_per_epoch * plan.per_replica_batch_size
+    partial = [
+        g * held + p[first : first + n]
+        for g, (p, n) in enumerate(zip(positions, plan.last_step_rows, strict=True))
+    ]
+    on_device = _exchange.local_array(dataset.world, [_pad(p, slots) for p in positions])
+    return EpochData(rows, dataset.tables, on_device, _partial(plan, partial))
+
+
+def _partial(plan: ShardPlan, per_replica: list[np.ndarray]) -> np.ndarray:
+    if not plan.has_partial_step:
+        return np.zeros(0, np.int32)
+    return np.concatenate(per_replica).astype(np.int32)
 
 
 def epoch_columns(

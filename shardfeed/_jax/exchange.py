@@ -21,7 +21,7 @@ first epoch a `new_copy`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -31,6 +31,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardfeed._data.relayout import Round
 from shardfeed._jax.world import REPLICA_AXIS, World
 
 # `send_rows` is rounded up to a multiple of this share of a replica's epoch
@@ -155,6 +156,41 @@ def _exchange_fn(mesh: Mesh) -> Any:
         jax.shard_map(exchange, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=spec),
         donate_argnums=(3,),
     )
+
+
+@functools.cache
+def _round_fn(mesh: Mesh) -> Any:
+    def round_(
+        tables: tuple[jax.Array, ...], send: jax.Array, receive: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        out = []
+        for t in tables:
+            staged = jnp.take(t, send, axis=0, mode="clip")  # by destination
+            received = lax.all_to_all(staged, REPLICA_AXIS, 0, 0, tiled=True)  # by source
+            # Padding is sent to slot `len(t)`, out of range: dropped.
+            out.append(t.at[receive].set(received, mode="drop"))
+        return tuple(out)
+
+    spec = P(REPLICA_AXIS)
+    return jax.jit(
+        jax.shard_map(round_, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec),
+        donate_argnums=(0,),
+    )
+
+
+def relayout(
+    world: World, tables: tuple[jax.Array, ...], moves: Iterable[Round]
+) -> tuple[jax.Array, ...]:
+    """Runs `_data/relayout.py`'s rounds on the resident tables, in place
+    (donated: `tables` are deleted), and returns them: each round stages at
+    most its `[num_replicas, rows_per_pair]` rows sent and received per replica."""
+    fn = _round_fn(world.mesh)
+    for r in moves:
+        n_rep = r.send.shape[0]
+        send = local_array(world, [r.send[s].reshape(-1) for s in range(n_rep)])
+        receive = local_array(world, [r.receive[d].reshape(-1) for d in range(n_rep)])
+        tables = fn(tables, send, receive)
+    return tables
 
 
 @functools.cache

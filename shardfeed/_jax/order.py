@@ -29,17 +29,20 @@ class EpochRows(NamedTuple):
 
 
 def permutation(n: int, seed: int | None, key: tuple[int, ...], shuffle: bool) -> np.ndarray:
-    """`range(n)`, shuffled from `(seed, *key)` when `shuffle`.
+    """`range(n)`, shuffled from `(seed, *key)` when `shuffle`: int32 below
+    2**31 rows (half the host memory of int64), the same order either way.
 
     Example:
         >>> permutation(5, None, (0,), False).tolist()
         [0, 1, 2, 3, 4]
     """
-    if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    assert seed is not None  # checked when the dataset was built
-    # int64 already: `copy=False` spares a copy of the order (2.5 ms at 300,000 rows).
-    return np.random.default_rng((seed, *key)).permutation(n).astype(np.int64, copy=False)
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    if shuffle:
+        assert seed is not None  # checked when the dataset was built
+        # In place: `Generator.permutation(n)` shuffles an int64 `arange(n)`
+        # with the same draws, so the order is the same.
+        np.random.default_rng((seed, *key)).shuffle(order)
+    return order
 
 
 def epoch_rows(
@@ -57,7 +60,7 @@ def epoch_rows(
         rows = []
         for r, (start, stop) in enumerate(plan.shards):
             local = permutation(stop - start, seed, (epoch, r), shuffle == "local")
-            rows.append(start + local[: plan.rows_per_epoch(r)])
+            rows.append(local[: plan.rows_per_epoch(r)] + start)
         return EpochRows(rows, False)
     # The global order (or replicated rows in order): slices of one order of all rows.
     order = permutation(plan.num_rows, seed, (epoch,), shuffle is True)

@@ -13,8 +13,25 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+
+ORDERS = [  # (placement, shuffle)
+    ("shard", False),
+    ("shard", True),  # the global order: rows move between devices each epoch
+    ("shard", "local"),
+    ("replicate", False),
+    ("replicate", True),
+]
+
+
+def rows_of(epoch: Any) -> Any:
+    """The `y` (= row number) of every row an epoch emits, in order."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(batch.y) for _, batch in epoch])
+
 NUM_CPU_DEVICES = 4
 SUBPROCESS_TIMEOUT_S = 120.0
 

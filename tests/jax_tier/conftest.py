@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 
+import pytest
 from _helpers_jax import NUM_CPU_DEVICES
 
 if os.environ.get("KERAS_BACKEND") != "jax":
@@ -35,3 +37,17 @@ os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={NUM
 import jax
 
 jax.config.update("jax_num_cpu_devices", NUM_CPU_DEVICES)
+
+
+@pytest.fixture
+def replicas() -> Iterator[object]:
+    """`replicas(n)`: the world of the first `n` CPU devices, for the test."""
+    from shardfeed._jax import world as _world
+
+    def use(n: int) -> _world.World:
+        world = _world.World(0, 1, 0, tuple(jax.devices()[:n]))
+        _world.remember_initialized(world)
+        return world
+
+    yield use
+    _world._initialized.clear()

@@ -10,44 +10,17 @@ flat over repeated epochs.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers_jax import ORDERS, rows_of
 
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import exchange as _exchange
-from shardfeed._jax import world as _world
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.exchange import moves
-
-ORDERS = [  # (placement, shuffle)
-    ("shard", False),
-    ("shard", True),  # the global order: rows move between devices each epoch
-    ("shard", "local"),
-    ("replicate", False),
-    ("replicate", True),
-]
-
-
-@pytest.fixture
-def replicas() -> Iterator[object]:
-    """`replicas(n)`: the world of the first `n` CPU devices, for the test."""
-
-    def use(n: int) -> _world.World:
-        world = _world.World(0, 1, 0, tuple(jax.devices()[:n]))
-        _world.remember_initialized(world)
-        return world
-
-    yield use
-    _world._initialized.clear()
-
-
-def rows_of(epoch) -> np.ndarray:
-    """The `y` (= row number) of every row the epoch emits, in order."""
-    return np.concatenate([np.asarray(batch.y) for _, batch in epoch])
 
 
 @pytest.mark.parametrize("num_devices", [1, 2, 4])

@@ -2,7 +2,9 @@
 devices each, 4 replicas): each process uploads only its devices' rows; the
 global order (sharded rows moved by the all-to-all across processes, or
 replicated rows) is the one a single replica with the global batch takes,
-also when an epoch is written into the previous epoch's closed copy.
+also when an epoch is written into the previous epoch's closed copy, and
+without a copy (rows moved in place in bounded rounds, then gathered), where
+an evaluation epoch after them still emits every row once.
 """
 
 from __future__ import annotations
@@ -14,15 +16,19 @@ from _helpers_jax import run_jax_processes
 CHILD = """
 import json, sys
 import jax, numpy as np
-port, pid, placement = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, pid, placement, copy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
                            initialization_timeout=60)
 from jax.experimental import multihost_utils
+from shardfeed._data.options import LoadOptions
 from shardfeed._jax.dataset import ShardedResidentDataset
 n = 103
+# 16 bytes of staging a round: one row per pair, many rounds across the processes.
+options = LoadOptions(epoch_copy=copy == "copy", exchange_buffer_bytes=16)
 ds = ShardedResidentDataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n),
-                            per_replica_batch_size=3, seed=4, placement=placement)
+                            per_replica_batch_size=3, seed=4, placement=placement,
+                            load_options=options)
 out = {"replicas": ds.world.num_replicas_in_sync, "held": ds.nbytes_on_device, "epochs": []}
 for e in range(2):
     epoch = ds.epoch(e)
@@ -30,17 +36,25 @@ for e in range(2):
             for _, b in epoch]
     out["epochs"].append({"rows": rows, "slot_rows": epoch.slot_rows().tolist()})
     epoch.close()  # epoch 1 is written into epoch 0's copy (donated, on every process)
+evaluation = ds.epoch(0, training=False)
+out["evaluation"] = [
+    np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist() for _, b in evaluation
+]
+out["evaluation_slot_rows"] = evaluation.slot_rows().tolist()
+out["copy"] = ds.epoch_copy
 print("RESULT " + json.dumps(out))
 """
 
 
-def run_two_processes(placement: str) -> list[dict]:
-    return run_jax_processes(CHILD, [placement])
+def run_two_processes(placement: str, copy: str) -> list[dict]:
+    return run_jax_processes(CHILD, [placement, copy])
 
 
+@pytest.mark.parametrize("copy", ["copy", "gather"])
 @pytest.mark.parametrize("placement", ["shard", "replicate"])
-def test_global_order_across_two_processes(placement):
-    results = run_two_processes(placement)
+def test_global_order_across_two_processes(placement, copy):
+    results = run_two_processes(placement, copy)
+    assert [r["copy"] for r in results] == [copy == "copy"] * 2
     assert [r["replicas"] for r in results] == [4, 4]
     # Each process holds only its own replicas' rows: 2 shards of 26 rows (x and y, 4 bytes each).
     assert results[0]["held"] == (2 * 26 * 8 if placement == "shard" else 2 * 103 * 8)
@@ -51,3 +65,7 @@ def test_global_order_across_two_processes(placement):
         np.testing.assert_array_equal(emitted[0], np.random.default_rng((4, e)).permutation(103))
         np.testing.assert_array_equal(emitted[0], results[0]["epochs"][e]["slot_rows"])
         assert [len(b) for b in results[0]["epochs"][e]["rows"]] == [12] * 8 + [7]
+    evaluated = np.concatenate(results[0]["evaluation"])
+    np.testing.assert_array_equal(np.sort(evaluated), np.arange(103))  # each row once
+    np.testing.assert_array_equal(evaluated, results[0]["evaluation_slot_rows"])
+    np.testing.assert_array_equal(evaluated, np.concatenate(results[1]["evaluation"]))

@@ -1,0 +1,100 @@
+"""The in-place exchange's arithmetic (`_data/relayout.py`): pure NumPy, checked
+against what it must do for random layouts, plans and round sizes."""
+
+import numpy as np
+import pytest
+
+from shardfeed._data import exchange as _exchange
+from shardfeed._data.plan import plan_shards
+from shardfeed._data.relayout import rounds, rows_per_pair, targets
+
+
+def _simulate(layout, moves, slots):
+    """Runs the rounds on buffers of row numbers, as the device does (a round's
+    sends are read before its writes), checking that each row lands in an
+    emptied slot."""
+    n_rep = len(layout)
+    buffers = [np.full(slots, -1, np.int64) for _ in layout]
+    for g, held in enumerate(layout):
+        buffers[g][: len(held)] = held
+    emptied = [np.zeros(slots, bool) for _ in layout]
+    for r in moves:
+        real = r.receive.transpose(1, 0, 2) < slots  # [src, dst, k]: real sends
+        staged = [b[r.send[s]] for s, b in enumerate(buffers)]  # [dst, per_pair]
+        for s in range(n_rep):
+            emptied[s][r.send[s][real[s]]] = True
+        for d, b in enumerate(buffers):
+            into = r.receive[d].reshape(-1)
+            rows = np.stack([staged[s][d] for s in range(n_rep)]).reshape(-1)
+            keep = into < slots
+            assert emptied[d][into[keep]].all(), "a row landed on a row still held"
+            assert len(set(into[keep].tolist())) == int(keep.sum()), "two rows, one slot"
+            b[into[keep]] = rows[keep]
+            emptied[d][into[keep]] = False
+    assert not any(e.any() for e in emptied), "a slot emptied and never filled"
+    return buffers
+
+
+CASES = [
+    # (rows, replicas, batch, drop, per_pair)
+    (1000, 2, 16, False, 10_000),  # everything in one round
+    (1000, 2, 16, False, 7),  # many small rounds
+    (1001, 3, 100, False, 13),  # uneven shards, a partial step
+    (1001, 3, 100, True, 50),  # dropped rows stay resident somewhere
+    (999, 4, 250, False, 1),  # one row per pair per round
+    (5000, 5, 37, False, 64),
+    (17, 8, 2, False, 3),  # replicas with one or two rows
+]
+
+
+@pytest.mark.parametrize(("num_rows", "n_rep", "batch", "drop", "per_pair"), CASES)
+def test_rounds_bring_every_replica_its_rows_in_place(num_rows, n_rep, batch, drop, per_pair):
+    plan = plan_shards(num_rows, n_rep, batch, "shard", drop, True)
+    slots = max(b - a for a, b in plan.shards)
+    layout = [np.arange(a, b) for a, b in plan.shards]
+    for epoch in range(3):  # layouts after earlier epochs are permutations
+        order = np.random.default_rng((0, epoch)).permutation(num_rows)
+        rows = _exchange.epoch_rows(plan, order)
+        target = targets(layout, rows)
+        moves, after = rounds(layout, target, slots, per_pair)
+        moves = list(moves)  # `after` is complete once every round is made
+        buffers = _simulate(layout, moves, slots)
+        for g, b in enumerate(buffers):
+            count = plan.shard_rows(g)
+            assert (b[:count] == after[g]).all()  # the layout it reports is the real one
+            assert (b[count:] == -1).all()  # padding slots never written
+            assert set(rows[g].tolist()) <= set(after[g].tolist())  # what it takes is there
+        assert sorted(np.concatenate(after).tolist()) == list(range(num_rows))  # each row once
+        for r in moves:
+            assert r.send.shape == (n_rep, n_rep, per_pair)
+        layout = after
+
+
+def test_rows_that_do_not_move_stay_in_their_slots():
+    layout = [np.array([0, 1, 2]), np.array([3, 4, 5])]
+    target = np.array([0, 0, 1, 1, 1, 0])  # 2 <-> 5 swap, the rest stay
+    moves, after = rounds(layout, target, 3, 4)
+    assert len(list(moves)) == 1
+    assert [a.tolist() for a in after] == [[0, 1, 5], [3, 4, 2]]
+
+
+def test_a_round_never_receives_more_than_it_emptied():
+    # Replica 0 sends 6 rows to 1; 1 sends 3 to 0 and 3 to 2; 2 sends 3 to 0.
+    layout = [np.arange(0, 6), np.arange(6, 12), np.arange(12, 18)]
+    target = np.array([1] * 6 + [0] * 3 + [2] * 3 + [0] * 3 + [2] * 3)
+    for per_pair in (1, 2, 4):
+        moves, after = rounds(layout, target, 6, per_pair)
+        _simulate(layout, list(moves), 6)
+        for g in range(3):
+            assert (target[after[g]] == g).all()
+
+
+def test_targets_keep_unused_rows_where_they_are():
+    layout = [np.array([0, 1, 2]), np.array([3, 4, 5])]
+    target = targets(layout, [np.array([3, 4]), np.array([0, 1])])
+    assert target.tolist() == [1, 1, 0, 0, 0, 1]  # 2 and 5 are nobody's: they stay
+
+
+def test_rows_per_pair_bounds_a_rounds_staging():
+    assert rows_per_pair(4, 100, 8 * 100 * 10) == 10
+    assert rows_per_pair(4, 100, 1) == 1
