@@ -56,17 +56,20 @@ def test_rounds_bring_every_replica_its_rows_in_place(num_rows, n_rep, batch, dr
         order = np.random.default_rng((0, epoch)).permutation(num_rows)
         rows = _exchange.epoch_rows(plan, order)
         target = targets(layout, rows)
+        before = [held.copy() for held in layout]
         moves, after = rounds(layout, target, slots, per_pair)
         moves = list(moves)  # `after` is complete once every round is made
-        buffers = _simulate(layout, moves, slots)
+        buffers = _simulate(before, moves, slots)
         for g, b in enumerate(buffers):
             count = plan.shard_rows(g)
             assert (b[:count] == after[g]).all()  # the layout it reports is the real one
             assert (b[count:] == -1).all()  # padding slots never written
             assert set(rows[g].tolist()) <= set(after[g].tolist())  # what it takes is there
         assert sorted(np.concatenate(after).tolist()) == list(range(num_rows))  # each row once
-        for r in moves:
-            assert r.send.shape == (n_rep, n_rep, per_pair)
+        for r in moves:  # bounded, and no larger than the largest move needs
+            k = r.send.shape[2]
+            assert r.send.shape == r.receive.shape == (n_rep, n_rep, k)
+            assert k <= per_pair and (k == per_pair or k & (k - 1) == 0)
         layout = after
 
 
@@ -83,7 +86,8 @@ def test_a_round_never_receives_more_than_it_emptied():
     layout = [np.arange(0, 6), np.arange(6, 12), np.arange(12, 18)]
     target = np.array([1] * 6 + [0] * 3 + [2] * 3 + [0] * 3 + [2] * 3)
     for per_pair in (1, 2, 4):
-        moves, after = rounds(layout, target, 6, per_pair)
+        before = [held.copy() for held in layout]
+        moves, after = rounds(before, target, 6, per_pair)
         _simulate(layout, list(moves), 6)
         for g in range(3):
             assert (target[after[g]] == g).all()
@@ -98,3 +102,11 @@ def test_targets_keep_unused_rows_where_they_are():
 def test_rows_per_pair_bounds_a_rounds_staging():
     assert rows_per_pair(4, 100, 8 * 100 * 10) == 10
     assert rows_per_pair(4, 100, 1) == 1
+
+
+def test_staging_is_no_larger_than_the_moves():
+    layout = [np.arange(0, 500), np.arange(500, 1000)]
+    target = np.repeat([0, 1], 500)
+    target[[0, 1, 2, 500, 501, 502]] = [1, 1, 1, 0, 0, 0]  # 3 rows each way
+    moves, _ = rounds(layout, target, 500, 10**6)  # a budget of a million rows a pair
+    assert [r.send.shape[2] for r in moves] == [4]  # stages 4, not a million

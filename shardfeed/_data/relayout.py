@@ -45,7 +45,7 @@ def targets(layout: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> np.ndar
             shard's count: a training plan never gives a replica more).
 
     Returns:
-        int32 `[num_rows]`: the replica of each row. A replica keeps the rows
+        `[num_rows]` (int16 below 32,768 replicas): the replica of each row. A replica keeps the rows
         nobody takes that it holds, up to its count; the others fill the
         replicas with room left, in replica order.
 
@@ -55,7 +55,8 @@ def targets(layout: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> np.ndar
     """
     counts = np.array([len(held) for held in layout])
     num_rows = int(counts.sum())
-    target = np.full(num_rows, -1, np.int32)  # replica numbers: 4 bytes a row
+    # Replica numbers: 2 bytes a row (a 4-byte row number is what the host keeps otherwise).
+    target = np.full(num_rows, -1, np.int16 if len(layout) < 2**15 else np.int32)
     for g, taken in enumerate(rows):
         if len(taken) > counts[g]:
             raise ValueError(
@@ -91,14 +92,16 @@ def rounds(
 
     The rounds are made one at a time as they are consumed (the host holds
     one round's indices, not every round's), and the layout after them is
-    complete once they all are.
+    complete once they all are: `layout`'s own arrays, updated in place (no
+    second copy of it on the host).
 
     Args:
         layout: Per replica, the global row in each of its slots; each keeps
             its count (`targets` gives every replica as many rows as it holds).
         target: The replica of each global row (`targets`).
         slots: Slots of each replica's buffer (the receive padding's index).
-        per_pair: Most rows one replica sends another in a round.
+        per_pair: Most rows one replica sends another in a round (fewer when
+            no pair moves that many: the largest move, rounded up to a power of 2).
 
     Returns:
         The rounds, in order, and per replica the global row in each slot after them.
@@ -109,7 +112,7 @@ def rounds(
         >>> len(list(moves)), [a.tolist() for a in after]
         (1, [[3, 1], [2, 0]])
     """
-    after = [np.array(held) for held in layout]  # row numbers in the layout's dtype
+    after = list(layout)
     return _rounds(after, target, slots, per_pair), after
 
 
@@ -127,8 +130,12 @@ def _rounds(
         for d in range(n_rep):
             pending[s][d] = moving[order[bounds[d] : bounds[d + 1]]]
         del dest, moving, order
+    del target  # 4 bytes a row, not needed past here
     done = np.zeros((n_rep, n_rep), np.int64)
     total = np.array([[len(p) for p in row] for row in pending], np.int64)
+    # No more staging than the largest move needs, a power of two (few compiles).
+    most = int(total.max(initial=1))
+    per_pair = min(per_pair, 1 << max(0, most - 1).bit_length())
     # Each replica's emptied slots not yet written, oldest first.
     free: list[list[np.ndarray]] = [[] for _ in range(n_rep)]
     free_count = np.zeros(n_rep, np.int64)

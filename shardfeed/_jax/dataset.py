@@ -357,7 +357,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         tables = self.tables
         held = tables[0].shape[0] // plan.num_replicas
         if plan.placement == "replicate":
-            return _epoch.gathered(self, plan, rows.rows, rows.rows)
+            return _epoch.gathered(self, plan, rows.rows, None)
         row_dtype = np.int32 if self.num_rows < 2**31 else np.int64  # 4 bytes a row on the host
         layout = self._layout or [
             np.arange(a, b, dtype=row_dtype) for a, b in self.eval_plan.shards
@@ -369,11 +369,13 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             per_pair = _relayout.rows_per_pair(
                 plan.num_replicas, self.columns.row_bytes, self.load_options.exchange_buffer_bytes
             )
-            target = _relayout.targets(layout, taken)
-            moves, layout = _relayout.rounds(layout, target, held, per_pair)
+            # `layout` is moved in place; `targets` is let go of once planned.
+            moves, layout = _relayout.rounds(
+                layout, _relayout.targets(layout, taken), held, per_pair
+            )
             self._tables = _exchange.relayout(self.world, tables, moves)
             self._layout = layout
-            del target, moves
+            del moves, tables
         elif self._layout is not None:
             # Rows in order after they moved: each replica takes the rows it
             # holds (`slot_rows` keeps `predict`'s order).
@@ -381,7 +383,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         slot_of = np.empty(self.num_rows, row_dtype)
         for held_rows in layout:
             slot_of[held_rows] = np.arange(len(held_rows), dtype=row_dtype)
-        return _epoch.gathered(self, plan, taken, [slot_of[t] for t in taken])
+        return _epoch.gathered(self, plan, taken, slot_of)
 
     def opened(self, epoch: _epoch.ResidentEpoch) -> None:
         """Keeps (weakly) an epoch this dataset opened: moving rows in place

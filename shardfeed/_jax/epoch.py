@@ -344,18 +344,28 @@ def copied(
 
 def gathered(
     dataset: ShardedResidentDataset, plan: ShardPlan, rows: list[np.ndarray],
-    positions: list[np.ndarray],
+    slot_of: np.ndarray | None,
 ) -> EpochData:
-    """The epoch as positions in the resident rows: `positions[g]` are global
-    replica `g`'s positions of `rows[g]` in its own buffer, in step order."""
+    """The epoch as positions in the resident rows: replica `g`'s positions
+    of `rows[g]` in its own buffer, in step order (`slot_of[row]`: the slot
+    holding a global row on its replica; None: the row itself, replicated)."""
     slots = plan.steps_per_epoch * plan.per_replica_batch_size
     held = dataset.tables[0].shape[0] // plan.num_replicas  # rows of each replica's buffer
     first = plan.full_steps_per_epoch * plan.per_replica_batch_size
+    positions = []
+    for taken in rows:
+        padded = np.zeros(slots, np.int32)  # padding: slot 0, never handed out
+        if slot_of is None:
+            padded[: len(taken)] = taken
+        else:
+            np.take(slot_of, taken, out=padded[: len(taken)])
+        positions.append(padded)
+    del slot_of
     partial = [
         g * held + p[first : first + n]
         for g, (p, n) in enumerate(zip(positions, plan.last_step_rows, strict=True))
     ]
-    on_device = _exchange.local_array(dataset.world, [_pad(p, slots) for p in positions])
+    on_device = _exchange.local_array(dataset.world, positions)
     return EpochData(rows, dataset.tables, on_device, _partial(plan, partial))
 
 

@@ -146,6 +146,10 @@ def _upload_column(
             for local in locals_:
                 chunk = jax.device_put(rows, devices[local])
                 buffers[local] = _write(buffers[local], chunk, jnp.int32(first - start))
+            # One chunk in flight: dispatch is asynchronous, and each queued
+            # write holds its host chunk (measured: the load's peak varied by
+            # 7% of the rows with the machine's load).
+            jax.block_until_ready([buffers[local] for local in locals_])
     sharding = NamedSharding(world.mesh, P(REPLICA_AXIS))
     shape = (plan.num_replicas * rows_each, *column.row_shape)
     return jax.make_array_from_single_device_arrays(shape, sharding, buffers)
