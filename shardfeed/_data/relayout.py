@@ -45,9 +45,9 @@ def targets(layout: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> np.ndar
             shard's count: a training plan never gives a replica more).
 
     Returns:
-        `[num_rows]` (int16 below 32,768 replicas): the replica of each row. A replica keeps the rows
-        nobody takes that it holds, up to its count; the others fill the
-        replicas with room left, in replica order.
+        `[num_rows]` (int16 below 32,768 replicas): the replica of each row.
+        A replica keeps the rows nobody takes that it holds, up to its
+        count; the others fill the replicas with room left, in replica order.
 
     Example:
         >>> targets([np.array([0, 1]), np.array([2, 3])], [np.array([3]), np.array([0])]).tolist()
@@ -56,7 +56,8 @@ def targets(layout: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> np.ndar
     counts = np.array([len(held) for held in layout])
     num_rows = int(counts.sum())
     # Replica numbers: 2 bytes a row (a 4-byte row number is what the host keeps otherwise).
-    target = np.full(num_rows, -1, np.int16 if len(layout) < 2**15 else np.int32)
+    dtype = np.int16 if len(layout) < 2**15 else np.int32
+    target: np.ndarray = np.full(num_rows, -1, dtype)
     for g, taken in enumerate(rows):
         if len(taken) > counts[g]:
             raise ValueError(
