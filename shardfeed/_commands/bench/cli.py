@@ -23,6 +23,7 @@ from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
 from shardfeed._commands.bench.variants import (
+    OPTIONAL_VARIANTS,
     VARIANT_ALIASES,
     VARIANT_NOTES,
     VARIANT_TYPES,
@@ -87,12 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
         help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming,"
-        "floor-opaque,shardfeed-jax,floor-jax (or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,"
-        "streaming, g jax, h jax-tuned; default: all). jax, jax-tuned, shardfeed-jax and "
-        "floor-jax run Keras on JAX in a worker process each, "
-        "skipped with the reason when JAX does not import. With KERAS_BACKEND=jax the whole "
-        "bench runs on Keras' JAX backend, without TensorFlow: variants from jax,jax-tuned,"
-        "shardfeed,floor (default: those four)",
+        "floor-opaque,shardfeed-jax,floor-jax,jax-nightly-tuned (or a-h: a-f numpy,tfdata,"
+        "tuned,shardfeed,floor,streaming, g jax, h jax-tuned; default: all but "
+        "jax-nightly-tuned). jax, jax-tuned, shardfeed-jax and floor-jax run Keras on JAX in a "
+        "worker process each, skipped with the reason when JAX does not import; "
+        "jax-nightly-tuned runs jax-tuned on keras-nightly in one, from the folder "
+        "$SHARDFEED_KERAS_NIGHTLY_PATH names (skipped, saying why, without it). With "
+        "KERAS_BACKEND=jax the whole bench runs on Keras' JAX backend, without TensorFlow: "
+        "variants from jax,jax-tuned,shardfeed,floor (default: those four) and "
+        "jax-nightly-tuned",
     )
     parser.add_argument(
         "--epochs",
@@ -242,7 +246,7 @@ def _variants_for_backend(
     import keras
 
     if keras.backend.backend() != "jax":
-        names = args.variants or list(VARIANTS)
+        names = args.variants or [v for v in VARIANTS if v not in OPTIONAL_VARIANTS]
         return names, {v: VARIANT_NOTES[v] for v in names}, VARIANT_TYPES, "numpy", False
     from shardfeed._commands.bench import jax_variants as _jax
 
