@@ -27,6 +27,11 @@
 #   SHARDFEED_GPU_BUDGET_S   seconds for the whole check (default 450 = 7.5 min)
 #   SHARDFEED_GPU_PROBE_BUDGET_S  per tuning-probe configuration (default 45; a CPU
 #                            needs about 150 for W4's CNN)
+#   SHARDFEED_GPU_CAPACITY   1 (default): after the workloads, with what is left of the
+#                            budget, `bench --capacity` (the largest dataset that trains
+#                            resident on the device); 0: not
+#   SHARDFEED_GPU_CAPACITY_LIMIT_BYTES  stands in for the device's bytes_limit (a CPU
+#                            reports none; e.g. 33554432 for the CPU check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${SHARDFEED_GPU_WHEELS:-build/gpu-wheels}
@@ -120,5 +125,26 @@ for workload in $workloads; do
   fi
   echo >> "$out/bench.md"
 done
+# The capacity probe last, with what is left: the workloads are the check's purpose.
+if [ "${SHARDFEED_GPU_CAPACITY:-1}" = 1 ]; then
+  left=$((budget_s - (SECONDS - start)))
+  limit=${SHARDFEED_GPU_CAPACITY_LIMIT_BYTES:-}
+  if [ "$left" -lt 60 ]; then
+    say "capacity: not run, ${left} s of the ${budget_s} s budget left"
+    echo "### Capacity: not run (the ${budget_s} s budget was spent)" >> "$out/bench.md"
+  else
+    say "capacity: up to ${left} s"
+    status=0
+    timeout "$left" "$python" -m shardfeed bench --capacity ${limit:+--capacity-limit-bytes "$limit"} \
+      --out "$out/capacity" >> "$log" 2>&1 || status=$?
+    if [ "$status" -eq 0 ]; then
+      sed -n '/^### Capacity/,$p' "$out/capacity/bench.md" >> "$out/bench.md"
+    else
+      say "capacity: failed or timed out (exit $status); see gpu-check.log"
+      echo "### Capacity: failed or timed out (exit $status), see gpu-check.log" \
+        >> "$out/bench.md"
+    fi
+  fi
+fi
 say "gpu-check: $((SECONDS - start)) s; report in $out/bench.md"
 cat "$out/bench.md"

@@ -153,3 +153,17 @@ def test_nightly_variant_worker_refuses_a_keras_release(monkeypatch):
         "keras-nightly (3.16.0.dev) build; put the folder keras-nightly was installed into "
         "first on the worker's path (SHARDFEED_KERAS_NIGHTLY_PATH)"
     )
+
+
+def test_capacity_needs_a_limit_where_the_device_reports_none():
+    from shardfeed._commands.bench.capacity import device_limit
+
+    assert device_limit(1234) == (1234, "--capacity-limit-bytes")
+    with pytest.raises(ValueError) as raised:
+        device_limit(None)  # CPU devices' memory_stats() is None
+    assert str(raised.value) == (
+        "`--capacity` measures shares of the device's memory_stats()['bytes_limit'], which "
+        "this device does not report. Received: device=cpu:0, memory_stats=None. Pass "
+        "`--capacity-limit-bytes N` (e.g. 67108864 on a CPU) to stand in for it."
+    )
+

@@ -55,7 +55,8 @@ def _offline_env(out: Path) -> dict[str, str]:
         SHARDFEED_GPU_ROWS_SCALE="0.005",
         SHARDFEED_GPU_EPOCHS="1",
         SHARDFEED_GPU_PROBE_BUDGET_S="30",
-        SHARDFEED_GPU_BUDGET_S="300",
+        SHARDFEED_GPU_BUDGET_S="360",
+        SHARDFEED_GPU_CAPACITY_LIMIT_BYTES=str(32 * 2**20),  # a CPU reports no bytes_limit
         OUT=str(out),
     )
     return env
@@ -104,6 +105,17 @@ def test_gpu_check_runs_offline_on_a_python_312_venv_with_only_jax(tmp_path):
     assert variants["jax-nightly-tuned"]["probe"]["configs"]
     markdown = (out / "bench.md").read_text()
     assert "| Keras-nightly on JAX, model.fit(numpy, tuned) | spe=" in markdown, markdown
+
+    # The capacity probe: refused by the dataset's memory check near 0.4 of the
+    # limit (its rows and an epoch's copy of them must fit in 80%).
+    capacity = json.loads((out / "capacity" / "bench.json").read_text())["capacity"]
+    assert capacity["limit_bytes"] == 32 * 2**20 and capacity["devices"] == 1
+    assert 0.3 <= capacity["largest_share"] < 0.4, capacity["trials"]
+    assert capacity["largest_bytes"] == capacity["largest_rows"] * 132
+    assert capacity["trials"][-1]["result"] in ("trained", "refused"), capacity["trials"]
+    assert any(t["result"] == "refused" for t in capacity["trials"])
+    assert "### Capacity: the largest float32 dataset" in markdown
+    assert f"Largest that trained: {capacity['largest_rows']:,} rows" in markdown
 
 
 def test_gpu_wheels_never_shadow_the_machines_jax_numpy_or_what_it_has(tmp_path):

@@ -6,7 +6,8 @@ on), `workloads` (the W1-W5 data and models, shared with `shardfeed demo`),
 `variants` (what is timed), `backend_worker` (the process a variant on
 another Keras backend runs in), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
-rounds), `report` (JSON, Markdown, chart) and `engines` (`--engines`). It
+rounds), `report` (JSON, Markdown, chart), `engines` (`--engines`) and
+`capacity` (`--capacity`, on JAX). It
 trains through the public `shardfeed.fit`; for the floor it reuses the
 compiled train step of the `Loop` that `fit` builds, so the floor moves
 whenever the step does. It is a benchmark, not a test: `tests/test_bench.py`

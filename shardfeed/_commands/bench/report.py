@@ -51,8 +51,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append(
             "**Smoke check (fewer than 3 timed epochs or scaled-down rows): not a result.**"
         )
-    lines += ["", "Variants:"]
-    lines += [f"- **{VARIANTS[name]}**: {note}" for name, note in c["variants"].items()]
+    if report["workloads"]:  # none with `--capacity` alone
+        lines += ["", "Variants:"]
+        lines += [f"- **{VARIANTS[name]}**: {note}" for name, note in c["variants"].items()]
     for name, w in report["workloads"].items():
         lines += [
             "",
