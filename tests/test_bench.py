@@ -111,6 +111,7 @@ def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
         assert result["backend"] == "jax", name
         assert result["backend_version"] == jax_version, name
         assert result["tensorflow_imported"] is False, name
+        assert result["worker"]["jax"] == jax_version and result["worker"]["devices"], name
     assert variants["jax"]["settings"] == {"steps_per_execution": 1, "jit_compile": True}
     probe = variants["jax-tuned"]["probe"]
     assert len(probe["configs"]) == len(_tuning.PROBE_SPE) * len(_tuning.PROBE_JIT)
@@ -121,6 +122,7 @@ def test_bench_runs_keras_on_jax_in_worker_processes(tmp_path, capfd):
     }
     markdown = (tmp_path / "bench.md").read_text()
     assert "| Keras on JAX, model.fit(numpy) | spe=1, jit=True | " in markdown
+    assert "Worker processes' Keras: Keras on JAX, model.fit(numpy): 3." in markdown
     assert "Tuning probe of Keras on JAX, model.fit(numpy, tuned) (3 epochs of 8 steps" in markdown
     assert "W2 probe (jax) steps_per_execution=32" in capfd.readouterr().err  # the worker's
 
@@ -295,3 +297,14 @@ def test_w4_augments_in_every_variant(tmp_path):
     unchanged = sum(image.tobytes() in originals for image in batch)
     # Unchanged only when the coin says "no flip" and both offsets are 0 (1 in 50).
     assert batch.dtype == np.uint8 and unchanged < len(batch) // 4
+
+
+def test_bench_capacity_is_refused_on_tensorflow(tmp_path):
+    with pytest.raises(ValueError) as raised:
+        main(["bench", "--capacity", "--capacity-limit-bytes", "1000000", "--out", str(tmp_path)])
+    assert str(raised.value) == (
+        "`--capacity` measures a JAX device's memory (memory_stats()). Received: "
+        "capacity=True, keras.backend.backend()='tensorflow'. Run it with KERAS_BACKEND=jax."
+    )
+    assert not (tmp_path / "bench.json").exists()
+

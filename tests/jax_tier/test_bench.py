@@ -10,6 +10,7 @@ of it fails the run or shows in a variant's skip reason.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from shardfeed._commands.bench import jax_variants as _jax
+from shardfeed._commands.bench import variants as _variants
+from shardfeed._commands.bench.workloads import WORKLOADS, build_model, make_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,8 +98,72 @@ def test_jax_bench_refuses_tensorflow_variants():
     with pytest.raises(ValueError) as raised:
         _jax.check_variants(["jax", "tfdata", "streaming"])
     assert str(raised.value) == (
-        "On Keras' JAX backend the bench runs jax, jax-tuned, shardfeed, floor; the others "
-        "train on TensorFlow. Received: variants=tfdata,streaming, "
+        "On Keras' JAX backend the bench runs jax, jax-tuned, shardfeed, floor, "
+        "jax-nightly-tuned; the others train on TensorFlow. Received: variants=tfdata,streaming, "
         "keras.backend.backend()='jax'. Pass `--variants jax,jax-tuned,shardfeed,floor`, or "
         "run the bench with KERAS_BACKEND=tensorflow."
     )
+
+
+def _nightly(monkeypatch, path: str | None):
+    """The `jax-nightly-tuned` variant, set up with $SHARDFEED_KERAS_NIGHTLY_PATH=path."""
+    if path is None:
+        monkeypatch.delenv(_variants.NIGHTLY_PATH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_variants.NIGHTLY_PATH_ENV, path)
+    workload = WORKLOADS["W2"]
+    data = make_data(workload, 2 * workload.batch_size, 0)
+    args = argparse.Namespace(seed=0, probe_budget_s=20.0, jax_python=sys.executable)
+    variant = _jax.JAX_VARIANT_TYPES["jax-nightly-tuned"](
+        workload, data, build_model(workload, False, 0), args
+    )
+    try:
+        variant.setup()
+    finally:
+        variant.close()
+    return variant
+
+
+INSTALL_NIGHTLY = (
+    "Install it into a folder of its own (`pip install --no-deps --target DIR keras-nightly`; "
+    ".ci/gpu-check.sh does) and set SHARDFEED_KERAS_NIGHTLY_PATH=DIR"
+)
+
+
+def test_nightly_variant_is_skipped_saying_why_without_keras_nightly(monkeypatch, tmp_path):
+    assert _nightly(monkeypatch, None).skipped == (
+        "keras-nightly is not installed for the bench: SHARDFEED_KERAS_NIGHTLY_PATH is not set. "
+        + INSTALL_NIGHTLY
+    )
+    assert _nightly(monkeypatch, str(tmp_path)).skipped == (
+        f"SHARDFEED_KERAS_NIGHTLY_PATH={str(tmp_path)!r} holds no `keras` package. "
+        + INSTALL_NIGHTLY
+    )
+
+
+def test_nightly_variant_worker_refuses_a_keras_release(monkeypatch):
+    """A folder whose `keras` is a release (this tier's Keras 3.15.1): the worker
+    imports it and skips the variant rather than time a release as the nightly."""
+    import keras
+
+    release = str(Path(keras.__file__).parents[1])
+    skipped = _nightly(monkeypatch, release).skipped
+    assert skipped == (
+        f"the worker imported Keras {keras.__version__} from {keras.__file__}, not a "
+        "keras-nightly (3.16.0.dev) build; put the folder keras-nightly was installed into "
+        "first on the worker's path (SHARDFEED_KERAS_NIGHTLY_PATH)"
+    )
+
+
+def test_capacity_needs_a_limit_where_the_device_reports_none():
+    from shardfeed._commands.bench.capacity import device_limit
+
+    assert device_limit(1234) == (1234, "--capacity-limit-bytes")
+    with pytest.raises(ValueError) as raised:
+        device_limit(None)  # CPU devices' memory_stats() is None
+    assert str(raised.value) == (
+        "`--capacity` measures shares of the device's memory_stats()['bytes_limit'], which "
+        "this device does not report. Received: device=cpu:0, memory_stats=None. Pass "
+        "`--capacity-limit-bytes N` (e.g. 67108864 on a CPU) to stand in for it."
+    )
+

@@ -6,7 +6,8 @@ on), `workloads` (the W1-W5 data and models, shared with `shardfeed demo`),
 `variants` (what is timed), `backend_worker` (the process a variant on
 another Keras backend runs in), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
-rounds), `report` (JSON, Markdown, chart) and `engines` (`--engines`). It
+rounds), `report` (JSON, Markdown, chart), `engines` (`--engines`) and
+`capacity` (`--capacity`, on JAX). It
 trains through the public `shardfeed.fit`; for the floor it reuses the
 compiled train step of the `Loop` that `fit` builds, so the floor moves
 whenever the step does. It is a benchmark, not a test: `tests/test_bench.py`
@@ -36,6 +37,10 @@ weights (copied from one reference model), each with its own model instance:
                hoisted): the floor a free input path would reach.
     shardfeed-jax, floor-jax  `shardfeed` and the floor on Keras' JAX backend,
                each in a worker process of its own, like `jax`.
+    jax-nightly-tuned  `jax-tuned` on keras-nightly (3.16.0.dev, on-device
+               `lax.scan` for steps_per_execution), in a worker process whose
+               path starts with $SHARDFEED_KERAS_NIGHTLY_PATH; run only when
+               named, skipped saying why without it.
 Timing: each timed epoch is measured from `on_epoch_begin` to `on_epoch_end`
 (the loss is read back first, so the work is done), so per-`fit`-call set-up is
 excluded; the warm-up column is the whole first `fit` call, compilation
@@ -43,7 +48,8 @@ included. Variants run round-robin one epoch each, in a rotated order each
 round, so drift in machine load spreads over all of them.
 
 With `KERAS_BACKEND=jax` the whole bench runs on Keras' JAX backend, no
-TensorFlow imported: `jax_variants` (jax, jax-tuned, shardfeed, floor).
+TensorFlow imported: `jax_variants` (jax, jax-tuned, shardfeed, floor; and
+jax-nightly-tuned when named).
 
 This `__init__` imports nothing: `shardfeed demo` imports `workloads` alone,
 and `shardfeed launch` (which builds the whole CLI parser) never pays for

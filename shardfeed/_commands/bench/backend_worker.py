@@ -1,5 +1,5 @@
 """The worker process of a bench variant on another Keras backend (`jax`, `jax-tuned`,
-`shardfeed-jax`, `floor-jax`).
+`shardfeed-jax`, `floor-jax`, `jax-nightly-tuned`).
 
 Separation of concerns: this module owns the worker side of
 `variants._OtherBackend` -- checking that the backend imports, rebuilding the
@@ -10,11 +10,13 @@ variant's `setup()` and one `epoch(e)` per request. What the variant does is
 carries it across the process boundary.
 
 Protocol, one JSON object per line. In, on stdin: the set-up (`variant`,
-`workload`, `rows`, `seed`, `probe_budget_s`, `weights_path`), then
+`workload`, `rows`, `seed`, `probe_budget_s`, `weights_path`, `keras_nightly`:
+whether the `keras` imported must be a dev build), then
 `{"epoch": e}` per epoch; end of input ends the process. Out, on the original
 stdout: `{"settings", "extra"}` or `{"skipped": why}`, then `{"seconds",
 "loss", "settings"}` per epoch. Everything else the process prints (the probe's lines,
-Keras, the backend) goes to stderr, which the bench shares.
+Keras, the backend, and first one line naming the Python, library versions and
+devices it runs) goes to stderr, which the bench shares.
 
 Run as `KERAS_BACKEND=jax python -m shardfeed._commands.bench.backend_worker`.
 """
@@ -49,6 +51,43 @@ def _backend_version(backend: str) -> str | None:
     return version
 
 
+def worker_versions(backend: str) -> dict[str, Any]:
+    """The worker's Python, Keras and (on JAX) JAX, jaxlib, NumPy and devices,
+    each library with the file it was imported from."""
+    import keras
+    import numpy as np
+
+    found: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "keras": keras.__version__,
+        "keras_file": keras.__file__,
+        "numpy": np.__version__,
+        "numpy_file": np.__file__,
+    }
+    if backend == "jax":
+        import jax
+        import jaxlib
+
+        found.update(
+            jax=jax.__version__,
+            jax_file=jax.__file__,
+            jaxlib=jaxlib.__version__,
+            devices=[f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+        )
+    return found
+
+
+def versions_text(found: dict[str, Any]) -> str:
+    """`worker_versions` in one line, for the log."""
+    text = f"Python {found['python']} ({found['executable']}), Keras {found['keras']} "
+    text += f"({found['keras_file']}), NumPy {found['numpy']} ({found['numpy_file']})"
+    if "jax" in found:
+        text += f", JAX {found['jax']} ({found['jax_file']}), jaxlib {found['jaxlib']}, "
+        text += f"devices {', '.join(found['devices'])}"
+    return text
+
+
 def main() -> int:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # prints from Keras, the backend or the probe go to stderr, not the replies
@@ -80,6 +119,16 @@ def main() -> int:
                 "Set KERAS_BACKEND in the worker's environment (variants._OtherBackend does).",
             )
         )
+    versions = worker_versions(backend)
+    print(f"backend_worker {setup['variant']}: {versions_text(versions)}", flush=True)
+    if setup.get("keras_nightly") and ".dev" not in keras.__version__:
+        reason = (
+            f"the worker imported Keras {keras.__version__} from {keras.__file__}, not a "
+            "keras-nightly (3.16.0.dev) build; put the folder keras-nightly was installed into "
+            "first on the worker's path (SHARDFEED_KERAS_NIGHTLY_PATH)"
+        )
+        _send(replies, {"skipped": reason})
+        return 0
     workload = WORKLOADS[setup["workload"]]
     data = make_data(workload, setup["rows"], setup["seed"])
     reference = build_model(workload, False, setup["seed"])
@@ -98,6 +147,7 @@ def main() -> int:
         "backend": backend,
         "backend_version": version,
         "tensorflow_imported": "tensorflow" in sys.modules,  # Keras on JAX alone: False
+        "worker": versions,
     }
     _send(replies, {"settings": variant.settings, "extra": extra})
     for line in sys.stdin:

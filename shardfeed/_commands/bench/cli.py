@@ -23,6 +23,7 @@ from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
 from shardfeed._commands.bench.variants import (
+    OPTIONAL_VARIANTS,
     VARIANT_ALIASES,
     VARIANT_NOTES,
     VARIANT_TYPES,
@@ -80,19 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         type=_csv_choice(WORKLOADS, {w.lower(): w for w in WORKLOADS}),
-        default=list(WORKLOADS),
-        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
+        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all; none with "
+        "--capacity)",
     )
     parser.add_argument(
         "--variants",
         type=_csv_choice(VARIANTS, VARIANT_ALIASES),
         help="comma-separated, from numpy,tfdata,tuned,jax,jax-tuned,shardfeed,floor,streaming,"
-        "floor-opaque,shardfeed-jax,floor-jax (or a-h: a-f numpy,tfdata,tuned,shardfeed,floor,"
-        "streaming, g jax, h jax-tuned; default: all). jax, jax-tuned, shardfeed-jax and "
-        "floor-jax run Keras on JAX in a worker process each, "
-        "skipped with the reason when JAX does not import. With KERAS_BACKEND=jax the whole "
-        "bench runs on Keras' JAX backend, without TensorFlow: variants from jax,jax-tuned,"
-        "shardfeed,floor (default: those four)",
+        "floor-opaque,shardfeed-jax,floor-jax,jax-nightly-tuned (or a-h: a-f numpy,tfdata,"
+        "tuned,shardfeed,floor,streaming, g jax, h jax-tuned; default: all but "
+        "jax-nightly-tuned). jax, jax-tuned, shardfeed-jax and floor-jax run Keras on JAX in a "
+        "worker process each, skipped with the reason when JAX does not import; "
+        "jax-nightly-tuned runs jax-tuned on keras-nightly in one, from the folder "
+        "$SHARDFEED_KERAS_NIGHTLY_PATH names (skipped, saying why, without it). With "
+        "KERAS_BACKEND=jax the whole bench runs on Keras' JAX backend, without TensorFlow: "
+        "variants from jax,jax-tuned,shardfeed,floor (default: those four) and "
+        "jax-nightly-tuned",
     )
     parser.add_argument(
         "--epochs",
@@ -147,6 +151,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "2 workers, with --engine-rows rows",
     )
     parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="Keras on JAX only: also find the largest float32 dataset (32 features) that "
+        "trains resident on the first device (placement replicate), growing it in shares "
+        "of the device's memory_stats()['bytes_limit'] until the dataset refuses it or "
+        "the device runs out of memory; alone unless --workloads is given",
+    )
+    parser.add_argument(
+        "--capacity-limit-bytes",
+        type=_positive(int),
+        help="stand in for the device's bytes_limit in --capacity (CPU devices report "
+        "none), passed to the dataset as LoadOptions(device_memory_bytes=...)",
+    )
+    parser.add_argument(
         "--horovod-python",
         help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
         "prints) for the Horovod row of --engines",
@@ -176,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     names, notes, types, baseline, on_jax = _variants_for_backend(args)
-    args = argparse.Namespace(**{**vars(args), "variants": names})
+    workloads = args.workloads or ([] if args.capacity else list(WORKLOADS))
+    args = argparse.Namespace(**{**vars(args), "variants": names, "workloads": workloads})
     report: dict[str, Any] = {
         "machine": machine_info(None if on_jax else args.jax_python),
         "conditions": {
@@ -195,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     for name in args.workloads:
         report["workloads"][name] = run_workload(WORKLOADS[name], args, types, baseline)
         release_loops()
-    engine_markdown = []
+    extra_markdown = []
     if args.engines:
         from shardfeed._commands.bench import engines as _engines
 
@@ -204,7 +223,12 @@ def run(args: argparse.Namespace) -> int:
             rows = args.engine_rows or default_rows(name)
             results = _engines.run_engines(rows, args.epochs, args.horovod_python, workload=name)
             report["engines"] += results
-            engine_markdown.append(_engines.to_markdown(results, rows, args.epochs, name))
+            extra_markdown.append(_engines.to_markdown(results, rows, args.epochs, name))
+    if args.capacity:
+        from shardfeed._commands.bench import capacity as _capacity
+
+        report["capacity"] = _capacity.run_capacity(args.capacity_limit_bytes, args.seed)
+        extra_markdown.append(_capacity.to_markdown(report["capacity"]))
     shuffle_rows = args.engine_rows or default_rows("W2")  # the shuffles train W2's model
     if args.shuffles:
         from shardfeed._commands.bench import shuffles as _shuffles
@@ -212,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         report["shuffles"] = _shuffles.run_shuffles(shuffle_rows, args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(report)
-    for table in engine_markdown:
+    for table in extra_markdown:
         markdown += "\n" + table + "\n"
     if args.shuffles:
         markdown += (
@@ -221,12 +245,16 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "bench.md").write_text(markdown)
     written = [args.out / "bench.json", args.out / "bench.md"]
-    if importlib.util.find_spec("matplotlib") is not None:
+    no_chart = ""
+    if not report["workloads"]:
+        no_chart = " (no bench.png: no workloads)"
+    elif importlib.util.find_spec("matplotlib") is None:
+        no_chart = " (no bench.png: Matplotlib is not installed here)"
+    else:
         write_chart(report, args.out / "bench.png")
         written.append(args.out / "bench.png")
     print(markdown)
-    print(f"Wrote {', '.join(map(str, written))}", end="")
-    print("" if len(written) == 3 else " (no bench.png: Matplotlib is not installed here)")
+    print(f"Wrote {', '.join(map(str, written))}{no_chart}")
     return 0
 
 
@@ -237,12 +265,21 @@ def _variants_for_backend(
     the types that build them, the speed-up's baseline and whether on JAX.
 
     Raises:
-        ValueError: On JAX, a TensorFlow-only variant, `--engines` or `--shuffles`.
+        ValueError: On JAX, a TensorFlow-only variant, `--engines` or `--shuffles`; on
+            TensorFlow, `--capacity`.
     """
     import keras
 
     if keras.backend.backend() != "jax":
-        names = args.variants or list(VARIANTS)
+        if args.capacity:
+            raise ValueError(
+                message(
+                    "`--capacity` measures a JAX device's memory (memory_stats()).",
+                    f"capacity=True, keras.backend.backend()={keras.backend.backend()!r}",
+                    "Run it with KERAS_BACKEND=jax.",
+                )
+            )
+        names = args.variants or [v for v in VARIANTS if v not in OPTIONAL_VARIANTS]
         return names, {v: VARIANT_NOTES[v] for v in names}, VARIANT_TYPES, "numpy", False
     from shardfeed._commands.bench import jax_variants as _jax
 

@@ -5,8 +5,9 @@ Keras runs on JAX -- `jax` and `jax-tuned` (the same `_KerasFit` and `_Tuned`
 that a TensorFlow bench runs in a worker process, here in the bench's own
 process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor` (the
 JAX loop's compiled training call -- Keras' own stateless train step in a
-jitted `lax.scan` -- on one fixed batch) -- and refusing the others, which
-train on TensorFlow.
+jitted `lax.scan` -- on one fixed batch), and when named `jax-nightly-tuned`
+(`jax-tuned` on keras-nightly, in a worker process: the bench's own process
+keeps its Keras) -- and refusing the others, which train on TensorFlow.
 The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
 schedule, timing, tuning probe and report are the TensorFlow bench's.
 
@@ -27,13 +28,20 @@ from typing import Any
 import numpy as np
 
 from shardfeed._commands.bench.timing import epoch_timer
-from shardfeed._commands.bench.variants import IN_WORKER_TYPES, Variant
+from shardfeed._commands.bench.variants import (
+    IN_WORKER_TYPES,
+    VARIANT_NOTES,
+    VARIANT_TYPES,
+    Variant,
+)
 from shardfeed._commands.bench.workloads import augments, new_model
 from shardfeed._common.errors import message
 
 # A JAX bench's variants, in their default order; `jax` is the speed-up's baseline.
 JAX_VARIANTS = ("jax", "jax-tuned", "shardfeed", "floor")
 JAX_BASELINE = "jax"
+# Run when named in `--variants` (`variants.OPTIONAL_VARIANTS`).
+JAX_OPTIONAL_VARIANTS = ("jax-nightly-tuned",)
 
 JAX_VARIANT_NOTES: dict[str, str] = {
     "jax": (
@@ -55,6 +63,7 @@ JAX_VARIANT_NOTES: dict[str, str] = {
         "device batch: no input work at all. ceil(rows/256) steps per epoch. Its loss (one "
         "batch seen over and over) is not reported."
     ),
+    "jax-nightly-tuned": VARIANT_NOTES["jax-nightly-tuned"],
 }
 # Appended to every note: W3 and W4 train one model on every variant here.
 IMAGES_NOTE = (
@@ -72,12 +81,12 @@ def check_variants(names: Iterable[str]) -> None:
     Example:
         >>> check_variants(["jax", "floor"])
     """
-    refused = [n for n in names if n not in JAX_VARIANTS]
+    refused = [n for n in names if n not in JAX_VARIANTS + JAX_OPTIONAL_VARIANTS]
     if refused:
+        runs = ", ".join(JAX_VARIANTS + JAX_OPTIONAL_VARIANTS)
         raise ValueError(
             message(
-                f"On Keras' JAX backend the bench runs {', '.join(JAX_VARIANTS)}; the others "
-                "train on TensorFlow.",
+                f"On Keras' JAX backend the bench runs {runs}; the others train on TensorFlow.",
                 f"variants={','.join(refused)}, keras.backend.backend()='jax'",
                 f"Pass `--variants {','.join(JAX_VARIANTS)}`, or run the bench with "
                 "KERAS_BACKEND=tensorflow.",
@@ -179,6 +188,7 @@ JAX_VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
     "jax-tuned": IN_WORKER_TYPES["jax-tuned"],
     "shardfeed": _JaxShardfeed,
     "floor": _JaxFloor,
+    "jax-nightly-tuned": VARIANT_TYPES["jax-nightly-tuned"],  # a worker process, as on TF
 }
 # What a TensorFlow bench's `backend_worker` process runs for `shardfeed-jax`
 # and `floor-jax` (beside `variants.IN_WORKER_TYPES`).

@@ -16,6 +16,9 @@ from shardfeed._commands.bench.machine import machine_line
 from shardfeed._commands.bench.tuning import PROBE_EPOCHS, config_text
 from shardfeed._commands.bench.variants import VARIANTS
 
+# The variants that run the tuning probe: each gets the probe's line.
+TUNED = ("tuned", "jax-tuned", "jax-nightly-tuned")
+
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:{spec}}{suffix}"
@@ -48,8 +51,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append(
             "**Smoke check (fewer than 3 timed epochs or scaled-down rows): not a result.**"
         )
-    lines += ["", "Variants:"]
-    lines += [f"- **{VARIANTS[name]}**: {note}" for name, note in c["variants"].items()]
+    if report["workloads"]:  # none with `--capacity` alone
+        lines += ["", "Variants:"]
+        lines += [f"- **{VARIANTS[name]}**: {note}" for name, note in c["variants"].items()]
     for name, w in report["workloads"].items():
         lines += [
             "",
@@ -82,7 +86,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"Augmentation alone (same calls, no train step): "
                 f"{floor['augment_ms_per_step']:.3f} ms/step, {share:.0%} of the floor's step.",
             ]
-        for tuned in (w["variants"].get(name) or {} for name in ("tuned", "jax-tuned")):
+        for tuned in (w["variants"].get(name) or {} for name in TUNED):
             if "probe" not in tuned:
                 continue
             probe = tuned["probe"]
@@ -97,9 +101,16 @@ def to_markdown(report: dict[str, Any]) -> str:
 
 
 def _other_floors(variants: dict[str, Any]) -> list[str]:
-    """Lines under a workload's table: the variants on another backend against
-    that backend's floor, and `shardfeed.fit` against the opaque floor."""
-    lines = []
+    """Lines under a workload's table: which Keras each worker process ran, the
+    variants on another backend against that backend's floor, and
+    `shardfeed.fit` against the opaque floor."""
+    workers = [
+        f"{r['label']}: {r['worker']['keras']} on Python {r['worker']['python']}"
+        + (f", JAX {r['worker']['jax']}" if "jax" in r["worker"] else "")
+        for r in variants.values()
+        if "worker" in r
+    ]
+    lines = ["", f"Worker processes' Keras: {'; '.join(workers)}."] if workers else []
     backend = [
         f"{r['label']} {r['ratio_to_backend_floor']:.2f}x"
         for r in variants.values()

@@ -1,6 +1,6 @@
-"""The timed variants: `model.fit` (numpy, tfdata, tuned; on JAX: jax, jax-tuned),
-`shardfeed.fit` (also on JAX: shardfeed-jax), streaming, floor (also on JAX:
-floor-jax; and floor-opaque).
+"""The timed variants: `model.fit` (numpy, tfdata, tuned; on JAX: jax, jax-tuned;
+Keras-nightly on JAX: jax-nightly-tuned), `shardfeed.fit` (also on JAX:
+shardfeed-jax), streaming, floor (also on JAX: floor-jax; and floor-opaque).
 
 Separation of concerns: this module owns what each variant does -- its set-up
 (a fresh model from the reference weights, its input pipeline or dataset) and
@@ -50,7 +50,15 @@ VARIANTS: dict[str, str] = {
     "floor-opaque": "floor, batch opaque to XLA",
     "shardfeed-jax": "shardfeed.fit on JAX",
     "floor-jax": "floor on JAX",
+    "jax-nightly-tuned": "Keras-nightly on JAX, model.fit(numpy, tuned)",
 }
+# Run only when named in `--variants`: the peer Keras ships next, installed
+# apart from the Keras the bench imports (`NIGHTLY_PATH_ENV`).
+OPTIONAL_VARIANTS = ("jax-nightly-tuned",)
+# The folder(s) (os.pathsep-separated) holding keras-nightly, e.g. what
+# `pip install --no-deps --target DIR keras-nightly` made; put first on the
+# `jax-nightly-tuned` worker's PYTHONPATH, so its `keras` is the nightly.
+NIGHTLY_PATH_ENV = "SHARDFEED_KERAS_NIGHTLY_PATH"
 # The letters predate the JAX variants: a-f keep their meaning, g and h are new.
 VARIANT_ALIASES = dict(
     zip(
@@ -60,7 +68,13 @@ VARIANT_ALIASES = dict(
     )
 )
 # Variants on another Keras backend: the backend each worker process runs.
-OTHER_BACKENDS = {"jax": "jax", "jax-tuned": "jax", "shardfeed-jax": "jax", "floor-jax": "jax"}
+OTHER_BACKENDS = {
+    "jax": "jax",
+    "jax-tuned": "jax",
+    "shardfeed-jax": "jax",
+    "floor-jax": "jax",
+    "jax-nightly-tuned": "jax",
+}
 # Each backend's own floor: the ratio a variant on that backend is also given.
 BACKEND_FLOORS = {"jax": "floor-jax"}
 WORKER_MODULE = "shardfeed._commands.bench.backend_worker"
@@ -121,6 +135,12 @@ VARIANT_NOTES: dict[str, str] = {
         "The JAX loop's compiled training call (Keras' stateless `train_step` in a jitted "
         "`lax.scan`, `shardfeed.fit`'s steps per call) on one fixed device batch, in a worker "
         "process with `KERAS_BACKEND=jax`: the floor of the variants on JAX."
+    ),
+    "jax-nightly-tuned": (
+        "`jax-tuned` on keras-nightly (3.16.0.dev: `steps_per_execution` runs its steps in "
+        "an on-device `lax.scan`, keras #23527; each call still fed from host NumPy), with "
+        "its own probe, in a worker process whose PYTHONPATH starts with "
+        f"${NIGHTLY_PATH_ENV} (skipped, saying why, without it)."
     ),
 }
 
@@ -236,6 +256,11 @@ class _OtherBackend(Variant):
     The worker regenerates the data itself (`make_data` is deterministic).
     """
 
+    # Folders put before the bench's own PYTHONPATH in the worker, and whether
+    # the worker must find a keras-nightly there (`_KerasNightly`).
+    first_on_path: tuple[str, ...] = ()
+    keras_nightly = False
+
     def __init__(self, *a: Any, name: str) -> None:
         super().__init__(*a)
         self.name = name
@@ -256,7 +281,9 @@ class _OtherBackend(Variant):
             stdout=subprocess.PIPE,  # the replies only: the worker prints to stderr
             text=True,
             env=dict(
-                os.environ, KERAS_BACKEND=self.backend, PYTHONPATH=os.pathsep.join([*path, here])
+                os.environ,
+                KERAS_BACKEND=self.backend,
+                PYTHONPATH=os.pathsep.join([*self.first_on_path, *path, here]),
             ),
         )
         reply = self._request(
@@ -267,6 +294,7 @@ class _OtherBackend(Variant):
                 "seed": self.args.seed,
                 "probe_budget_s": self.args.probe_budget_s,
                 "weights_path": weights,
+                "keras_nightly": self.keras_nightly,
             }
         )
         if "skipped" in reply:
@@ -316,6 +344,36 @@ class _OtherBackend(Variant):
             )
         reply: dict[str, Any] = json.loads(line)
         return reply
+
+
+class _KerasNightly(_OtherBackend):
+    """`jax-tuned` on keras-nightly: a worker whose PYTHONPATH starts with the
+    folder(s) `$SHARDFEED_KERAS_NIGHTLY_PATH` names, so its `keras` is the
+    nightly while the bench's own process keeps its Keras. Skipped, saying
+    why, when that is unset or holds no `keras` package; the worker skips it
+    when the `keras` it imports is not a dev build (`backend_worker`)."""
+
+    keras_nightly = True
+
+    def __init__(self, *a: Any) -> None:
+        super().__init__(*a, name="jax-nightly-tuned")
+
+    def setup(self) -> None:
+        setting = os.environ.get(NIGHTLY_PATH_ENV, "")
+        folders = tuple(p for p in setting.split(os.pathsep) if p)
+        install = (
+            "Install it into a folder of its own (`pip install --no-deps --target DIR "
+            f"keras-nightly`; .ci/gpu-check.sh does) and set {NIGHTLY_PATH_ENV}=DIR"
+        )
+        if not folders:
+            self.skipped = f"keras-nightly is not installed for the bench: {NIGHTLY_PATH_ENV} is "
+            self.skipped += f"not set. {install}"
+            return
+        if not any(Path(f, "keras", "__init__.py").is_file() for f in folders):
+            self.skipped = f"{NIGHTLY_PATH_ENV}={setting!r} holds no `keras` package. {install}"
+            return
+        self.first_on_path = folders
+        super().setup()
 
 
 class _Shardfeed(Variant):
@@ -496,6 +554,7 @@ VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
     "floor-opaque": lambda *a: _Floor(*a, opaque=True),
     "shardfeed-jax": lambda *a: _OtherBackend(*a, name="shardfeed-jax"),
     "floor-jax": lambda *a: _OtherBackend(*a, name="floor-jax"),
+    "jax-nightly-tuned": _KerasNightly,
 }
 
 # What a `backend_worker` process runs for each variant on another backend
@@ -503,4 +562,5 @@ VARIANT_TYPES: dict[str, Callable[..., Variant]] = {
 IN_WORKER_TYPES: dict[str, Callable[..., Variant]] = {
     "jax": lambda *a: _KerasFit(*a, name="jax", on_numpy=True),
     "jax-tuned": lambda *a: _Tuned(*a, name="jax-tuned", on_numpy=True),
+    "jax-nightly-tuned": lambda *a: _Tuned(*a, name="jax-nightly-tuned", on_numpy=True),
 }
