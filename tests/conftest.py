@@ -36,6 +36,7 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
     {
         "test_exchange.py",
         "test_relayout.py",
+        "test_device_memory.py",
         "test_launch.py",
         "test_launch_integration.py",
         "test_memplan.py",

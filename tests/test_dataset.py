@@ -208,6 +208,18 @@ def test_load_options_are_validated(kwargs, text):
     assert text in str(err.value)
 
 
+def test_an_epoch_copy_is_refused_on_tensorflow():
+    with pytest.raises(ValueError) as err:
+        ShardedResidentDataset(np.zeros((8, 2), np.float32), per_replica_batch_size=2,
+                               shuffle=False, load_options=LoadOptions(epoch_copy=True))
+    assert str(err.value) == (
+        "A per-epoch copy of the rows (`epoch_copy=True`) is the JAX backend's: TensorFlow "
+        "always gathers each batch from the resident rows. Received: "
+        'LoadOptions(epoch_copy=True). Leave `epoch_copy="auto"` (or False), or use '
+        "`KERAS_BACKEND=jax`."
+    )
+
+
 @pytest.mark.parametrize(
     "seed",
     [

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment as _augment
 from shardfeed._data import dataset_args as _args
@@ -128,6 +129,15 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         seed = _args.check_seed(seed)
         _args.check_transform(transform)
         _args.check_augment(augment, seed)
+        if load_options is not None and load_options.epoch_copy is True:
+            raise ValueError(
+                _errors.message(
+                    "A per-epoch copy of the rows (`epoch_copy=True`) is the JAX backend's: "
+                    "TensorFlow always gathers each batch from the resident rows.",
+                    "LoadOptions(epoch_copy=True)",
+                    'Leave `epoch_copy="auto"` (or False), or use `KERAS_BACKEND=jax`.',
+                )
+            )
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         if transform is None:  # the blocks will see the stored rows: check them now
@@ -300,6 +310,13 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def is_streaming(self) -> bool:
         """Whether the rows stream through device rings (they did not fit)."""
         return self.stream is not None
+
+    @property
+    def epoch_copy(self) -> bool:
+        """Whether epochs keep a copy of their rows in step order: never on
+        TensorFlow (batches are gathered from the resident rows; as on JAX
+        with `LoadOptions(epoch_copy=False)`)."""
+        return False
 
     @property
     def trace_signature(self) -> tuple[Any, ...]:
