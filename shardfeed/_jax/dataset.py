@@ -163,7 +163,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._eval_plan, self._train_plan = plans.eval_plan, plans.train_plan
         self._train_plan_error = plans.train_plan_error
         plan = self.eval_plan
-        self.epoch_copy, self.memory_reports = _choose_epoch_copy(
+        self._epoch_copy, self.memory_reports = _choose_epoch_copy(
             self.world, plan, self.columns.row_bytes, _args.uses_exchange(shuffle, plan), options
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
@@ -201,6 +201,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if self.plan.placement == "replicate" or self.shuffle is True:
             return True
         return self.shuffle is False and self.plan.num_replicas == 1
+
+    @property
+    def epoch_copy(self) -> bool:
+        """Whether epochs keep a copy of their rows in step order
+        (`LoadOptions.epoch_copy`, as resolved for these devices and rows)."""
+        return self._epoch_copy
 
     @property
     def is_streaming(self) -> bool:
