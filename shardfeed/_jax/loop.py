@@ -2,9 +2,10 @@
 
 Owns the calls an epoch is cut into and running them: the model's
 `train_step`/`test_step`/`predict_step` (Keras' JAX trainer's pure steps, so a
-user's override is the one that runs) inside `lax.scan` over `k` steps per
-call, each step's global batch from `epoch.batch_fn(epoch.arrays, start + i)`
-with a traced `start` (one compile per call length, not per call). The state
+user's override is the one that runs), `k` steps per call (one step: called
+directly; more: `lax.scan`, unrolled for a convolution on CPU devices), each
+step's global batch from `epoch.batch_fn(epoch.arrays, start + i)` with a
+traced `start` (one compile per call length, not per call). The state
 (trainable, non-trainable, optimizer and metric variables' values) is
 replicated on the world's mesh and the batch is sharded along rows, so XLA's
 partitioner all-reduces the gradients and every mean is the global batch's.
@@ -316,6 +317,14 @@ class Loop:
                     result, state = step(state, _data(batch))
                     return state, result
 
+                if num_steps == 1:
+                    # No scan: JAX lowers even a length-1 `lax.scan(unroll=True)`
+                    # to a `while` loop, where XLA:CPU's convolutions run 6-21x
+                    # slower (docs/performance.md).
+                    state, result = body(state, jnp.int32(0))
+                    if mode != "predict":
+                        return result, state
+                    return jax.tree.map(lambda r: r[None], result), state  # stacked, as scan's
                 steps = jnp.arange(num_steps, dtype=jnp.int32)
                 state, results = jax.lax.scan(body, state, steps, unroll=self.unroll)
                 if mode != "predict":

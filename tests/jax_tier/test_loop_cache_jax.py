@@ -126,18 +126,39 @@ def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) 
     return fn.lower(loop.state("train"), epoch.arrays, np.int32(0), epoch.batch_fn, k).as_text()
 
 
-def test_a_convolution_on_cpu_runs_its_steps_unrolled_one_per_call_by_default():
+def _small_cnn() -> keras.Model:
     keras.utils.set_random_seed(0)
     cnn = keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3),
                             keras.layers.Flatten(), keras.layers.Dense(1)])
     cnn.compile(optimizer="sgd", loss="mse")
-    x = np.random.default_rng(0).normal(size=(40, 6, 6, 1)).astype("float32")
-    y = x.reshape(40, -1).sum(axis=1, keepdims=True)
+    return cnn
+
+
+def _images(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).normal(size=(rows, 6, 6, 1)).astype("float32")
+    return x, x.reshape(rows, -1).sum(axis=1, keepdims=True)
+
+
+def test_a_one_step_call_has_no_loop_in_its_program():
+    # JAX lowers even a length-1 `lax.scan(unroll=True)` to a `while` loop,
+    # inside which XLA:CPU's convolutions run 5-8x slower.
+    x, y = _images(40)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+        assert "while" not in _lowered_train_call(_small_cnn(), ds, 1)
+        dense = ShardedResidentDataset(x.reshape(40, -1)[:, :8], y, per_replica_batch_size=4,
+                                       seed=0)
+        assert "while" not in _lowered_train_call(mlp(), dense, 1)
+        assert "while" in _lowered_train_call(mlp(), dense, 2)  # a rolled scan: MLPs keep it
+
+
+def test_a_convolution_on_cpu_runs_its_steps_unrolled_one_per_call_by_default():
+    x, y = _images(40)
     with replicas(2):
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
         # XLA:CPU's convolutions inside a `while` loop are several times slower.
-        assert "while" not in _lowered_train_call(cnn, ds, 3)
-        history = fit(cnn, ds, epochs=1, verbose=0)
+        assert "while" not in _lowered_train_call(_small_cnn(), ds, 3)
+        history = fit(_small_cnn(), ds, epochs=1, verbose=0)
         assert history.params["steps_per_execution"] == 1
         dense = ShardedResidentDataset(x.reshape(40, -1)[:, :8], y, per_replica_batch_size=4,
                                        seed=0)
