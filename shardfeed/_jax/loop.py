@@ -146,9 +146,9 @@ def loop_for(
     return loop
 
 
-# Layers whose convolutions XLA:CPU runs 4-5x slower inside a rolled loop
-# (`while`) than unrolled (docs/performance.md). A layer calling
-# `keras.ops.conv` itself is not seen.
+# Layers whose convolutions XLA:CPU runs 6-21x slower inside a `while` loop
+# (a rolled `lax.scan`, even of length 1) than outside one
+# (docs/performance.md). A layer calling `keras.ops.conv` itself is not seen.
 _CONVOLUTIONS = (
     keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
     keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
@@ -157,11 +157,18 @@ _CONVOLUTIONS = (
 )
 
 
+# "auto" steps per call of an unrolled loop, at most (and about ten calls per
+# epoch below that): on CPU the keras-io MNIST convnet and timeseries FCN ran
+# 8 unrolled steps per call 12-36% faster per step than 1, and 16-32 no
+# faster, while the compile grows with the steps (docs/performance.md).
+UNROLLED_AUTO_STEPS = 8
+
+
 def unrolls_steps(model: keras.Model, world: World) -> bool:
     """Whether a call's steps run unrolled (no `while` loop): a model with a
     convolution on CPU devices, where XLA's convolutions inside a loop are
     slow (on GPUs the rolled `lax.scan` is kept: its compile does not grow
-    with the steps per call)."""
+    with the steps per call; measured on CPU only)."""
     on_cpu = all(d.platform == "cpu" for d in world.devices)
     return on_cpu and any(isinstance(layer, _CONVOLUTIONS) for layer in model._flatten_layers())
 
@@ -172,8 +179,10 @@ class Loop:
     Args:
         model: A Keras 3 model (compiled for `train`/`test`).
         world: The replicas (the state is replicated on `world.mesh`).
-        steps_per_execution: Steps per compiled call, or "auto" (about ten
-            calls per epoch, at most 512 steps each).
+        steps_per_execution: Steps per compiled call, or "auto": about ten
+            calls per epoch, at most 512 steps each in a rolled `lax.scan`,
+            at most `UNROLLED_AUTO_STEPS` (8) when unrolled (a convolution on
+            CPU devices: `unrolls_steps`).
         class_weights: `fit`'s `class_weight`: training batches get weights
             by class (in place of the dataset's none), as in Keras.
     """
@@ -204,9 +213,9 @@ class Loop:
     def steps_per_call(self, full_steps: int) -> int:
         k = self.steps_per_execution
         if k == "auto":
-            # Unrolled, the compile grows with the steps per call and one step
-            # per call runs as fast (docs/performance.md).
-            return 1 if self.unroll else auto_steps_per_execution(full_steps)
+            auto = auto_steps_per_execution(full_steps)
+            # Unrolled, the compile grows with the steps per call.
+            return min(auto, UNROLLED_AUTO_STEPS) if self.unroll else auto
         return int(k)
 
     def calls(self, epoch: Any, start: int = 0, stop: int | None = None) -> list[Call]:
