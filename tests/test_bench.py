@@ -182,9 +182,14 @@ def test_the_opaque_floor_trains_on_the_same_values_as_the_floor():
 
 
 def test_workloads_own_their_batch_and_minimum_rows():
-    w5 = _workloads.WORKLOADS["W5"]
+    w5, w6 = _workloads.WORKLOADS["W5"], _workloads.WORKLOADS["W6"]
     assert (w5.batch_size, w5.min_rows) == (64, 128)
-    assert all(w.batch_size == 256 for n, w in _workloads.WORKLOADS.items() if n != "W5")
+    assert (w6.batch_size, w6.min_rows) == (128, 256)  # keras-io's MNIST convnet's batch
+    others = [w for n, w in _workloads.WORKLOADS.items() if n not in ("W5", "W6")]
+    assert all(w.batch_size == 256 for w in others)
+    images, labels = _workloads.make_data(w6, 300, seed=0)
+    assert images.dtype == np.float32 and images.shape == (300, 28, 28, 1)
+    assert 0 <= images.min() and images.max() <= 1 and set(np.unique(labels)) == set(range(10))
     x, y = _workloads.make_data(w5, 130, seed=0)
     assert x.dtype == np.int32 and x.shape == (130, 2) and y.shape == (130, 1)
     assert [len(batch[0]) for batch in _workloads.tf_data(x, y, w5)] == [64, 64, 2]

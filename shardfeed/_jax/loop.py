@@ -2,9 +2,10 @@
 
 Owns the calls an epoch is cut into and running them: the model's
 `train_step`/`test_step`/`predict_step` (Keras' JAX trainer's pure steps, so a
-user's override is the one that runs) inside `lax.scan` over `k` steps per
-call, each step's global batch from `epoch.batch_fn(epoch.arrays, start + i)`
-with a traced `start` (one compile per call length, not per call). The state
+user's override is the one that runs), `k` steps per call (one step: called
+directly; more: `lax.scan`, unrolled for a convolution on CPU devices), each
+step's global batch from `epoch.batch_fn(epoch.arrays, start + i)` with a
+traced `start` (one compile per call length, not per call). The state
 (trainable, non-trainable, optimizer and metric variables' values) is
 replicated on the world's mesh and the batch is sharded along rows, so XLA's
 partitioner all-reduces the gradients and every mean is the global batch's.
@@ -145,9 +146,9 @@ def loop_for(
     return loop
 
 
-# Layers whose convolutions XLA:CPU runs 4-5x slower inside a rolled loop
-# (`while`) than unrolled (docs/performance.md). A layer calling
-# `keras.ops.conv` itself is not seen.
+# Layers whose convolutions XLA:CPU runs 6-21x slower inside a `while` loop
+# (a rolled `lax.scan`, even of length 1) than outside one
+# (docs/performance.md). A layer calling `keras.ops.conv` itself is not seen.
 _CONVOLUTIONS = (
     keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
     keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
@@ -156,11 +157,18 @@ _CONVOLUTIONS = (
 )
 
 
+# "auto" steps per call of an unrolled loop, at most (and about ten calls per
+# epoch below that): on CPU the keras-io MNIST convnet and timeseries FCN ran
+# 8 unrolled steps per call 12-36% faster per step than 1, and 16-32 no
+# faster, while the compile grows with the steps (docs/performance.md).
+UNROLLED_AUTO_STEPS = 8
+
+
 def unrolls_steps(model: keras.Model, world: World) -> bool:
     """Whether a call's steps run unrolled (no `while` loop): a model with a
     convolution on CPU devices, where XLA's convolutions inside a loop are
     slow (on GPUs the rolled `lax.scan` is kept: its compile does not grow
-    with the steps per call)."""
+    with the steps per call; measured on CPU only)."""
     on_cpu = all(d.platform == "cpu" for d in world.devices)
     return on_cpu and any(isinstance(layer, _CONVOLUTIONS) for layer in model._flatten_layers())
 
@@ -171,8 +179,10 @@ class Loop:
     Args:
         model: A Keras 3 model (compiled for `train`/`test`).
         world: The replicas (the state is replicated on `world.mesh`).
-        steps_per_execution: Steps per compiled call, or "auto" (about ten
-            calls per epoch, at most 512 steps each).
+        steps_per_execution: Steps per compiled call, or "auto": about ten
+            calls per epoch, at most 512 steps each in a rolled `lax.scan`,
+            at most `UNROLLED_AUTO_STEPS` (8) when unrolled (a convolution on
+            CPU devices: `unrolls_steps`).
         class_weights: `fit`'s `class_weight`: training batches get weights
             by class (in place of the dataset's none), as in Keras.
     """
@@ -203,9 +213,9 @@ class Loop:
     def steps_per_call(self, full_steps: int) -> int:
         k = self.steps_per_execution
         if k == "auto":
-            # Unrolled, the compile grows with the steps per call and one step
-            # per call runs as fast (docs/performance.md).
-            return 1 if self.unroll else auto_steps_per_execution(full_steps)
+            auto = auto_steps_per_execution(full_steps)
+            # Unrolled, the compile grows with the steps per call.
+            return min(auto, UNROLLED_AUTO_STEPS) if self.unroll else auto
         return int(k)
 
     def calls(self, epoch: Any, start: int = 0, stop: int | None = None) -> list[Call]:
@@ -316,6 +326,14 @@ class Loop:
                     result, state = step(state, _data(batch))
                     return state, result
 
+                if num_steps == 1:
+                    # No scan: JAX lowers even a length-1 `lax.scan(unroll=True)`
+                    # to a `while` loop, where XLA:CPU's convolutions run 6-21x
+                    # slower (docs/performance.md).
+                    state, result = body(state, jnp.int32(0))
+                    if mode != "predict":
+                        return result, state
+                    return jax.tree.map(lambda r: r[None], result), state  # stacked, as scan's
                 steps = jnp.arange(num_steps, dtype=jnp.int32)
                 state, results = jax.lax.scan(body, state, steps, unroll=self.unroll)
                 if mode != "predict":

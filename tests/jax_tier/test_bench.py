@@ -1,8 +1,8 @@
 """`shardfeed bench` on Keras' JAX backend runs end to end and never imports TensorFlow.
 
 No timing assertions (speed claims belong to the bench's own report, with its
-machine line). W2 only: W4's CNN inside XLA:CPU's rolled loop takes minutes
-per step on a 2-core CPU (docs/performance.md), so W4 on JAX is for GPUs
+machine line). W2, and W6 (keras-io's MNIST convnet) at two batches: W4's
+larger CNN takes seconds per step on a 2-core CPU, so W4 on JAX is for GPUs
 (`.ci/gpu-check.sh`). The bench runs in a subprocess whose import system refuses
 TensorFlow, so the check holds in a venv that has TensorFlow too: any import
 of it fails the run or shows in a variant's skip reason.
@@ -91,6 +91,24 @@ def test_jax_bench_runs_every_jax_variant_without_tensorflow(tmp_path):
     markdown = (tmp_path / "bench.md").read_text()
     assert f"Keras {machine['keras']} on jax" in markdown, markdown[:600]
     assert f"devices {machine['devices'][0]}" in markdown, markdown[:600]
+
+
+@pytest.mark.slow
+def test_jax_bench_runs_the_keras_io_convnet_beside_keras_fit(tmp_path):
+    """W6, keras-io's MNIST convnet, at its two smallest batches: Keras'
+    `model.fit` and `shardfeed.fit` on a convolution model on JAX."""
+    report = _bench(tmp_path, "--workloads", "W6", "--variants", "jax,shardfeed,floor")
+
+    workload = report["workloads"]["W6"]
+    assert (workload["rows"], workload["batch_size"], workload["steps_per_epoch"]) == (256, 128, 2)
+    variants = workload["variants"]
+    assert list(variants) == ["jax", "shardfeed", "floor"]
+    for name, result in variants.items():
+        assert "skipped" not in result, (name, result.get("skipped"))
+        _check_ran(result, name)
+    assert variants["jax"]["settings"] == {"steps_per_execution": 1, "jit_compile": True}
+    # Two steps: about ten calls per epoch (at most 8 steps each) is one step per call.
+    assert variants["shardfeed"]["settings"]["steps_per_execution"] == 1
 
 
 def test_jax_bench_refuses_tensorflow_variants():

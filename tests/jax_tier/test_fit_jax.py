@@ -16,7 +16,7 @@ from _helpers_fit import (
     replicas,
 )
 
-from shardfeed import FitOptions, ShardedResidentDataset, fit
+from shardfeed import FitOptions, ShardedResidentDataset, evaluate, fit, predict
 
 
 def _two_input_model(seed: int = 3) -> keras.Model:
@@ -374,3 +374,39 @@ def test_batch_norm_statistics_and_dropout_masks_are_the_global_batchs():
     expected = (theirs := build()).fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     assert_history_close(history.history, expected.history)
     assert max_weight_diff(ours, theirs) < 1e-5  # moving mean/variance and the seed state too
+
+
+def test_a_convolution_model_one_step_per_call_equals_keras_fit_evaluate_and_predict():
+    # keras-io's timeseries FCN in small: one step per call runs the step
+    # outside any loop (its own code path), on 2 replicas.
+    def build():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((12, 1))
+        h = keras.layers.Conv1D(4, 3, padding="same", use_bias=False)(inputs)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        outputs = keras.layers.Dense(2, activation="softmax")(
+            keras.layers.GlobalAveragePooling1D()(h)
+        )
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["sparse_categorical_accuracy"])
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(70, 12, 1)).astype("float32")  # batch 2 * 8: 4 full steps, 6 rows
+    y = (x.mean(axis=(1, 2)) > 0).astype("int32")
+    one = FitOptions(steps_per_execution=1)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    placement="replicate")
+        history = fit(ours := build(), ds, epochs=2, verbose=0, options=one)
+        scores = evaluate(ours, x, y, per_replica_batch_size=8, return_dict=True, options=one)
+        outputs = predict(ours, x, per_replica_batch_size=8, options=one)
+    expected = (theirs := build()).fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    assert history.params["steps_per_execution"] == 1
+    assert_history_close(history.history, expected.history)
+    assert max_weight_diff(ours, theirs) < 1e-5
+    keras_scores = theirs.evaluate(x, y, batch_size=16, return_dict=True, verbose=0)
+    for name, value in keras_scores.items():
+        np.testing.assert_allclose(scores[name], value, rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(outputs, theirs.predict(x, batch_size=16, verbose=0), atol=1e-6)

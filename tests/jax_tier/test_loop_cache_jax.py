@@ -126,19 +126,47 @@ def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) 
     return fn.lower(loop.state("train"), epoch.arrays, np.int32(0), epoch.batch_fn, k).as_text()
 
 
-def test_a_convolution_on_cpu_runs_its_steps_unrolled_one_per_call_by_default():
+def _small_cnn() -> keras.Model:
     keras.utils.set_random_seed(0)
     cnn = keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3),
                             keras.layers.Flatten(), keras.layers.Dense(1)])
     cnn.compile(optimizer="sgd", loss="mse")
-    x = np.random.default_rng(0).normal(size=(40, 6, 6, 1)).astype("float32")
-    y = x.reshape(40, -1).sum(axis=1, keepdims=True)
+    return cnn
+
+
+def _images(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).normal(size=(rows, 6, 6, 1)).astype("float32")
+    return x, x.reshape(rows, -1).sum(axis=1, keepdims=True)
+
+
+def test_a_one_step_call_has_no_loop_in_its_program():
+    # JAX lowers even a length-1 `lax.scan(unroll=True)` to a `while` loop,
+    # inside which XLA:CPU's convolutions run 5-8x slower.
+    x, y = _images(40)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+        assert "while" not in _lowered_train_call(_small_cnn(), ds, 1)
+        dense = ShardedResidentDataset(x.reshape(40, -1)[:, :8], y, per_replica_batch_size=4,
+                                       seed=0)
+        assert "while" not in _lowered_train_call(mlp(), dense, 1)
+        assert "while" in _lowered_train_call(mlp(), dense, 2)  # a rolled scan: MLPs keep it
+
+
+def test_a_convolution_on_cpu_runs_up_to_8_steps_per_call_unrolled_by_default():
+    from shardfeed._jax.loop import loop_for
+
+    x, y = _images(640)  # batch 2 * 4: 80 steps
     with replicas(2):
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
         # XLA:CPU's convolutions inside a `while` loop are several times slower.
-        assert "while" not in _lowered_train_call(cnn, ds, 3)
-        history = fit(cnn, ds, epochs=1, verbose=0)
-        assert history.params["steps_per_execution"] == 1
-        dense = ShardedResidentDataset(x.reshape(40, -1)[:, :8], y, per_replica_batch_size=4,
+        assert "while" not in _lowered_train_call(_small_cnn(), ds, 3)
+        history = fit(cnn := _small_cnn(), ds, epochs=1, verbose=0)
+        assert history.params["steps_per_execution"] == 8
+        # About ten calls per epoch, at most 8 steps each (measured on the
+        # keras-io convnets, docs/performance.md); an MLP keeps ten calls.
+        conv_loop, mlp_loop = loop_for(cnn, ds.world, "auto"), loop_for(mlp(), ds.world, "auto")
+        assert [conv_loop.steps_per_call(n) for n in (5, 30, 80, 4000)] == [1, 3, 8, 8]
+        assert [mlp_loop.steps_per_call(n) for n in (5, 30, 80, 4000)] == [1, 3, 8, 400]
+        dense = ShardedResidentDataset(x.reshape(640, -1)[:, :8], y, per_replica_batch_size=4,
                                        seed=0)
         assert "while" in _lowered_train_call(mlp(), dense, 3)

@@ -2,7 +2,7 @@
 
 Separation of concerns: this package owns the benchmark only, one concept per
 module -- `cli` (flags and the run), `machine` (what the numbers were measured
-on), `workloads` (the W1-W5 data and models, shared with `shardfeed demo`),
+on), `workloads` (the W1-W6 data and models, shared with `shardfeed demo`),
 `variants` (what is timed), `backend_worker` (the process a variant on
 another Keras backend runs in), `timing` (the epoch timer), `tuning` (the
 `model.fit` settings probe), `schedule` (warm-up, then interleaved timed
@@ -19,7 +19,7 @@ timed epochs each median is taken over. Numbers from a shared or loaded
 machine, from `--rows-scale` below 1 or from fewer than 3 timed epochs are
 smoke checks, not results.
 
-Variants, all at the workload's batch (256; W5 64), Adam(1e-3), same initial
+Variants, all at the workload's batch (256; W5 64, W6 128), Adam(1e-3), same initial
 weights (copied from one reference model), each with its own model instance:
     numpy      `model.fit(x, y, batch_size=batch, shuffle=True)`, Keras defaults.
     tfdata     `model.fit` on `from_tensor_slices.cache.shuffle.batch.prefetch`.

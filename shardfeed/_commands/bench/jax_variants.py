@@ -45,8 +45,8 @@ JAX_OPTIONAL_VARIANTS = ("jax-nightly-tuned",)
 
 JAX_VARIANT_NOTES: dict[str, str] = {
     "jax": (
-        "`model.fit(x, y, batch_size=256, shuffle=True)` on NumPy arrays, Keras defaults "
-        "(steps_per_execution=1, jit_compile='auto': True on JAX)."
+        "`model.fit(x, y, batch_size=batch, shuffle=True)` on NumPy arrays at the workload's "
+        "batch, Keras defaults (steps_per_execution=1, jit_compile='auto': True on JAX)."
     ),
     "jax-tuned": (
         "`jax` compiled with the fastest of steps_per_execution in {32, 128} x jit_compile in "
@@ -54,13 +54,13 @@ JAX_VARIANT_NOTES: dict[str, str] = {
     ),
     "shardfeed": (
         "`shardfeed.fit` on the JAX backend, on `ShardedResidentDataset(x, y, "
-        "per_replica_batch_size=256, seed=0)` with default `FitOptions()`: the rows resident "
-        "as `jax.Array`s, batches taken on the device, many Keras train steps per jitted call."
+        "per_replica_batch_size=batch, seed=0)` with default `FitOptions()`: the rows resident "
+        "as `jax.Array`s, batches taken on the device, `fit`'s steps per jitted call."
     ),
     "floor": (
         "The compiled training call `shardfeed.fit` runs on JAX (Keras' stateless "
-        "`model.train_step` in a jitted `lax.scan`, the same steps per call) on one fixed "
-        "device batch: no input work at all. ceil(rows/256) steps per epoch. Its loss (one "
+        "`model.train_step`, the same steps per jitted call) on one fixed "
+        "device batch: no input work at all. ceil(rows/batch) steps per epoch. Its loss (one "
         "batch seen over and over) is not reported."
     ),
     "jax-nightly-tuned": VARIANT_NOTES["jax-nightly-tuned"],

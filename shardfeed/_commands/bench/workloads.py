@@ -1,4 +1,4 @@
-"""The benchmark workloads W1-W5: their data, models, losses and inputs.
+"""The benchmark workloads W1-W6: their data, models, losses and inputs.
 
 Separation of concerns: this module owns what is trained -- deterministic
 synthetic data, the seeded models, the loss and optimizer, the `transform`
@@ -26,7 +26,7 @@ class Workload:
     """One benchmark workload: data shape, model and loss.
 
     Attributes:
-        name: "W1" ... "W5".
+        name: "W1" ... "W6".
         rows: Rows at `--rows-scale 1`.
         description: One line for the report.
         input_note: How the inputs reach the model, per variant family.
@@ -96,6 +96,15 @@ WORKLOADS: dict[str, Workload] = {
         "int32 (user, movie) rows as they are; the gradients are IndexedSlices.",
         batch_size=64,
     ),
+    "W6": Workload(
+        "W6",
+        60_000,
+        "60,000 x 28x28x1 float32 (MNIST-shaped), keras-io's Simple MNIST convnet "
+        "(Conv32-Pool-Conv64-Pool-Flatten-Dropout0.5-Dense10 softmax), batch 128, "
+        "sparse cross-entropy",
+        "float32 rows in [0, 1] as they are (keras-io scales MNIST once, up front).",
+        batch_size=128,
+    ),
 }
 
 def _ratings(rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +149,8 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
     ten random 8x8 colour prototypes upsampled to 32x32, each image its class'
     prototype (0-127) plus uniform noise (0-127), as uint8. W5: uniform
     (user, movie) id pairs, ratings from a rank-8 teacher plus 0.05 noise.
+    W6: ten random 7x7 grey prototypes upsampled to 28x28x1, each image its
+    class' prototype plus uniform noise, as float32 in [0, 1].
 
     Args:
         workload: Which workload.
@@ -166,6 +177,11 @@ def make_data(workload: Workload, rows: int, seed: int) -> tuple[np.ndarray, np.
         w2 = rng.standard_normal((16, 1), dtype=np.float32)
         noise = np.float32(0.1) * rng.standard_normal((rows, 1), dtype=np.float32)
         return x, (np.tanh(x @ w1) @ w2 + noise).astype(np.float32)
+    if workload.name == "W6":
+        digits = rng.random((10, 7, 7, 1), dtype=np.float32).repeat(4, axis=1).repeat(4, axis=2)
+        y = rng.integers(0, 10, rows, dtype=np.int32)
+        noise = rng.random((rows, 28, 28, 1), dtype=np.float32)
+        return (digits[y] + noise) / np.float32(2), y
     # W3 and W4: class prototypes plus noise.
     prototypes = rng.integers(0, 48, (10, 8, 8, 3), dtype=np.uint8)
     prototypes = prototypes.repeat(4, axis=1).repeat(4, axis=2)
@@ -199,6 +215,26 @@ def _airbench_like(head: list[Any], seeds: Any) -> list[Any]:
     ]
 
 
+def _mnist_convnet(seeds: Any) -> list[Any]:
+    """W6's model: keras-io's "Simple MNIST convnet", layer for layer."""
+    import keras
+    from keras import layers
+
+    def init() -> Any:
+        return keras.initializers.GlorotUniform(seed=next(seeds))
+
+    return [
+        keras.Input((28, 28, 1)),
+        layers.Conv2D(32, 3, activation="relu", kernel_initializer=init()),
+        layers.MaxPooling2D(2),
+        layers.Conv2D(64, 3, activation="relu", kernel_initializer=init()),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dropout(0.5, seed=next(seeds)),
+        layers.Dense(10, activation="softmax", kernel_initializer=init()),
+    ]
+
+
 def build_model(
     workload: Workload, for_keras_fit: bool, seed: int, keras_augment: bool = False
 ) -> Any:
@@ -208,7 +244,7 @@ def build_model(
         workload: Which workload.
         for_keras_fit: For W3 and W4, take uint8 input with a `Rescaling(1/255)`
             first layer (the Keras variants); else float32 input (shardfeed's
-            `transform` normalises). Ignored for W1, W2 and W5.
+            `transform` normalises). Ignored for W1, W2, W5 and W6.
         seed: Initialiser seed.
         keras_augment: W4 only: Keras' `RandomFlip` and `RandomTranslation`
             after the rescaling (they hold no weights).
@@ -235,6 +271,8 @@ def build_model(
         init = keras.initializers.GlorotUniform(seed=next(seeds))
         return layers.Conv2D(filters, 3, activation="relu", kernel_initializer=init)
 
+    if workload.name == "W6":
+        return keras.Sequential(_mnist_convnet(seeds))
     if workload.name == "W1":
         stack = [keras.Input((784,)), dense(256, "relu"), dense(256, "relu"), dense(10)]
     elif workload.name == "W2":
@@ -268,8 +306,12 @@ def build_model(
 
 def loss_for(workload: Workload) -> Any:
     """The workload's Keras loss: MSE for W2, binary cross-entropy for W5,
-    sparse softmax cross-entropy otherwise."""
+    sparse cross-entropy on W6's softmax, sparse softmax cross-entropy
+    otherwise."""
     import keras
+
+    if workload.name == "W6":
+        return keras.losses.SparseCategoricalCrossentropy()
 
     if workload.name == "W5":
         return keras.losses.BinaryCrossentropy()
