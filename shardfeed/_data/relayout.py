@@ -10,6 +10,14 @@ one, whose sends are read before its writes), so each replica keeps exactly
 its shard's count of rows in slots `[0, shard_rows)` and the only extra
 device memory is a round's staging. Every process computes the same rounds
 from the same layout.
+
+TensorFlow's exchange plans the same moves in `exchange.py`
+(`global_destinations`, `plan_rounds`: cycles of replicas, every round's
+int64 ids held at once). This one is the JAX backend's because it keeps
+4 bytes a row or less on the host (int32 rows, int16 replicas, rounds made
+as consumed), which the 1.15x memory test on CPU devices needs, and its
+rounds are fixed `[replica, replica, rows_per_pair]` blocks, the shape one
+`lax.all_to_all` takes. One owner for both is open work.
 """
 
 from __future__ import annotations
