@@ -310,9 +310,10 @@ class ResidentEpoch(EpochSizes):
         if self.arrays is None:
             raise RuntimeError(
                 _errors.message(
-                    "This epoch is closed: its device copy of the rows was let go of.",
+                    "This epoch is closed: its device data was let go of (`close()`, or "
+                    "the dataset moved its rows in place for a training epoch opened later).",
                     f"epoch={self.epoch}, training={self.training}",
-                    "Open the epoch again with `dataset.epoch(...)`.",
+                    "Open the epoch again with `dataset.epoch(...)`, after the others are done.",
                 )
             )
         return self.arrays
