@@ -113,11 +113,12 @@ def test_gpu_check_runs_offline_on_a_python_312_venv_with_only_jax(tmp_path):
     markdown = (out / "bench.md").read_text()
     assert "| Keras-nightly on JAX, model.fit(numpy, tuned) | spe=" in markdown, markdown
 
-    # The capacity probe: refused by the dataset's memory check near 0.4 of the
-    # limit (its rows and an epoch's copy of them must fit in 80%).
+    # The capacity probe: refused by the dataset's memory check just under 0.8 of
+    # the limit (its rows and 4 bytes of positions a row must fit in 80%; where an
+    # epoch's copy would not fit, "auto" gathers instead: with a copy it was 0.375).
     capacity = json.loads((out / "capacity" / "bench.json").read_text())["capacity"]
     assert capacity["limit_bytes"] == 32 * 2**20 and capacity["devices"] == 1
-    assert 0.3 <= capacity["largest_share"] < 0.4, capacity["trials"]
+    assert 0.7 <= capacity["largest_share"] < 0.8, capacity["trials"]
     assert capacity["largest_bytes"] == capacity["largest_rows"] * 132
     assert capacity["trials"][-1]["result"] in ("trained", "refused"), capacity["trials"]
     assert any(t["result"] == "refused" for t in capacity["trials"])
