@@ -18,6 +18,9 @@ import json
 import jax
 import numpy as np
 import pytest
+from _helpers_fit import mlp, regression_data
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import shardfeed
 from shardfeed._data.options import LoadOptions
@@ -76,6 +79,62 @@ def test_resumed_loop_yields_the_uninterrupted_batches(replicas, num_devices, sh
     after = _take(fresh.epochs(EPOCHS))
     assert fresh.get_state()["epoch"] == EPOCHS
     _assert_same(before + after, uninterrupted)
+
+
+def _sgd_step(model):
+    """A jitted stateless SGD step of `model`'s architecture (any model of
+    it: the values are arguments), compiled once for every run of a test."""
+
+    @jax.jit
+    def train_step(trainable, non_trainable, x, y):
+        def loss(trainable):
+            pred, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+            return ((pred - y) ** 2).mean()  # a partial step holds its real rows only
+
+        return [v - 0.05 * g for v, g in zip(trainable, jax.grad(loss)(trainable), strict=True)]
+
+    return train_step
+
+
+def _recipe(world, directory, train_step, stop=None):
+    """docs/custom_loops.md's resume recipe on JAX, with `train_step` on a
+    fresh seeded model; with `stop` = (epoch, step), saves the weights and
+    `get_state()` as JSON after that step and returns None, as a preempted
+    run would; resumes from `directory` when they are there."""
+    model = mlp(features=8)  # seeded: the same initial weights every call
+    ds = ShardedResidentDataset(*regression_data(ROWS), per_replica_batch_size=BATCH, seed=SEED)
+    it = ds.iterator()
+    if (directory / "data.json").exists():
+        model.load_weights(directory / "model.weights.h5")
+        it.set_state(json.loads((directory / "data.json").read_text()))
+    replicated = NamedSharding(world.mesh, P())
+    trainable = [jax.device_put(v.value, replicated) for v in model.trainable_variables]
+    non_trainable = [jax.device_put(v.value, replicated) for v in model.non_trainable_variables]
+
+    def write_back():
+        for variable, value in zip(model.trainable_variables, trainable, strict=True):
+            variable.assign(value)
+
+    for epoch in it.epochs(EPOCHS):
+        for step, batch in epoch:
+            trainable = train_step(trainable, non_trainable, batch.x, batch.y)
+            if (epoch.epoch, step) == stop:
+                write_back()
+                model.save_weights(directory / "model.weights.h5")
+                (directory / "data.json").write_text(json.dumps(it.get_state()))
+                return None
+    write_back()
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+def test_the_documented_resume_recipe_ends_at_the_uninterrupted_weights(replicas, tmp_path):
+    world = replicas(2)  # sharded rows in the global order: they move between epochs
+    step = _sgd_step(mlp(features=8))
+    uninterrupted = _recipe(world, tmp_path / "unused", step)
+    assert _recipe(world, tmp_path, step, stop=(1, 2)) is None  # preempted mid-epoch
+    assert json.loads((tmp_path / "data.json").read_text())["step"] == 3
+    resumed = _recipe(world, tmp_path, step)  # a fresh model, dataset and iterator
+    np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-5, atol=1e-6)
 
 
 def test_the_public_name_and_the_dataset_method_give_the_jax_iterator(replicas):
