@@ -48,7 +48,7 @@ _JAX_EXPORTS: dict[str, str | None] = {
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
     "ResidentEpoch": "shardfeed._jax.epoch",
-    "ResidentIterator": None,
+    "ResidentIterator": "shardfeed._jax.iterator",
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._jax.dataset",
     "World": "shardfeed._jax.world",
@@ -65,10 +65,9 @@ _JAX_EXPORTS: dict[str, str | None] = {
 # Same module on every backend: resolved without asking Keras for its backend.
 _NEUTRAL = frozenset(name for name, module in _JAX_EXPORTS.items() if module == _EXPORTS[name])
 
-_JAX_FIXES = {
-    "ResidentIterator": "Loop over `dataset.epoch(epoch)` (`for step, batch in ...`) and keep "
-    "the step yourself, or use the TensorFlow backend (`KERAS_BACKEND=tensorflow`).",
-}
+# The fix a name without a JAX implementation names (none today; the default
+# says to use the TensorFlow backend).
+_JAX_FIXES: dict[str, str] = {}
 
 __all__ = sorted(_EXPORTS)
 

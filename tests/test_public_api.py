@@ -34,7 +34,7 @@ EXPECTED_JAX = {
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
     "ResidentEpoch": "shardfeed._jax.epoch",
-    "ResidentIterator": None,
+    "ResidentIterator": "shardfeed._jax.iterator",
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._jax.dataset",
     "World": "shardfeed._jax.world",

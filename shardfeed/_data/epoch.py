@@ -24,6 +24,7 @@ from shardfeed._data.augment import step_seed
 from shardfeed._data.batch import Batch as Batch
 from shardfeed._data.order import Order
 from shardfeed._data.plan import EpochSizes, ShardPlan
+from shardfeed._data.position import check_int
 
 if TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset
@@ -37,15 +38,6 @@ def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, re
         return x
     assert dataset.seed is not None  # checked when the dataset was built
     return dataset.augment(x, step_seed(dataset.seed, epoch, step, replica))
-
-
-def check_int(name: str, value: Any, low: int, high: int, fix: str) -> int:
-    if not (_errors.is_integer(value) and low <= value <= high):
-        raise ValueError(
-            _errors.message(f"`{name}` must be an integer in [{low}, {high}].",
-                            f"{name}={value!r}", fix)
-        )
-    return int(value)
 
 
 def open_epoch(

@@ -28,6 +28,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
+from shardfeed._jax import iterator as _iterator
 from shardfeed._jax import labels as _labels
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
@@ -337,6 +338,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
         )
         return _epoch.ResidentEpoch(self, plan, epoch, training, first_step, augment)
+
+    def iterator(self, *, augment: bool = False) -> _iterator.ResidentIterator:
+        """A resumable position over training epochs (`get_state`/`set_state`,
+        plain ints to save beside the weights); see `ResidentIterator`."""
+        return _iterator.ResidentIterator(self, augment=augment)
 
     def epoch_data(
         self, plan: _plan.ShardPlan, epoch: int, training: bool

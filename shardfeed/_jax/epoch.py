@@ -221,6 +221,9 @@ class ResidentEpoch(EpochSizes):
         self._rows, self._partial_rows = data.rows, data.partial_rows
         number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
         self.arrays: EpochArrays | None = EpochArrays(data.columns, number, data.positions)
+        # The iterator's position hook (`_jax/iterator.py`): called with each
+        # step eager iteration hands out.
+        self._on_step: Callable[[ResidentEpoch, int], None] | None = None
         dataset.opened(self)
 
     # -- what it is ------------------------------------------------------------
@@ -285,7 +288,10 @@ class ResidentEpoch(EpochSizes):
 
     def __iter__(self) -> Iterator[tuple[int, Batch]]:
         for step in range(self.first_step, self.steps):
-            yield step, self.batch(step)
+            batch = self.batch(step)
+            if self._on_step is not None:
+                self._on_step(self, step)
+            yield step, batch
 
     def close(self) -> None:
         """Lets go of the epoch's device copy (a closed epoch hands out nothing).

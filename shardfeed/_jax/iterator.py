@@ -1,0 +1,58 @@
+"""`ResidentIterator` on JAX: a resumable position over a dataset's training epochs.
+
+Owns where JAX keeps the position (two Python ints; `get_state()` is what a
+checkpoint saves, beside the weights) and how the loop leaves an epoch: it
+closes it, so an epoch copy goes back to the dataset for the next epoch's
+rows. The state, its checks and `epochs()`'s semantics are the neutral
+`_data/position.py`'s, as on TensorFlow; the epochs are `epoch.ResidentEpoch`s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardfeed._data.position import EpochPosition
+from shardfeed._jax.epoch import ResidentEpoch
+
+if TYPE_CHECKING:
+    from shardfeed._jax.dataset import ShardedResidentDataset
+
+
+class ResidentIterator(EpochPosition[ResidentEpoch]):
+    """A resumable position over a JAX dataset's training epochs, Grain-style.
+
+    `for epoch in it.epochs(n): for step, batch in epoch: ...`; each step
+    eager iteration hands out advances the position, an epoch's end makes it
+    `(epoch + 1, 0)`. `get_state()`/`set_state()` are plain integers (save
+    them beside the weights, docs/custom_loops.md). Moving on to the next
+    epoch closes the one left (its device data is let go of; batches already
+    taken stay valid).
+
+    Args:
+        dataset: The training dataset.
+        augment: Apply the dataset's `augment` to training batches (the keys
+            `shardfeed.fit` uses: from `(seed, epoch, step)`).
+    """
+
+    def __init__(self, dataset: ShardedResidentDataset, *, augment: bool = False) -> None:
+        self._dataset = dataset
+        self._augment = augment
+        self._at = (0, 0)
+
+    def __repr__(self) -> str:
+        epoch, step = self._at
+        return f"ResidentIterator(epoch={epoch}, step={step})"
+
+    def _position(self) -> tuple[int, int]:
+        return self._at
+
+    def _move(self, epoch: int, step: int) -> None:
+        self._at = (epoch, step)
+
+    def _open(self, epoch: int, first_step: int) -> ResidentEpoch:
+        return self._dataset.epoch(epoch, first_step=first_step, augment=self._augment)
+
+    def _leave(self, epoch: ResidentEpoch) -> None:
+        # Before the next epoch opens: a closed epoch's copy is where the
+        # dataset writes the next one (one copy, as the memory check counts).
+        epoch.close()
