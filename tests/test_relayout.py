@@ -110,3 +110,61 @@ def test_staging_is_no_larger_than_the_moves():
     target[[0, 1, 2, 500, 501, 502]] = [1, 1, 1, 0, 0, 0]  # 3 rows each way
     moves, _ = rounds(layout, target, 500, 10**6)  # a budget of a million rows a pair
     assert [r.send.shape[2] for r in moves] == [4]  # stages 4, not a million
+
+
+# -- the partial exchange (`exchange_fraction < 1`): which rows each replica holds --------
+
+
+def test_partial_destinations_depend_on_the_rows_held_not_their_slots():
+    """The backends' exchanges leave rows in different slots; the partial
+    draw must give both the same holdings (it drew by slot before)."""
+    plan = plan_shards(1001, 3, 16)
+    layout = _exchange.initial_layout(plan)
+    shuffled = [np.random.default_rng(g).permutation(h) for g, h in enumerate(layout)]
+    for epoch in range(3):
+        want = _exchange.partial_destinations(layout, 0.25, 7, epoch, 1001)
+        got = _exchange.partial_destinations(shuffled, 0.25, 7, epoch, 1001)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_holdings_are_each_replicas_rows_ascending():
+    target = np.array([2, 0, 1, 0, 2, 2])
+    assert [h.tolist() for h in _exchange.holdings(target, 4)] == [[1, 3], [2], [0, 4, 5], []]
+
+
+@pytest.mark.parametrize(("n_rep", "fraction", "per_pair"), [(2, 0.25, 7), (4, 0.5, 1000)])
+def test_partial_epochs_in_turn_through_the_rounds_equal_the_replay(n_rep, fraction, per_pair):
+    """Epochs in sequence, rows moved by `rounds` (the layout carries over,
+    in the rounds' slot order), hold what `partial_targets` replays from the
+    loaded shards; each epoch about `fraction * (1 - 1/R)` of the rows change
+    replica, none lost or duplicated, each replica keeps its count."""
+    num_rows = 2003
+    plan = plan_shards(num_rows, n_rep, 16)
+    slots = max(b - a for a, b in plan.shards)
+    loaded = [np.arange(a, b) for a, b in plan.shards]
+    layout = [h.copy() for h in loaded]
+    for epoch in range(4):
+        target = _exchange.partial_destinations(layout, fraction, 11, epoch, num_rows)
+        before = [h.copy() for h in layout]
+        moves, layout = rounds(layout, target, slots, per_pair)
+        buffers = _simulate(before, list(moves), slots)
+        replay = _exchange.partial_targets(loaded, fraction, 11, range(epoch + 1), num_rows)
+        for g, held in enumerate(_exchange.holdings(replay, n_rep)):
+            assert sorted(layout[g].tolist()) == held.tolist()
+            assert (buffers[g][: len(held)] == layout[g]).all()
+            assert len(held) == plan.shard_rows(g)
+        moved = sum(int((target[b] != g).sum()) for g, b in enumerate(before))
+        expected = fraction * (1 - 1 / n_rep) * num_rows
+        assert abs(moved - expected) < 0.1 * num_rows
+        assert sorted(np.concatenate(layout).tolist()) == list(range(num_rows))
+
+
+def test_partial_targets_replays_from_any_epochs_holdings():
+    loaded = [np.arange(0, 50), np.arange(50, 100)]
+    first = _exchange.partial_targets(loaded, 0.5, 3, range(2), 100)
+    rest = _exchange.partial_targets(_exchange.holdings(first, 2), 0.5, 3, range(2, 4), 100)
+    np.testing.assert_array_equal(
+        rest, _exchange.partial_targets(loaded, 0.5, 3, range(4), 100)
+    )
+    with pytest.raises(ValueError, match="no epoch to replay"):
+        _exchange.partial_targets(loaded, 0.5, 3, range(0), 100)
