@@ -6,7 +6,7 @@ import pytest
 
 from shardfeed._data import exchange as _exchange
 from shardfeed._data.plan import plan_shards
-from shardfeed._data.relayout import rounds, rows_per_pair, targets
+from shardfeed._data.relayout import rounds, rows_per_pair, staging_bytes, targets
 
 
 def _simulate(layout, moves, slots):
@@ -102,6 +102,12 @@ def test_targets_keep_unused_rows_where_they_are():
 def test_rows_per_pair_bounds_a_rounds_staging():
     assert rows_per_pair(4, 100, 8 * 100 * 10) == 10
     assert rows_per_pair(4, 100, 1) == 1
+
+
+def test_staging_bytes_count_no_more_than_the_largest_move_needs():
+    assert staging_bytes(4, 100, 8 * 100 * 10, 10**6) == 8 * 100 * 10  # the buffer's rows
+    assert staging_bytes(4, 100, 10**9, 100) == 8 * 128 * 100  # a 100-row shard: 128 a pair
+    assert staging_bytes(2, 16, 10**9, 1) == 4 * 16  # one row
 
 
 def test_staging_is_no_larger_than_the_moves():
