@@ -300,8 +300,8 @@ class ResidentEpoch(EpochSizes):
 
     def invalidate(self) -> None:
         """Closes the epoch without handing anything back: the dataset moved
-        its rows in place (a new epoch of the global order of sharded rows),
-        so these `arrays` are deleted."""
+        its rows in place (a new epoch of the global order of sharded rows,
+        or of a partial exchange), so these `arrays` are deleted."""
         self.arrays = None
 
     # -- internals -------------------------------------------------------------
