@@ -16,6 +16,7 @@ from keras import layers
 
 import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
+from shardfeed._data import exchange as _exchange
 from shardfeed._data.formats import base as _formats_base
 
 pytestmark = pytest.mark.multi_device
@@ -164,6 +165,12 @@ def test_partial_exchange_mixes_a_fraction_and_uses_each_row_once(fraction):
         assert sorted(used.tolist()) == list(range(ROWS))
         moved = max(ds.exchange.reports[-1].rows_sent)
         assert 0 < moved < 250 * fraction * 1.2  # about fraction * 3/4 of a 250-row shard
+        # The rows the neutral function gives each replica (what the JAX backend holds too).
+        loaded = [np.arange(a, b) for a, b in ds.plan.shards]
+        want = _exchange.partial_targets(loaded, fraction, 1, range(epoch + 1), ROWS)
+        assert [sorted(h.tolist()) for h in ds.exchange.held] == [
+            w.tolist() for w in _exchange.holdings(want, 4)
+        ]
     held = [s.variables[0].numpy() for s in ds.stores]
     assert sorted(np.concatenate(held).tolist()) == list(range(ROWS))
 

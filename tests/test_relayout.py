@@ -6,7 +6,7 @@ import pytest
 
 from shardfeed._data import exchange as _exchange
 from shardfeed._data.plan import plan_shards
-from shardfeed._data.relayout import rounds, rows_per_pair, targets
+from shardfeed._data.relayout import rounds, rows_per_pair, staging_bytes, targets
 
 
 def _simulate(layout, moves, slots):
@@ -104,9 +104,73 @@ def test_rows_per_pair_bounds_a_rounds_staging():
     assert rows_per_pair(4, 100, 1) == 1
 
 
+def test_staging_bytes_count_no_more_than_the_largest_move_needs():
+    assert staging_bytes(4, 100, 8 * 100 * 10, 10**6) == 8 * 100 * 10  # the buffer's rows
+    assert staging_bytes(4, 100, 10**9, 100) == 8 * 128 * 100  # a 100-row shard: 128 a pair
+    assert staging_bytes(2, 16, 10**9, 1) == 4 * 16  # one row
+
+
 def test_staging_is_no_larger_than_the_moves():
     layout = [np.arange(0, 500), np.arange(500, 1000)]
     target = np.repeat([0, 1], 500)
     target[[0, 1, 2, 500, 501, 502]] = [1, 1, 1, 0, 0, 0]  # 3 rows each way
     moves, _ = rounds(layout, target, 500, 10**6)  # a budget of a million rows a pair
     assert [r.send.shape[2] for r in moves] == [4]  # stages 4, not a million
+
+
+# -- the partial exchange (`exchange_fraction < 1`): which rows each replica holds --------
+
+
+def test_partial_destinations_depend_on_the_rows_held_not_their_slots():
+    """The backends' exchanges leave rows in different slots; the partial
+    draw must give both the same holdings (it drew by slot before)."""
+    plan = plan_shards(1001, 3, 16)
+    layout = _exchange.initial_layout(plan)
+    shuffled = [np.random.default_rng(g).permutation(h) for g, h in enumerate(layout)]
+    for epoch in range(3):
+        want = _exchange.partial_destinations(layout, 0.25, 7, epoch, 1001)
+        got = _exchange.partial_destinations(shuffled, 0.25, 7, epoch, 1001)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_holdings_are_each_replicas_rows_ascending():
+    target = np.array([2, 0, 1, 0, 2, 2])
+    assert [h.tolist() for h in _exchange.holdings(target, 4)] == [[1, 3], [2], [0, 4, 5], []]
+
+
+@pytest.mark.parametrize(("n_rep", "fraction", "per_pair"), [(2, 0.25, 7), (4, 0.5, 1000)])
+def test_partial_epochs_in_turn_through_the_rounds_equal_the_replay(n_rep, fraction, per_pair):
+    """Epochs in sequence, rows moved by `rounds` (the layout carries over,
+    in the rounds' slot order), hold what `partial_targets` replays from the
+    loaded shards; each epoch about `fraction * (1 - 1/R)` of the rows change
+    replica, none lost or duplicated, each replica keeps its count."""
+    num_rows = 2003
+    plan = plan_shards(num_rows, n_rep, 16)
+    slots = max(b - a for a, b in plan.shards)
+    loaded = [np.arange(a, b) for a, b in plan.shards]
+    layout = [h.copy() for h in loaded]
+    for epoch in range(4):
+        target = _exchange.partial_destinations(layout, fraction, 11, epoch, num_rows)
+        before = [h.copy() for h in layout]
+        moves, layout = rounds(layout, target, slots, per_pair)
+        buffers = _simulate(before, list(moves), slots)
+        replay = _exchange.partial_targets(loaded, fraction, 11, range(epoch + 1), num_rows)
+        for g, held in enumerate(_exchange.holdings(replay, n_rep)):
+            assert sorted(layout[g].tolist()) == held.tolist()
+            assert (buffers[g][: len(held)] == layout[g]).all()
+            assert len(held) == plan.shard_rows(g)
+        moved = sum(int((target[b] != g).sum()) for g, b in enumerate(before))
+        expected = fraction * (1 - 1 / n_rep) * num_rows
+        assert abs(moved - expected) < 0.1 * num_rows
+        assert sorted(np.concatenate(layout).tolist()) == list(range(num_rows))
+
+
+def test_partial_targets_replays_from_any_epochs_holdings():
+    loaded = [np.arange(0, 50), np.arange(50, 100)]
+    first = _exchange.partial_targets(loaded, 0.5, 3, range(2), 100)
+    rest = _exchange.partial_targets(_exchange.holdings(first, 2), 0.5, 3, range(2, 4), 100)
+    np.testing.assert_array_equal(
+        rest, _exchange.partial_targets(loaded, 0.5, 3, range(4), 100)
+    )
+    with pytest.raises(ValueError, match="no epoch to replay"):
+        _exchange.partial_targets(loaded, 0.5, 3, range(0), 100)

@@ -122,10 +122,23 @@ def partial_destinations(
     `floor(fraction * rows it holds)` of its rows, drawn from
     `(seed, epoch, replica)`, into a pool; the pool is shuffled from
     `(seed, epoch)` and dealt back in the same counts. Rows outside the
-    pool stay."""
+    pool stay.
+
+    A function of which rows each replica holds, not of their slots: the
+    draw is over each replica's rows in ascending order, so both backends
+    (whose exchanges leave rows in different slots) hold the same rows
+    epoch after epoch.
+
+    Example:
+        >>> held = [np.array([1, 0, 2]), np.array([3, 4, 5])]
+        >>> d = partial_destinations(held, 0.5, 0, 0, 6)
+        >>> bool((d == partial_destinations([h[::-1] for h in held], 0.5, 0, 0, 6)).all())
+        True
+    """
     dest = _replica_of(held, num_rows)
     pool, counts = [], []
     for r, rows in enumerate(held):
+        rows = np.sort(rows)
         m = int(fraction * len(rows))
         pick = np.random.default_rng([seed, epoch, r]).permutation(len(rows))[:m]
         pool.append(rows[pick])
@@ -133,6 +146,56 @@ def partial_destinations(
     mixed = np.random.default_rng([seed, epoch]).permutation(np.concatenate(pool))
     dest[mixed] = np.repeat(np.arange(len(held)), counts)
     return dest
+
+
+def partial_targets(
+    held: list[np.ndarray], fraction: float, seed: int, epochs: range, num_rows: int
+) -> np.ndarray:
+    """Which replica holds each row after the partial exchanges of `epochs`,
+    one after another, from `held` (`partial_destinations`, epoch by epoch).
+
+    What a run that trained those epochs in turn holds: the JAX backend
+    replays them from the loaded shards when it opens an epoch out of turn
+    (a resumed run), so an epoch's rows per replica depend only on
+    `(seed, epoch)`.
+
+    Args:
+        held: Per replica, the rows it holds before the first of `epochs`.
+        fraction, seed: As in `partial_destinations`.
+        epochs: The epochs to replay, in order (at least one).
+        num_rows: Rows in all.
+
+    Returns:
+        `[num_rows]` int64: each row's replica after the last of `epochs`.
+
+    Example:
+        >>> once = partial_destinations([np.arange(4), np.arange(4, 8)], 0.5, 0, 0, 8)
+        >>> twice = partial_targets([np.arange(4), np.arange(4, 8)], 0.5, 0, range(2), 8)
+        >>> bool((twice == partial_destinations(holdings(once, 2), 0.5, 0, 1, 8)).all())
+        True
+    """
+    if not len(epochs):
+        raise ValueError(f"no epoch to replay: epochs={epochs!r} (a caller's error)")
+    target = np.empty(0, np.int64)
+    for i, epoch in enumerate(epochs):
+        if i:
+            held = holdings(target, len(held))
+        target = partial_destinations(held, fraction, seed, epoch, num_rows)
+    return target
+
+
+def holdings(target: np.ndarray, num_replicas: int) -> list[np.ndarray]:
+    """Per replica, the rows `target` gives it, ascending (int32 below 2**31 rows).
+
+    Example:
+        >>> [h.tolist() for h in holdings(np.array([1, 0, 1, 0]), 2)]
+        [[1, 3], [0, 2]]
+    """
+    # A stable sort of replica numbers: rows grouped by replica, ascending in each.
+    order = np.argsort(target, kind="stable")
+    bounds = np.cumsum(np.bincount(target, minlength=num_replicas))[:-1]
+    dtype = np.int32 if len(target) < 2**31 else np.int64
+    return [part.astype(dtype) for part in np.split(order, bounds)]
 
 
 def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> list[Round]:

@@ -94,6 +94,22 @@ def rows_per_pair(num_replicas: int, row_bytes: int, buffer_bytes: int) -> int:
     return max(1, buffer_bytes // (2 * num_replicas * max(1, row_bytes)))
 
 
+def staging_bytes(num_replicas: int, row_bytes: int, buffer_bytes: int, most_rows: int) -> int:
+    """Device bytes one replica's rounds stage at most (sends plus receives):
+    `2 * num_replicas` blocks of `rows_per_pair` rows, or of the power of two
+    `rounds` rounds the largest move up to, when `most_rows` (the most rows
+    one replica can send another: a shard, or a partial exchange's pool) is
+    smaller.
+
+    Example:
+        >>> staging_bytes(2, 128, 2**20, 10**6), staging_bytes(2, 128, 2**20, 100)
+        (1048576, 65536)
+    """
+    per_pair = rows_per_pair(num_replicas, row_bytes, buffer_bytes)
+    per_pair = min(per_pair, 1 << max(0, most_rows - 1).bit_length())
+    return 2 * num_replicas * per_pair * max(1, row_bytes)
+
+
 def rounds(
     layout: Sequence[np.ndarray], target: np.ndarray, slots: int, per_pair: int
 ) -> tuple[Iterator[Round], list[np.ndarray]]:

@@ -60,15 +60,6 @@ def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> No
                 "0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)`, or use the TensorFlow backend.",
             )
         )
-    if options.exchange_fraction != 1:
-        raise ValueError(
-            _errors.message(
-                "A partial exchange (`exchange_fraction` below 1) is not implemented on the "
-                "JAX backend: its global order moves every row to its step once per epoch.",
-                f"LoadOptions(exchange_fraction={options.exchange_fraction})",
-                "Leave `exchange_fraction=1`, or use shuffle=\"local\" for no exchange.",
-            )
-        )
     if options.streaming is True:
         raise ValueError(
             _errors.message(
@@ -97,7 +88,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
       Keras on JAX feeds them); integers that do not fit are refused.
     - No streaming: a shard that does not fit is a `MemoryError`.
-    - `exchange_fraction` below 1 is refused.
+    - A partial exchange (`exchange_fraction` below 1) moves the same rows
+      as TensorFlow's (`_data/exchange.py` `partial_destinations`), in place
+      in `relayout`'s rounds, and an epoch's rows per replica depend only on
+      `(seed, epoch)`: opened out of turn (a resumed run), the holdings of
+      the epochs before are replayed on the host.
 
     A step gathers each replica's batch from its resident rows, so device
     memory stays near one copy of them plus 4 bytes of positions per row.
@@ -156,6 +151,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         # Per global replica, the global row in each slot once rows have moved
         # in place (the global order of sharded rows, no copy); None: as loaded.
         self._layout: list[Any] | None = None
+        # The training epoch whose partial-exchange holdings `_layout` holds.
+        self._layout_epoch: int | None = None
         self._epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         plans = _args.plans(
             self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
@@ -198,9 +195,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def order_is_global(self) -> bool:
         """Whether step `s` of a training epoch takes the same global rows on
         any number of replicas: replicated rows, the global order
-        (`shuffle=True`), or one replica holding every row in order."""
-        if self.plan.placement == "replicate" or self.shuffle is True:
+        (`shuffle=True`, not a partial exchange), or one replica holding
+        every row in order."""
+        if self.plan.placement == "replicate":
             return True
+        if self.shuffle is True:
+            return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
         return self.shuffle is False and self.plan.num_replicas == 1
 
     @property
@@ -218,7 +218,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     @property
     def order_is_replayable(self) -> bool:
         """Whether epoch `e`'s order depends only on `(seed, e)` and the plan:
-        always on JAX (no partial exchange)."""
+        always on JAX (a partial exchange's holdings are replayed from the
+        loaded shards when an epoch opens out of turn)."""
         return True
 
     # -- what it holds -----------------------------------------------------------
@@ -354,11 +355,23 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         static = self.shuffle is False
         if static and self._static is not None and self._static[0] == plan:
             return self._static[1]
-        rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
+        mixed = training and _args.uses_exchange(self.shuffle, plan) and (
+            self.load_options.exchange_fraction < 1
+        )
+        if mixed:
+            assert self.seed is not None  # a shuffle needs one: checked when built
+            rows = _order.mixed_rows(plan, self._layout, self._layout_epoch,
+                                     self.load_options.exchange_fraction, self.seed, epoch)
+        else:
+            rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
         if self.epoch_copy:
-            data = _epoch.copied(self, plan, rows, self._take_spare())
+            # Rows moved in place (a partial exchange) are copied from where they sit.
+            placed = self._placed(plan, rows) if mixed or self._layout is not None else None
+            data = _epoch.copied(self, plan, rows, self._take_spare(), placed)
         else:
             data = self._gathered(plan, rows)
+        if mixed:
+            self._layout_epoch = epoch
         if static:
             self._static = (plan, data)
         return data
@@ -366,28 +379,39 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def _gathered(self, plan: _plan.ShardPlan, rows: _order.EpochRows) -> _epoch.EpochData:
         """The epoch as positions in the resident rows; for the global order
         of sharded rows, the rows are first moved in place to their replicas."""
-        tables = self.tables
-        held = tables[0].shape[0] // plan.num_replicas
         if plan.placement == "replicate":
             return _epoch.gathered(self, plan, rows.rows, None)
+        taken, slot_of = self._placed(plan, rows)
+        return _epoch.gathered(self, plan, taken, slot_of)
+
+    def _placed(
+        self, plan: _plan.ShardPlan, rows: _order.EpochRows
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Each replica's rows this epoch and the slot of every row on its
+        replica, once rows that must move were moved there in place."""
+        tables = self.tables
+        held = tables[0].shape[0] // plan.num_replicas
         row_dtype = np.int32 if self.num_rows < 2**31 else np.int64  # 4 bytes a row on the host
         layout = self._layout or [
             np.arange(a, b, dtype=row_dtype) for a, b in self.eval_plan.shards
         ]
         taken = rows.rows
         if rows.moved:
-            for open_epoch in list(self._epochs):  # their arrays are donated below
-                open_epoch.invalidate()
-            per_pair = _relayout.rows_per_pair(
-                plan.num_replicas, self.columns.row_bytes, self.load_options.exchange_buffer_bytes
-            )
-            # `layout` is moved in place; `targets` is let go of once planned.
-            moves, layout = _relayout.rounds(
-                layout, _relayout.targets(layout, taken), held, per_pair
-            )
-            self._tables = _exchange.relayout(self.world, tables, moves)
-            self._layout = layout
-            del moves, tables
+            target = _relayout.targets(layout, taken) if rows.target is None else rows.target
+            if any((target[h] != g).any() for g, h in enumerate(layout)):
+                for open_epoch in list(self._epochs):  # the tables are donated below
+                    if open_epoch.arrays is not None and open_epoch.arrays.positions is not None:
+                        open_epoch.invalidate()  # (an epoch's own copy stays valid)
+                per_pair = _relayout.rows_per_pair(
+                    plan.num_replicas, self.columns.row_bytes,
+                    self.load_options.exchange_buffer_bytes,
+                )
+                # `layout` is moved in place; `targets` is let go of once planned.
+                moves, layout = _relayout.rounds(layout, target, held, per_pair)
+                del target
+                self._tables = _exchange.relayout(self.world, tables, moves)
+                self._layout = layout
+                del moves, tables
         elif self._layout is not None:
             # Rows in order after they moved: each replica takes the rows it
             # holds (`slot_rows` keeps `predict`'s order).
@@ -395,7 +419,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         slot_of = np.empty(self.num_rows, row_dtype)
         for held_rows in layout:
             slot_of[held_rows] = np.arange(len(held_rows), dtype=row_dtype)
-        return _epoch.gathered(self, plan, taken, slot_of)
+        return taken, slot_of
 
     def opened(self, epoch: _epoch.ResidentEpoch) -> None:
         """Keeps (weakly) an epoch this dataset opened: moving rows in place
@@ -435,16 +459,22 @@ def _choose_epoch_copy(
     """Whether epochs keep a copy of their rows (`LoadOptions.epoch_copy`), and
     the memory reports of that choice: what the devices hold besides the rows."""
     slots = plan.steps_per_epoch * plan.per_replica_batch_size
+    # The in-place rounds' staging (the global order without a copy, a partial
+    # exchange), no more than one replica can send another: its shard, or its pool.
+    in_place, mixed = 0, options.exchange_fraction < 1
+    if exchange:
+        most = max(plan.shard_rows(r) for r in range(plan.num_replicas))
+        in_place = _relayout.staging_bytes(
+            plan.num_replicas, row_bytes, options.exchange_buffer_bytes,
+            int(options.exchange_fraction * most) if mixed else most,
+        )
     copy_bytes = slots * row_bytes
-    if exchange:  # the copy's all-to-all stages about twice the epoch's rows
+    if exchange and mixed:  # rows move in place, then a local copy
+        copy_bytes += in_place
+    elif exchange:  # the copy's all-to-all stages about twice the epoch's rows
         copy_bytes += _exchange.staging_rows(slots, plan.num_replicas) * row_bytes
     # Without a copy: 4-byte positions per slot, and the in-place rounds' staging.
-    gather_bytes = slots * 4
-    if exchange:
-        per_pair = _relayout.rows_per_pair(
-            plan.num_replicas, row_bytes, options.exchange_buffer_bytes
-        )
-        gather_bytes += 2 * plan.num_replicas * per_pair * row_bytes
+    gather_bytes = slots * 4 + in_place
     copy = options.epoch_copy
     if copy == "auto":
         # Measured faster only on CPU devices (W2: 0.34 s/epoch against 0.47);

@@ -306,8 +306,8 @@ class ResidentEpoch(EpochSizes):
 
     def invalidate(self) -> None:
         """Closes the epoch without handing anything back: the dataset moved
-        its rows in place (a new epoch of the global order of sharded rows),
-        so these `arrays` are deleted."""
+        its rows in place (a new epoch of the global order of sharded rows,
+        or of a partial exchange), so these `arrays` are deleted."""
         self.arrays = None
 
     # -- internals -------------------------------------------------------------
@@ -339,10 +339,17 @@ class ResidentEpoch(EpochSizes):
 def copied(
     dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows,
     spare: tuple[jax.Array, ...] | None = None,
+    placed: tuple[list[np.ndarray], np.ndarray] | None = None,
 ) -> EpochData:
     """The epoch as a per-epoch copy of each replica's rows in step order
-    (`epoch_columns`); its partial step's rows are at the end of each block."""
-    columns = epoch_columns(dataset, plan, rows, spare)
+    (`epoch_columns`); its partial step's rows are at the end of each block.
+    `placed`: once rows were moved in place (a partial exchange), each
+    replica's rows and the slot of every row on its replica, copied from there."""
+    positions = None
+    if placed is not None:
+        taken, slot_of = placed
+        rows, positions = _order.EpochRows(taken, False), [slot_of[t] for t in taken]
+    columns = epoch_columns(dataset, plan, rows, spare, positions)
     b, slots = plan.per_replica_batch_size, plan.steps_per_epoch * plan.per_replica_batch_size
     first = plan.full_steps_per_epoch * b
     partial = [g * slots + first + np.arange(n) for g, n in enumerate(plan.last_step_rows)]
@@ -384,11 +391,12 @@ def _partial(plan: ShardPlan, per_replica: list[np.ndarray]) -> np.ndarray:
 
 def epoch_columns(
     dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows,
-    spare: tuple[jax.Array, ...] | None = None,
+    spare: tuple[jax.Array, ...] | None = None, positions: list[np.ndarray] | None = None,
 ) -> tuple[jax.Array, ...]:
     """Each replica's copy of the epoch's rows in step order, on its device:
-    gathered from its own buffer, or moved by the all-to-all (`exchange.py`);
-    written into `spare` (a closed epoch's copy, donated) when it fits."""
+    gathered from its own buffer (at `positions`, per replica, when given),
+    or moved by the all-to-all (`exchange.py`); written into `spare` (a
+    closed epoch's copy, donated) when it fits."""
     slots = plan.steps_per_epoch * plan.per_replica_batch_size
     tables, world = dataset.tables, dataset.world
     # Written into memory the process already has when it can: a new copy is
@@ -398,6 +406,8 @@ def epoch_columns(
         spare = None  # let go of before a new copy is made
     out = _exchange.new_copy(world, tables, slots) if spare is None else spare
     del spare
+    if positions is not None:
+        return _exchange.gather_local(world, tables, [_pad(p, slots) for p in positions], out)
     if rows.moved:
         starts = [start for start, _ in plan.shards]
         return _exchange.exchange(world, tables, _exchange.moves(rows.rows, starts, slots), out)

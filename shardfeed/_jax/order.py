@@ -5,8 +5,10 @@ Owns the permutations on JAX, drawn with NumPy on every process alike:
 from `np.random.default_rng((seed, epoch))`, each global step a slice of it
 (`ShardPlan.global_order_positions`); `"local"`: each sharded replica permutes
 its own rows from `(seed, epoch, replica)`; False (and evaluation): rows in
-order. The permutations differ from the TensorFlow backend's
-(`tf.random.experimental.stateless_shuffle`); the semantics are the same.
+order; a partial exchange (`mixed_rows`): each replica permutes the rows it
+holds this epoch (the TensorFlow backend's holdings, `_data/exchange.py`)
+from `(seed, epoch, replica)`. The permutations differ from the TensorFlow
+backend's (`tf.random.experimental.stateless_shuffle`); the semantics are the same.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from shardfeed._data.plan import ShardPlan
 class EpochRows(NamedTuple):
     """Per global replica, the global rows it takes in step order
     (`plan.rows_per_epoch(r)` of them), and whether they must move between
-    replicas (the global order of sharded rows on several replicas)."""
+    replicas (the global order of sharded rows on several replicas, or a
+    partial exchange); `target`: each global row's replica this epoch where
+    the order says (a partial exchange: also the rows no step takes), else
+    None (`_data/relayout.py`'s `targets` places those)."""
 
     rows: list[np.ndarray]
     moved: bool
+    target: np.ndarray | None = None
 
 
 def permutation(n: int, seed: int | None, key: tuple[int, ...], shuffle: bool) -> np.ndarray:
@@ -66,6 +72,47 @@ def epoch_rows(
     order = permutation(plan.num_rows, seed, (epoch,), shuffle is True)
     moved = plan.placement == "shard" and plan.num_replicas > 1
     return EpochRows(_exchange.epoch_rows(plan, order), moved)
+
+
+def mixed_rows(
+    plan: ShardPlan, held: list[np.ndarray] | None, since: int | None, fraction: float,
+    seed: int, epoch: int,
+) -> EpochRows:
+    """A partially exchanged epoch's rows per replica: the rows the neutral
+    `exchange.partial_targets` gives it this epoch (TensorFlow's holdings),
+    ascending, then permuted from `(seed, epoch, replica)`; `moved`: they
+    must be moved there (`target`: each row's replica).
+
+    Args:
+        plan: The epoch's plan.
+        held: Per replica, the rows it holds after partial epoch `since`
+            (any slot order); None: as loaded. Replayed from the loaded
+            shards when `since` is None or after `epoch` (opened out of turn).
+        since, fraction, seed, epoch: As above; `fraction` below 1.
+
+    Example:
+        >>> from shardfeed._data.plan import plan_shards
+        >>> rows = mixed_rows(plan_shards(8, 2, 2), None, None, 0.5, 0, 0).rows
+        >>> sorted(np.concatenate(rows).tolist()) == list(range(8))
+        True
+    """
+    if held is None or since is None or since > epoch:
+        held, since = [np.arange(a, b) for a, b in plan.shards], -1
+    if since == epoch:  # already held: nothing moves
+        target = np.empty(plan.num_rows, np.int64)
+        for g, rows in enumerate(held):
+            target[rows] = g
+    else:
+        target = _exchange.partial_targets(
+            held, fraction, seed, range(since + 1, epoch + 1), plan.num_rows
+        )
+    # 2 bytes a row on the host while the epoch opens, not 8.
+    target = target.astype(np.int16 if plan.num_replicas < 2**15 else np.int32)
+    out = []
+    for r, mine in enumerate(_exchange.holdings(target, plan.num_replicas)):
+        order = permutation(len(mine), seed, (epoch, r), True)
+        out.append(mine[order[: plan.rows_per_epoch(r)]])
+    return EpochRows(out, True, target)
 
 
 def slot_rows(plan: ShardPlan, rows: list[np.ndarray]) -> np.ndarray:

@@ -342,8 +342,6 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
          "a `tf.distribute` strategy has no role"),
         (dict(load_options=LoadOptions(streaming=True), shuffle=False), ValueError,
          "not implemented on the JAX backend"),  # streaming: TensorFlow only, for now
-        (dict(load_options=LoadOptions(exchange_fraction=0.5), seed=0), ValueError,
-         "partial exchange"),
     ],
 )
 def test_bad_arguments_give_the_tensorflow_sides_messages(replicas, kwargs, error, match):

@@ -4,7 +4,9 @@ global order (sharded rows moved by the all-to-all across processes, or
 replicated rows) is the one a single replica with the global batch takes,
 also when an epoch is written into the previous epoch's closed copy, and
 without a copy (rows moved in place in bounded rounds, then gathered), where
-an evaluation epoch after them still emits every row once.
+an evaluation epoch after them still emits every row once. A partial
+exchange moves rows across the processes to the replicas the neutral
+`_data/exchange.py` names.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import numpy as np
 import pytest
 from _helpers_jax import run_jax_processes
 
+from shardfeed._data import exchange as _exchange
+from shardfeed._data.plan import plan_shards
+
 CHILD = """
 import json, sys
 import jax, numpy as np
 port, pid, placement, copy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+fraction = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
                            initialization_timeout=60)
@@ -25,7 +31,8 @@ from shardfeed._data.options import LoadOptions
 from shardfeed._jax.dataset import ShardedResidentDataset
 n = 103
 # 16 bytes of staging a round: one row per pair, many rounds across the processes.
-options = LoadOptions(epoch_copy=copy == "copy", exchange_buffer_bytes=16)
+options = LoadOptions(epoch_copy=copy == "copy", exchange_buffer_bytes=16,
+                      exchange_fraction=fraction)
 ds = ShardedResidentDataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n),
                             per_replica_batch_size=3, seed=4, placement=placement,
                             load_options=options)
@@ -46,8 +53,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_two_processes(placement: str, copy: str) -> list[dict]:
-    return run_jax_processes(CHILD, [placement, copy])
+def run_two_processes(placement: str, copy: str, fraction: float = 1.0) -> list[dict]:
+    return run_jax_processes(CHILD, [placement, copy, str(fraction)])
 
 
 @pytest.mark.parametrize("copy", ["copy", "gather"])
@@ -69,3 +76,19 @@ def test_global_order_across_two_processes(placement, copy):
     np.testing.assert_array_equal(np.sort(evaluated), np.arange(103))  # each row once
     np.testing.assert_array_equal(evaluated, results[0]["evaluation_slot_rows"])
     np.testing.assert_array_equal(evaluated, np.concatenate(results[1]["evaluation"]))
+
+
+@pytest.mark.parametrize("copy", ["copy", "gather"])
+def test_a_partial_exchange_across_two_processes(copy):
+    results = run_two_processes("shard", copy, 0.5)
+    loaded = _exchange.initial_layout(plan_shards(103, 4, 3))
+    for e in range(2):
+        emitted = [np.concatenate(r["epochs"][e]["rows"]) for r in results]
+        np.testing.assert_array_equal(emitted[0], emitted[1])  # the same global batches
+        np.testing.assert_array_equal(np.sort(emitted[0]), np.arange(103))  # each row once
+        held = _exchange.holdings(_exchange.partial_targets(loaded, 0.5, 4, range(e + 1), 103), 4)
+        for batch in results[0]["epochs"][e]["rows"][:8]:  # full steps: 3 rows a replica
+            for g in range(4):
+                assert set(batch[3 * g : 3 * g + 3]) <= set(held[g].tolist())
+    evaluated = np.concatenate(results[0]["evaluation"])
+    np.testing.assert_array_equal(np.sort(evaluated), np.arange(103))
