@@ -63,6 +63,19 @@ def _assert_same(got, expected):
 @pytest.mark.parametrize("options", [COPY, GATHER], ids=["copy", "gather"])
 def test_resumed_loop_yields_the_uninterrupted_batches(replicas, num_devices, shuffle, options):
     replicas(num_devices)
+    _check_resumes(num_devices, options, shuffle)
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "gather"])
+def test_resumed_loop_with_a_partial_exchange(replicas, copy):
+    # A partial exchange's holdings carry over from epoch to epoch: a fresh
+    # dataset resumed at epoch 1 must replay them (`order_is_replayable`).
+    replicas(2)
+    options = LoadOptions(epoch_copy=copy, exchange_fraction=0.5, exchange_buffer_bytes=64)
+    _check_resumes(2, options, True)
+
+
+def _check_resumes(num_devices, options, shuffle):
     uninterrupted = _take(_dataset(options, shuffle=shuffle).iterator().epochs(EPOCHS))
     steps = -(-ROWS // (BATCH * num_devices))
     assert len(uninterrupted) == EPOCHS * steps
