@@ -159,6 +159,10 @@ def test_training_holds_about_one_copy_of_the_rows(rows, placement, devices):
 
 
 @pytest.mark.skipif(not ON_JAX, reason="the per-epoch copy is the JAX backend's")
+@pytest.mark.skipif(
+    os.environ.get("SHARDFEED_JAX_TIER") == "newest",
+    reason="the control shows what the measurement sees once per backend: the pinned JAX tier",
+)
 def test_control_the_measurement_sees_an_epoch_copy(rows):
     result = _peak(rows, "replicate", 1, {"epoch_copy": True})
     assert result["copy"] is True
