@@ -36,7 +36,9 @@ import math
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterator, Mapping
+from types import TracebackType
 from typing import Literal
 
 import jax
@@ -331,6 +333,7 @@ def init(
                     _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
                 ),
             )
+            _exit_at_once_on_error()
         binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)
         with _gloo_bound(binding):
             devices = jax.devices()  # starts the backends (and, in a job, Gloo)
@@ -356,6 +359,42 @@ def init(
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     return world
+
+
+def _exit_at_once_on_error() -> None:
+    """In a `jax.distributed` job, an uncaught exception ends its process at once.
+
+    JAX's exit handler waits at a barrier for every process to exit too, up to
+    `shutdown_timeout_seconds` (300 s): measured, a rank whose script raised
+    stayed alive that long while the others waited in a collective, so neither
+    the launcher nor mpirun saw a failure. After the traceback is printed, the
+    user's exit handlers run, then not JAX's: the process exits with 1 (130 for
+    Ctrl-C), and the launcher stops the other ranks, naming this one.
+    """
+    import atexit
+
+    from jax._src import api as jax_api
+    from jax._src import dispatch as jax_dispatch
+
+    # Both wait on the other ranks: the shutdown barrier, and the tokens of
+    # collectives they may never join (JAX 0.10-0.12's names; if a JAX moves
+    # them, the exit handlers are skipped rather than waited on).
+    waiting = [getattr(jax_api, "clean_up", None), getattr(jax_dispatch, "wait_for_tokens", None)]
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        handlers = [handler for handler in waiting if handler is not None]
+        if len(handlers) == len(waiting):
+            for handler in handlers:
+                atexit.unregister(handler)
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    sys.excepthook = hook
 
 
 def _split_cpu(num_devices: int) -> None:

@@ -228,6 +228,13 @@ if mode == "kill-rank-1":
         os.kill(os.getpid(), signal.SIGKILL)
     world.barrier()  # rank 0 waits in a collective its peer never joins
     time.sleep(120)
+if mode == "raise-rank-1":
+    import atexit
+    atexit.register(print, "rank", world.rank, "atexit ran", flush=True)
+    if world.rank == 1:
+        raise RuntimeError("a user error on rank 1")
+    world.barrier()  # rank 0 waits in a collective its peer never joins
+    time.sleep(120)
 """
 
 
@@ -269,6 +276,21 @@ def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
     assert code != 0
     assert "worker rank 1 was killed by SIGKILL; stopping the other 1 worker(s)." in err
     assert "sending SIGKILL" not in err  # rank 0, in a collective, ended on SIGTERM
+    assert elapsed < 60
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert len(pids) == 2
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
+@pytest.mark.multi_process
+def test_an_exception_on_one_jax_worker_stops_every_rank_in_seconds(tmp_path, monkeypatch):
+    # JAX's exit waits up to `shutdown_timeout_seconds` (300) for every rank at a
+    # barrier: the failed rank used to stay alive that long, holding the job.
+    code, out, err, elapsed = _launch_job(tmp_path, monkeypatch, "raise-rank-1")
+    assert code == 1, err[-3000:]
+    assert "RuntimeError: a user error on rank 1" in err
+    assert "worker rank 1 exited with code 1; stopping the other 1 worker(s)." in err
+    assert "[rank 1] rank 1 atexit ran" in out  # the user's exit handlers still run
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
