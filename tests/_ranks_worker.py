@@ -44,12 +44,17 @@ def main() -> int:
     with world.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    x, y = _arrays(args.mode if args.task == "data" else "same", world.rank)
+    x, y = _arrays(args.mode if args.mode in ("rows", "permuted") else "same", world.rank)
     try:
         if args.task == "data":
             if args.arg == "fit":
+                # "seed": another seed on rank 1, replicated (each rank draws its own
+                # share of the order: some rows trained twice, some never).
+                other = args.mode == "seed" and world.rank == 1
                 ds = shardfeed.ShardedResidentDataset(
-                    x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
+                    x, y, per_replica_batch_size=50, seed=1 if other else 0,
+                    placement="replicate" if args.mode == "seed" else "shard",
+                    strategy=world.strategy,
                 )
                 shardfeed.fit(model, ds, epochs=1, verbose=0)
             elif args.arg == "evaluate":

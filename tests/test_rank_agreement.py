@@ -131,6 +131,37 @@ def test_two_workers_with_rows_permuted_per_rank_both_raise(tmp_path):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
+def test_two_workers_with_other_seeds_both_raise(tmp_path):
+    # Before: rc 0, and each epoch about a quarter of the rows trained twice, as many never.
+    for outcome in _outcomes(tmp_path, "data", "seed", "fit"):
+        assert outcome.startswith(
+            "ValueError: Every worker must build the dataset with the same arguments. "
+            "Received: rank 1 has seed=1, rank 0 has 0. Pass the same dataset arguments "
+            "on every worker"
+        ), outcome
+
+
+def test_settings_are_compared_before_rows():
+    options = LoadOptions()
+    mine = agreement.dataset_settings(per_replica_batch_size=64, drop_remainder=False,
+                                      placement="shard", shuffle=True, seed=0, options=options)
+    other = {**mine, "per_replica_batch_size": 32, "LoadOptions.exchange_fraction": 0.5}
+    diff = agreement._first_setting_difference
+    assert diff([{"settings": mine}, {"settings": mine}]) is None
+    assert diff([{"settings": mine}, {"settings": other}]) == (
+        "rank 1 has LoadOptions.exchange_fraction=0.5, rank 0 has 1.0"
+    )
+    assert diff([{"settings": mine}, {"settings": {**mine, "shuffle": "local"}}]) == (
+        "rank 1 has shuffle='local', rank 0 has True"
+    )
+    assert agreement.dataset_settings(
+        per_replica_batch_size=np.int64(64), drop_remainder=False, placement="shard",
+        shuffle=True, seed=None, options=options,
+    )["per_replica_batch_size"] == 64
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
 def test_two_workers_with_the_same_rows_pass(tmp_path):
     assert _outcomes(tmp_path, "data", "same", "fit") == ["ok", "ok"]
 

@@ -1,4 +1,4 @@
-"""The cross-rank agreement check: every worker was given the same rows.
+"""The cross-rank agreement check: every worker was given the same rows and settings.
 
 Owns `check_agreement`, called by the dataset's constructor before any plan,
 upload or step. Each worker passes its own `x`/`y`/`sample_weight`, and the
@@ -10,7 +10,8 @@ dtype (for files, from their headers), and a hash of the same few rows of
 the full array, chosen from a fixed seed and the row count -- in one
 `World.all_gather_bytes`, and every rank compares all of them: a mismatch
 raises the same error on every rank (no rank goes on to a collective that
-another will not join).
+another will not join). The dataset arguments that decide each step's rows and
+collectives (`dataset_settings`) go along and are compared first.
 
 Rows are read only where that is cheap: any row of an array or of a file
 read in place; only the first rows of a stream that must be decompressed
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -98,16 +100,69 @@ def fingerprint(columns: Columns) -> dict[str, Any]:
     return {"num_rows": columns.num_rows, "columns": described}
 
 
-def check_agreement(columns: Columns, world: World) -> None:
+_SETTINGS_FIX = (
+    "Pass the same dataset arguments on every worker (e.g. read them from one "
+    "config, or seed from a constant rather than the rank or the clock): they "
+    "decide which rows each step takes and which collectives every rank runs."
+)
+
+
+def dataset_settings(
+    *,
+    per_replica_batch_size: int,
+    drop_remainder: bool,
+    placement: str,
+    shuffle: bool | str,
+    seed: int | None,
+    options: Any,
+) -> dict[str, Any]:
+    """The dataset arguments every rank must share, as the ranks compare them:
+    ranks that differ take other rows per step (a different `seed` with
+    `placement="replicate"` trained some rows twice and others never, rc 0), or
+    run other collectives and crash or hang (batch size, `drop_remainder`,
+    `shuffle`, `placement`, the exchange's and the streaming's sizes).
+    `LoadOptions` about this host's memory and upload may differ."""
+    shared = ("streaming", "stream_chunk_bytes", "exchange_fraction",
+              "exchange_buffer_bytes", "epoch_copy")
+    given = {
+        "per_replica_batch_size": per_replica_batch_size,
+        "drop_remainder": drop_remainder,
+        "placement": placement,
+        "shuffle": shuffle,
+        "seed": seed,
+        **{f"LoadOptions.{name}": getattr(options, name) for name in shared},
+    }
+    return {name: _plain(value) for name, value in given.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for comparing (not yet validated: the plans check them later)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return repr(value)
+
+
+def check_agreement(
+    columns: Columns, world: World, settings: dict[str, Any] | None = None
+) -> None:
     """Raises on every worker when the workers' datasets differ.
 
     Call it on every worker at the same point (it is a collective). An error
     while reading this worker's sampled rows is sent along and raised on
     every rank too.
 
+    Args:
+        columns: This worker's rows.
+        world: The workers.
+        settings: This worker's `dataset_settings` (compared first).
+
     Raises:
-        ValueError: Naming the ranks and what differs (row count, a column's
-            name, shape or dtype, or sampled rows), with the fix.
+        ValueError: Naming the ranks and what differs (a setting, the row
+            count, a column's name, shape or dtype, or sampled rows), with the fix.
     """
     if world.world_size == 1:
         return
@@ -115,6 +170,7 @@ def check_agreement(columns: Columns, world: World) -> None:
         mine: dict[str, Any] = fingerprint(columns)
     except Exception as err:  # sent to every rank, re-raised below
         mine = {"error": f"{type(err).__name__}: {err}"}
+    mine["settings"] = settings or {}
     gathered = world.all_gather_bytes(json.dumps(mine).encode())
     prints = [json.loads(p) for p in gathered]
     for rank, theirs in enumerate(prints):
@@ -127,6 +183,15 @@ def check_agreement(columns: Columns, world: World) -> None:
                     "Fix that worker's input (the error names it).",
                 )
             )
+    setting = _first_setting_difference(prints)
+    if setting is not None:
+        raise ValueError(
+            _errors.message(
+                "Every worker must build the dataset with the same arguments.",
+                setting,
+                _SETTINGS_FIX,
+            )
+        )
     difference = _first_difference(prints)
     if difference is not None:
         raise ValueError(
@@ -137,6 +202,16 @@ def check_agreement(columns: Columns, world: World) -> None:
                 _FIX,
             )
         )
+
+
+def _first_setting_difference(prints: list[dict[str, Any]]) -> str | None:
+    chief = prints[0].get("settings", {})
+    for rank, theirs in enumerate(prints[1:], start=1):
+        mine = theirs.get("settings", {})
+        for name in sorted(set(chief) | set(mine)):
+            if chief.get(name) != mine.get(name):
+                return f"rank {rank} has {name}={mine.get(name)!r}, rank 0 has {chief.get(name)!r}"
+    return None
 
 
 def _first_difference(prints: list[dict[str, Any]]) -> str | None:

@@ -143,8 +143,13 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if transform is None:  # the blocks will see the stored rows: check them now
             _augment.check_columns(augment, self.columns)
         self._world: World = current_world(strategy)
-        if (load_options or LoadOptions()).check_agreement:
-            _agreement.check_agreement(self.columns, self.world)
+        options = load_options or LoadOptions()
+        if options.check_agreement:
+            settings = _agreement.dataset_settings(
+                per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
+                placement=placement, shuffle=shuffle, seed=seed, options=options,
+            )
+            _agreement.check_agreement(self.columns, self.world, settings)
         self._shuffle = shuffle
         self._seed = None if seed is None else int(seed)
         self._transform = transform

@@ -136,7 +136,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         self._world: World = current_world()
         if options.check_agreement:
-            _agreement.check_agreement(self.columns, self.world)  # type: ignore[arg-type]
+            settings = _agreement.dataset_settings(
+                per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
+                placement=placement, shuffle=shuffle, seed=seed, options=options,
+            )
+            _agreement.check_agreement(self.columns, self.world, settings)  # type: ignore[arg-type]
         self._shuffle, self._seed = shuffle, seed
         self._transform, self._augment, self._load_options = transform, augment, options
         self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
