@@ -179,6 +179,9 @@ class StreamedEpoch(ResidentEpoch):
         self._current: int | None = None
         self._last: Any = None  # the last result read from the current chunk
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # What `ResidentEpoch.__init__` sets besides its resident data (not
+        # called: it would load that data): the iterator's position hook.
+        self._on_step = None
         dataset.opened(self)
 
     # -- what it is ------------------------------------------------------------

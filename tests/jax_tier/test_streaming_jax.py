@@ -224,3 +224,24 @@ def test_a_custom_jitted_loop_over_chunks(replicas):
     sums = [int(total(epoch.call_arrays(s, s + 1), jnp.int32(s))) for s in range(epoch.full_steps)]
     partial = epoch.partial_batch()
     assert sum(sums) + int(np.sum(np.asarray(partial.y))) == sum(range(103))
+
+
+def test_a_resumed_iterator_streams_the_resident_batches(replicas):
+    replicas(2)
+    resident, streamed = _dataset(), _dataset(_stream(12))
+    want = [np.asarray(b.y) for epoch in resident.iterator().epochs(2) for _, b in epoch]
+    it = streamed.iterator()
+    got = []
+    for epoch in it.epochs(2):
+        for step, batch in epoch:
+            got.append(np.asarray(batch.y))
+            if step == 5:
+                break
+        break
+    state = it.get_state()  # mid-epoch, mid-chunk: a fresh iterator resumes there
+    again = _dataset(_stream(12)).iterator()
+    again.set_state(state)
+    got += [np.asarray(b.y) for epoch in again.epochs(2) for _, b in epoch]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
