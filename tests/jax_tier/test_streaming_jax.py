@@ -4,8 +4,9 @@ A streamed epoch emits the same batches, in the same order, as a resident
 one of the same dataset and seed (every placement and shuffle, 1 and 2
 devices, several chunks and a short last one, files read in windows,
 `augment` keyed on the epoch's own step); `fit`, `evaluate` and `predict`
-give the resident results; `"auto"` streams a shard the memory check says
-does not fit, and logs it; the device holds the ring, not the rows
+give the resident results, and a `ResidentIterator` resumed mid-chunk the
+resident batches; `"auto"` streams a shard the memory check says does not
+fit, and logs it; the device holds the ring, not the rows
 (`jax.live_arrays()`); what is refused names the fix.
 """
 
