@@ -12,6 +12,7 @@ the compiled steps and the gradients' reduction; it reads an epoch's
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -32,14 +33,18 @@ from shardfeed._jax import iterator as _iterator
 from shardfeed._jax import labels as _labels
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
+from shardfeed._jax import streaming as _streaming
 from shardfeed._jax.world import World, current_world
+
+logger = logging.getLogger("shardfeed")
 
 # `shardfeed.augment`'s blocks are TensorFlow ops; a JAX dataset refuses them.
 _TF_AUGMENT_MODULE = "shardfeed._data.augment"
 
 
 def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> None:
-    """What only the JAX backend refuses: a strategy, TF augment blocks, streaming."""
+    """What only the JAX backend refuses: a strategy, TF augment blocks, a
+    partial exchange, an epoch copy of streamed rows."""
     if strategy is not None:
         raise ValueError(
             _errors.message(
@@ -60,16 +65,17 @@ def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> No
                 "0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)`, or use the TensorFlow backend.",
             )
         )
-    if options.streaming is True:
-        raise ValueError(
-            _errors.message(
-                "Streaming a shard through device rings is not implemented on the JAX "
-                "backend yet: every shard is held resident.",
-                "LoadOptions(streaming=True)",
-                'Use `LoadOptions(streaming="auto")` or False (a shard that does not fit is an '
-                "error naming the numbers), more devices, or the TensorFlow backend.",
-            )
-        )
+    if options.streaming is True and options.epoch_copy is True:
+        raise ValueError(_STREAMED_COPY.format(streaming=True))
+
+
+_STREAMED_COPY = _errors.message(
+    "A streamed dataset keeps no per-epoch copy: each chunk is already a copy of its "
+    "rows in step order.",
+    "LoadOptions(streaming={streaming}, epoch_copy=True)",
+    'Leave `epoch_copy="auto"` (or False), or pass `streaming=False` to hold the rows '
+    "resident.",
+)
 
 
 class ShardedResidentDataset(_args.DatasetBase[World]):
@@ -87,7 +93,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
       semantics as TensorFlow's, other permutations.
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
       Keras on JAX feeds them); integers that do not fit are refused.
-    - No streaming: a shard that does not fit is a `MemoryError`.
+    - Streaming (`LoadOptions(streaming=True)`, or `"auto"` when a shard does
+      not fit) keeps the rows on the host and streams each epoch through a
+      ring of two chunks per replica (`streaming.py`), in the resident
+      order: the same batches. `epoch_copy=True` and a partial exchange are
+      refused then.
     - A partial exchange (`exchange_fraction` below 1) moves the same rows
       as TensorFlow's (`_data/exchange.py` `partial_destinations`), in place
       in `relayout`'s rounds, and an epoch's rows per replica depend only on
@@ -169,14 +179,45 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             self.world, plan, self.columns.row_bytes, _args.uses_exchange(shuffle, plan), options
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
-        if misfit is not None:
-            raise MemoryError(
-                _memory.fit_error(misfit, options.memory_fraction, can_stream=False)
-            )
-        self._tables: tuple[Any, ...] | None = _storage.upload(
-            self.columns, plan, self.world, options
-        )
+        # Rows per ring slot when streaming (the rows stay on the host); None: resident.
+        self._slot_rows: int | None = None
+        if options.streaming is True or (misfit is not None and options.streaming == "auto"):
+            self._stream(misfit, options)
+        elif misfit is not None:
+            raise MemoryError(_memory.fit_error(misfit, options.memory_fraction))
+        self._tables: tuple[Any, ...] | None = None
+        if self._slot_rows is None:
+            self._tables = _storage.upload(self.columns, plan, self.world, options)
         _args.log_dropped(self._train_plan, self.world.is_chief)
+
+    def _stream(self, misfit: _memory.MemoryReport | None, options: LoadOptions) -> None:
+        """Chooses the ring and its memory check (two slots, no rows)."""
+        if misfit is not None and options.epoch_copy is True:
+            raise ValueError(_STREAMED_COPY.format(streaming='"auto"'))
+        if options.exchange_fraction < 1 and _args.uses_exchange(self.shuffle, self.eval_plan):
+            raise ValueError(
+                _errors.message(
+                    "A streamed dataset moves no rows between devices (each chunk is "
+                    "assembled on the host), so a partial exchange has no role.",
+                    f"LoadOptions(streaming={options.streaming!r}, "
+                    f"exchange_fraction={options.exchange_fraction})",
+                    "Leave `exchange_fraction=1` (the global order costs a streamed "
+                    "epoch nothing more), or pass `streaming=False` with more devices.",
+                )
+            )
+        plan, row_bytes = self.eval_plan, self.columns.row_bytes
+        usable = _streaming.usable_per_replica(self.memory_reports, self.world)
+        self._slot_rows = _streaming.slot_rows(self.world, plan, row_bytes, usable, options)
+        self._epoch_copy = False
+        self.memory_reports = _streaming.ring_reports(
+            self.world, plan, row_bytes, self._slot_rows, options
+        )
+        if misfit is not None and self.world.is_chief:
+            logger.warning(
+                "shardfeed: the shard does not fit (%s); streaming it in chunks of "
+                "%d rows through two slots per replica.",
+                misfit.numbers(), self._slot_rows,
+            )
 
     @classmethod
     def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
@@ -215,9 +256,9 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
     @property
     def is_streaming(self) -> bool:
-        """Whether rows are streamed from the host: never on JAX (every row
-        is resident; `LoadOptions(streaming=True)` is refused)."""
-        return False
+        """Whether the rows stay on the host and each epoch streams them
+        through a two-slot ring per replica (`streaming.py`)."""
+        return self._slot_rows is not None
 
     @property
     def order_is_replayable(self) -> bool:
@@ -231,6 +272,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     @property
     def tables(self) -> tuple[Any, ...]:
         """Each column's global array (the data layer's; not an interface)."""
+        if self.is_streaming:
+            raise RuntimeError("a streamed dataset holds no resident rows")
         if self._tables is None:
             # Let go of by `split`; used again: load the rows again.
             self._tables = _storage.upload(
@@ -248,10 +291,17 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def describe(self) -> str:
         """One line: rows, columns, bytes on the devices, the plan."""
         plan = self._train_plan or self.eval_plan
-        held = "rows let go of by `split`" if self._tables is None else ", ".join(
-            f"replica {g} on {d}: rows [{plan.shards[g][0]}, {plan.shards[g][1]})"
-            for g, d in zip(self.world.global_replica_ids, self.world.local_devices, strict=True)
-        )
+        if self._slot_rows is not None:
+            held = (f"streamed from the host in chunks of up to {self._slot_rows:,} rows, "
+                    "two slots per replica")
+        elif self._tables is None:
+            held = "rows let go of by `split`"
+        else:
+            held = ", ".join(
+                f"replica {g} on {d}: rows [{plan.shards[g][0]}, {plan.shards[g][1]})"
+                for g, d in zip(self.world.global_replica_ids, self.world.local_devices,
+                                strict=True)
+            )
         return (
             f"ShardedResidentDataset (JAX): {plan.num_rows:,} rows ({self.columns.describe()}), "
             f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
@@ -274,6 +324,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         """
         column = _args.label_column(self.columns.y, target)
         key = (column, ignore)
+        if key not in self._label_stats and self.is_streaming:
+            self._label_stats[key] = _streaming.host_label_stats(
+                self.columns.columns[column], self.eval_plan, self.world.global_replica_ids,
+                ignore, self.load_options,
+            )
         if key not in self._label_stats:
             world = self.world
             self._label_stats[key] = _labels.label_stats(
@@ -342,6 +397,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             "first_step", first_step, plan.steps_per_epoch,
             f"Pass a step of this epoch (it has {plan.steps_per_epoch} steps).",
         )
+        if self._slot_rows is not None:
+            return _streaming.StreamedEpoch(
+                self, plan, epoch, training, first_step, augment, self._slot_rows
+            )
         return _epoch.ResidentEpoch(self, plan, epoch, training, first_step, augment)
 
     def iterator(self, *, augment: bool = False) -> _iterator.ResidentIterator:
@@ -427,7 +486,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
     def opened(self, epoch: _epoch.ResidentEpoch) -> None:
         """Keeps (weakly) an epoch this dataset opened: moving rows in place
-        closes it."""
+        closes it; a streamed one lets the others' rings go (one ring per
+        replica at a time: they stream their chunks in again when used)."""
+        if isinstance(epoch, _streaming.StreamedEpoch):
+            for other in list(self._epochs):
+                if isinstance(other, _streaming.StreamedEpoch):
+                    other.release()
         self._epochs.add(epoch)
 
     def _take_spare(self) -> tuple[Any, ...] | None:

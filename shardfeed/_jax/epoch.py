@@ -49,11 +49,15 @@ class EpochArrays(NamedTuple):
         positions: `[num_replicas * steps * per_replica_batch_size]` int32
             sharded along rows: each replica's positions in its own buffer of
             its rows in step order (padding: 0); None for a copy.
+        first_step: For a streamed epoch's chunk (`streaming.py`), the step
+            its copy starts at (int32, replicated); None: the copy starts at
+            step 0.
     """
 
     columns: tuple[jax.Array, ...]
     epoch: jax.Array
     positions: jax.Array | None = None
+    first_step: jax.Array | None = None
 
 
 class EpochData(NamedTuple):
@@ -154,9 +158,20 @@ class BatchFn:
         return hash(self._key())
 
     def __call__(self, arrays: EpochArrays, step: Any) -> Batch:
+        if arrays is None:
+            raise ValueError(
+                _errors.message(
+                    "`batch_fn` needs an open epoch's device data.",
+                    "arrays=None",
+                    "Pass `epoch.call_arrays(start, stop)` (a streamed epoch's chunk of "
+                    "those steps; a resident epoch's `arrays`) of an open epoch.",
+                )
+            )
         b = self.per_replica_batch_size
         if arrays.positions is None:
-            columns = _slicer(self.mesh, b)(arrays.columns, step)
+            # A streamed chunk's copy starts at its first step.
+            local = step if arrays.first_step is None else step - arrays.first_step
+            columns = _slicer(self.mesh, b)(arrays.columns, local)
         else:
             columns = _gatherer(self.mesh, b)(arrays.columns, arrays.positions, step)
         return self.assemble(columns, arrays.epoch, step)
@@ -199,9 +214,13 @@ class ResidentEpoch(EpochSizes):
 
     Attributes:
         epoch, training, first_step, plan: As opened.
-        arrays: This epoch's device data (`EpochArrays`; None once closed).
+        arrays: This epoch's device data (`EpochArrays`; None once closed,
+            and in a streamed epoch: `call_arrays`).
         batch_fn: The pure function of `(arrays, step)` (see `BatchFn`).
+        chunk_steps: Steps per streamed chunk; None: every step is resident.
     """
+
+    chunk_steps: int | None = None
 
     def __init__(
         self,
@@ -256,7 +275,22 @@ class ResidentEpoch(EpochSizes):
         emit them (full steps, replicas in order, then the partial step)."""
         return _order.slot_rows(self.plan, self._rows)
 
+    @property
+    def call_bounds(self) -> list[int]:
+        """The steps a compiled call must start at (a streamed epoch's chunks'
+        first steps; here every step's rows are resident: step 0)."""
+        return [0]
+
     # -- batches ---------------------------------------------------------------
+
+    def call_arrays(self, start: int, stop: int) -> EpochArrays:
+        """The device data of steps `[start, stop)` for `batch_fn`: here
+        `arrays`, all of the epoch's (a streamed epoch hands out a chunk)."""
+        return self._open()
+
+    def ran(self, result: Any) -> None:
+        """Told of each call's result (a streamed epoch waits for the last
+        one before its chunk's slot is let go of); nothing here."""
 
     def partial_batch(self) -> Batch | None:
         """The partial last step's real rows (all replicas', in global order),

@@ -4,7 +4,8 @@ Owns the calls an epoch is cut into and running them: the model's
 `train_step`/`test_step`/`predict_step` (Keras' JAX trainer's pure steps, so a
 user's override is the one that runs), `k` steps per call (one step: called
 directly; more: `lax.scan`, unrolled for a convolution on CPU devices), each
-step's global batch from `epoch.batch_fn(epoch.arrays, start + i)` with a
+step's global batch from `epoch.batch_fn(arrays, start + i)` (`arrays`: the
+epoch's `call_arrays(start, stop)`, a streamed epoch's chunk) with a
 traced `start` (one compile per call length, not per call). The state
 (trainable, non-trainable, optimizer and metric variables' values) is
 replicated on the world's mesh and the batch is sharded along rows, so XLA's
@@ -60,10 +61,17 @@ class Call:
 
 def schedule(epoch: Any, k: int, start: int = 0, stop: int | None = None) -> list[Call]:
     """The calls covering steps `[start, stop)` of `epoch` (None: all): full
-    steps `k` at a time (a shorter last one), then the partial step alone."""
+    steps `k` at a time (a shorter last one), never across a streamed
+    epoch's chunk (`chunk_steps`), then the partial step alone."""
     stop = epoch.steps if stop is None else stop
     full = min(stop, epoch.full_steps)
-    calls = [Call(s, min(full, s + k)) for s in range(start, full, k)]
+    chunk = getattr(epoch, "chunk_steps", None) or max(1, full)
+    calls = []
+    s = start
+    while s < full:
+        end = min(full, s + k, (s // chunk + 1) * chunk)
+        calls.append(Call(s, end))
+        s = end
     if epoch.has_partial_step and start <= epoch.full_steps < stop:
         calls.append(Call(epoch.full_steps, epoch.full_steps + 1, partial=True))
     return calls
@@ -228,7 +236,7 @@ class Loop:
         (no compute), as Keras' `fit` does before its first step; returns
         that `Batch` of shapes and dtypes."""
         if epoch.full_steps:
-            spec = jax.eval_shape(epoch.batch_fn, epoch.arrays, jnp.int32(0))
+            spec = jax.eval_shape(epoch.batch_fn, epoch.call_arrays(0, 1), jnp.int32(0))
         else:
             spec = epoch.partial_batch()
         self.model._symbolic_build(data_batch=_data(spec))
@@ -354,9 +362,11 @@ class Loop:
         if call.partial:
             result, state = fn(state, epoch.partial_batch())
         else:
+            arrays = epoch.call_arrays(call.start, call.stop)
             result, state = fn(
-                state, epoch.arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
+                state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
             )
+            epoch.ran(result)
         self.write_back(mode, state)
         return result
 

@@ -108,7 +108,7 @@ def _zeros(shape: tuple[int, ...], dtype: np.dtype, device: Any) -> jax.Array:
     )()
 
 
-def _check_range(column: Column, rows: np.ndarray, start: int, dtype: np.dtype) -> None:
+def check_range(column: Column, rows: np.ndarray, start: int, dtype: np.dtype) -> None:
     """Refuses 64-bit integers that 32 bits (JAX's default) cannot hold."""
     if rows.dtype == dtype or dtype.kind not in "iu" or not rows.size:
         return
@@ -141,7 +141,7 @@ def _upload_column(
     for (start, stop), locals_ in holders.items():
         for first in range(start, stop, chunk_rows):
             rows = column.read(first, min(stop, first + chunk_rows), options.check_finite)
-            _check_range(column, rows, first, dtype)
+            check_range(column, rows, first, dtype)
             rows = rows.astype(dtype, copy=False)
             for local in locals_:
                 chunk = jax.device_put(rows, devices[local])

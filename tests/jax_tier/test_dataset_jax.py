@@ -306,10 +306,12 @@ def test_a_shard_that_does_not_fit_is_refused_before_allocating(replicas):
     before = len(jax.live_arrays())
     with pytest.raises(MemoryError) as err:
         ShardedResidentDataset(np.zeros((1000, 100), np.float32), per_replica_batch_size=10,
-                               shuffle=False, load_options=LoadOptions(device_memory_bytes=10_000))
+                               shuffle=False,
+                               load_options=LoadOptions(device_memory_bytes=10_000,
+                                                        streaming=False))
     text = str(err.value)
     assert "needed_bytes=" in text and "free_bytes=10,000" in text and "from given" in text
-    assert "placement='shard'" in text and "streaming" not in text
+    assert "placement='shard'" in text and "`LoadOptions(streaming=True)`" in text
     gc.collect()
     assert len(jax.live_arrays()) == before
 
@@ -340,8 +342,8 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
         (dict(augment=lambda x, k: x, shuffle=False), ValueError, "Augmenting requires a seed"),
         (dict(strategy="mirrored", shuffle=False), ValueError,
          "a `tf.distribute` strategy has no role"),
-        (dict(load_options=LoadOptions(streaming=True), shuffle=False), ValueError,
-         "not implemented on the JAX backend"),  # streaming: TensorFlow only, for now
+        (dict(load_options=LoadOptions(streaming=True, epoch_copy=True), shuffle=False),
+         ValueError, "A streamed dataset keeps no per-epoch copy"),
     ],
 )
 def test_bad_arguments_give_the_tensorflow_sides_messages(replicas, kwargs, error, match):
