@@ -1,16 +1,9 @@
-"""On-device augmentation: stateless, batched blocks and the per-step seed.
+"""TensorFlow's half of augmentation: the blocks' draws and the per-step seed.
 
-Separation of concerns: this module owns *what* an augmentation does to a
-batch and *which seed* a training step draws from. The loop decides when to
-apply one (training steps only, after gathering, before the model); the
-dataset holds the function the user passed as `augment=`.
-
-Every block is a function `(x, seed) -> x` of a batch `x` (`[batch, height,
-width, channels]` for images) and a stateless seed (shape `[2]` integers):
-the same seed gives the same output on every run and device, and each
-example draws its own transform (its own flip, offset, square), as in
-airbench. Blocks use only gathers, selects and elementwise ops, so they
-compile with XLA and run inside the compiled step.
+The blocks themselves are backend-neutral (`augment_blocks.py`); this module
+gives them TensorFlow's stateless random ops (`tf.random.stateless_*` on a
+`[2]` seed), registered for the TensorFlow backend when it is imported, and
+gives the TensorFlow loop (`epoch.augmented`) the seed of each step.
 
 Seeds. `step_seed` folds `(dataset seed, epoch, step, replica)` into one
 seed: every replica draws differently, a rerun repeats, and a run resumed at
@@ -20,17 +13,12 @@ the epoch, so the draws do not depend on `steps_per_execution`.
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
-from shardfeed._common import errors as _errors
-
-Augment = Callable[[Any, tf.Tensor], Any]
+from shardfeed._data import augment_blocks as _blocks
 
 # Keeps augmentation draws apart from the epoch permutations, which are
 # seeded by (seed, epoch) too.
@@ -47,427 +35,36 @@ def step_seed(seed: int, epoch: tf.Tensor, step: tf.Tensor, replica: tf.Tensor) 
         replica: Global replica id (a tensor).
 
     Returns:
-        A `[2]` int32 seed for `tf.random.stateless_*` ops.
+        A `[2]` int64 seed for `tf.random.stateless_*` ops.
     """
-    fold = tf.random.experimental.stateless_fold_in
     key = tf.constant([seed, _DOMAIN], tf.int64)
     for data in (epoch, step, replica):
-        key = fold(key, tf.cast(data, tf.int64))
+        key = fold_in(key, data)
     return key
 
 
-def _float_only(name: str, x: tf.Tensor) -> None:
-    if not x.dtype.is_floating:
-        raise TypeError(
-            _errors.message(
-                f"`shardfeed.augment.{name}` works on float images.",
-                f"x.dtype={x.dtype.name}",
-                "Convert first, e.g. `transform=lambda x: tf.cast(x, 'float32') / 255` "
-                "(augment runs after transform).",
-            )
-        )
+def fold_in(seed: tf.Tensor, data: Any) -> tf.Tensor:
+    """A new `[2]` seed from `seed` and an integer (a tensor or an int)."""
+    return tf.random.experimental.stateless_fold_in(seed, tf.cast(data, tf.int64))
 
 
-def _uniform(seed: tf.Tensor, batch: tf.Tensor, low: float, high: float) -> tf.Tensor:
-    return tf.random.stateless_uniform([batch], seed, minval=low, maxval=high)
+class _TensorFlowRandom:
+    """`augment_blocks.Random` on `tf.random.stateless_*`."""
 
+    def bernoulli(self, seed: Any, shape: Sequence[Any], p: float) -> tf.Tensor:
+        return tf.random.stateless_uniform(shape, seed) < p
 
-def _number(name: str, arg: str, value: Any, example: str, low: float | None = 0.0) -> float:
-    """A finite real argument, `>= low` unless `low` is None (NaN and inf
-    were accepted and trained to NaN)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value) and (low is None or value >= low)
-    if not ok:
-        bound = "a finite number" if low is None else f"a finite number >= {low:g}"
-        raise ValueError(
-            _errors.message(
-                f"`shardfeed.augment.{name}`'s `{arg}` must be {bound}.",
-                f"{arg}={value!r}",
-                f"Pass e.g. `{example}`.",
-            )
-        )
-    return float(value)
+    def uniform(self, seed: Any, shape: Sequence[Any], low: float, high: float) -> tf.Tensor:
+        return tf.random.stateless_uniform(shape, seed, minval=low, maxval=high)
 
+    def integers(self, seed: Any, shape: Sequence[Any], low: int, high: int) -> tf.Tensor:
+        return tf.random.stateless_uniform(shape, seed, minval=low, maxval=high, dtype=tf.int32)
 
-class Block:
-    """An augmentation block: `block(x, seed) -> x` for one batch of images
-    `[batch, height, width, channels]`.
+    def normal(self, seed: Any, shape: Sequence[Any], stddev: float, dtype: str) -> tf.Tensor:
+        return tf.random.stateless_normal(shape, seed, stddev=stddev, dtype=dtype)
 
-    It checks its arguments against the images it gets: `check` runs when
-    the dataset is built if the image shape is known then (no `transform`),
-    and on every call otherwise (the first batch, when the step is traced),
-    before any op is built -- so a size larger than the image or a dict is
-    a clear error, not a TensorFlow rank error or an XLA RET_CHECK.
+    def split(self, seed: Any, num: int) -> tf.Tensor:
+        return tf.random.experimental.stateless_split(seed, num)
 
-    Args:
-        name: The block's function name, for messages.
-        apply: The block itself, `(x, seed) -> x`.
-        sizes: Arguments (name -> pixels) that must be smaller than the
-            image's height and width.
-        example: A call that fits, for messages.
-    """
 
-    def __init__(
-        self,
-        name: str,
-        apply: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
-        sizes: dict[str, int] | None = None,
-        example: str = "",
-    ) -> None:
-        self.name = name
-        self._apply = apply
-        self._sizes = sizes or {}
-        self._example = example
-
-    def __call__(self, x: Any, seed: tf.Tensor) -> Any:
-        self.check(x)
-        return self._apply(x, seed)
-
-    def check(self, x: Any) -> None:
-        """Refuses inputs this block cannot augment.
-
-        Args:
-            x: A batch (a tensor, or anything with `shape` and `dtype`).
-
-        Raises:
-            TypeError: For a structure (dict, list) instead of one batch.
-            ValueError: For a batch that is not `[batch, height, width,
-                channels]`, or a size not smaller than the image.
-        """
-        constraint = (
-            f"`shardfeed.augment.{self.name}` augments one batch of images "
-            "`[batch, height, width, channels]`."
-        )
-        if isinstance(x, (dict, list, tuple)) or not hasattr(x, "shape"):
-            what = f"type(x)={type(x).__name__}"
-            if isinstance(x, dict):
-                what += f" with keys {sorted(x)}"
-            raise TypeError(
-                _errors.message(
-                    constraint,
-                    what,
-                    "Apply it to the image input only, e.g. `augment=lambda x, seed: "
-                    "{**x, 'image': block(x['image'], seed)}`.",
-                )
-            )
-        shape = tuple(x.shape)
-        if len(shape) != 4:
-            raise ValueError(
-                _errors.message(
-                    constraint,
-                    f"x.shape={shape}",
-                    "Give the rows an image shape `(height, width, channels)` (e.g. "
-                    "`transform=lambda x: tf.reshape(x, (-1, 28, 28, 1))`), or augment "
-                    "only image inputs.",
-                )
-            )
-        height, width = shape[1], shape[2]
-        for arg, pixels in self._sizes.items():
-            if height is not None and width is not None and pixels >= min(height, width):
-                raise ValueError(
-                    _errors.message(
-                        f"`shardfeed.augment.{self.name}`'s `{arg}` must be smaller than "
-                        "the image's height and width.",
-                        f"{arg}={pixels}, image height={height}, width={width}",
-                        f"Pass a smaller `{arg}` (e.g. `{self._example}` for 32x32 images).",
-                    )
-                )
-
-
-def check_columns(augment: Any, columns: Any) -> None:
-    """Checks `augment` against the dataset's `x` columns (`sources.Columns`)
-    as a batch would hold them, when `augment` is built from this module's
-    blocks (a user's own function is checked by what it does)."""
-    if isinstance(augment, (Block, _Composed)):
-        augment.check(
-            keras.tree.map_structure(
-                lambda i: tf.TensorSpec(
-                    (None, *columns.columns[i].row_shape), columns.columns[i].dtype
-                ),
-                columns.x,
-            )
-        )
-
-
-def flip_left_right() -> Block:
-    """Flips each image left-right with probability 1/2.
-
-    Returns:
-        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
-
-    Example:
-        >>> aug = shardfeed.augment.flip_left_right()
-        >>> flipped = aug(images, tf.constant([0, 1]))
-    """
-
-    def flip(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        coin = _uniform(seed, tf.shape(x)[0], 0.0, 1.0) < 0.5
-        return tf.where(coin[:, None, None, None], tf.reverse(x, axis=[2]), x)
-
-    return Block("flip_left_right", flip)
-
-
-def translate(pixels: int, fill: str | float = "reflect") -> Block:
-    """Shifts each image by its own offset in `[-pixels, pixels]` along each axis.
-
-    The image is padded by `pixels` on every side and a window of the
-    original size is cut at a random position (airbench's "translate by 2
-    with reflection padding" is `translate(2)`).
-
-    Args:
-        pixels: The largest shift, in pixels (0: the identity).
-        fill: How the border is filled: `"reflect"` (mirror without
-            repeating the edge), `"symmetric"` (mirror with it), or a number
-            (a constant).
-
-    Returns:
-        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
-
-    Raises:
-        ValueError: For a negative `pixels`, an unknown or non-finite `fill`;
-            when checked against the images, `pixels` not smaller than their
-            height and width.
-
-    Example:
-        >>> aug = shardfeed.augment.translate(2)
-    """
-    if not (_errors.is_integer(pixels) and pixels >= 0):
-        raise ValueError(
-            _errors.message(
-                "`pixels` must be a non-negative integer.",
-                f"pixels={pixels!r}",
-                "Pass e.g. `translate(2)`.",
-            )
-        )
-    if isinstance(fill, str) and fill not in ("reflect", "symmetric"):
-        raise ValueError(
-            _errors.message(
-                '`fill` must be "reflect", "symmetric" or a number.',
-                f"fill={fill!r}",
-                'Pass e.g. `fill="reflect"` or `fill=0`.',
-            )
-        )
-    if not isinstance(fill, str):
-        _number("translate", "fill", fill, "fill=0", low=None)
-    p = int(pixels)
-
-    def shift(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        if p == 0:
-            return x
-        pad = [[0, 0], [p, p], [p, p], [0, 0]]
-        if isinstance(fill, str):
-            padded = tf.pad(x, pad, mode=fill.upper())
-        else:
-            padded = tf.pad(x, pad, constant_values=tf.cast(fill, x.dtype))
-        batch, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
-        offsets = tf.random.stateless_uniform(
-            [2, batch], seed, minval=0, maxval=2 * p + 1, dtype=tf.int32
-        )
-        rows = offsets[0][:, None] + tf.range(height)[None, :]
-        cols = offsets[1][:, None] + tf.range(width)[None, :]
-        # Two batched gathers: each image its own window, no per-image loop.
-        out = tf.gather(padded, rows, axis=1, batch_dims=1)
-        return tf.gather(out, cols, axis=2, batch_dims=1)
-
-    # A shift as large as the image moves it out of the window (constant
-    # fill: all border) and reflection padding needs fewer pixels than the side.
-    return Block("translate", shift, {"pixels": p}, "translate(2)")
-
-
-def random_crop(padding: int, fill: str | float = 0.0) -> Block:
-    """The classic CIFAR crop: pad by `padding` (zeros by default), cut a
-    window of the original size at a random position per image.
-
-    The same as `translate(padding, fill)`; torchvision's
-    `RandomCrop(32, padding=4)` is `random_crop(4)`.
-
-    Args:
-        padding: Pixels added on each side.
-        fill: As in `translate`.
-
-    Returns:
-        A block `(x, seed) -> x`.
-
-    Raises:
-        ValueError: As `translate`.
-
-    Example:
-        >>> aug = shardfeed.augment.random_crop(4)
-    """
-    return translate(padding, fill)
-
-
-def cutout(size: int, fill: float = 0.0) -> Block:
-    """Sets a `size` x `size` square of each image to `fill`, centred at a
-    random pixel (the square may be cut by the border, as in DeVries & Taylor).
-
-    Args:
-        size: Side of the square, in pixels.
-        fill: The value written into the square.
-
-    Returns:
-        A block `(x, seed) -> x` for `[batch, height, width, channels]` images.
-
-    Raises:
-        ValueError: For a non-positive `size` or a non-finite `fill`; when
-            checked against the images, `size` not smaller than their height
-            and width.
-
-    Example:
-        >>> aug = shardfeed.augment.cutout(8)
-    """
-    if not (_errors.is_integer(size) and size > 0):
-        raise ValueError(
-            _errors.message(
-                "`size` must be a positive integer.", f"size={size!r}", "Pass e.g. `cutout(8)`."
-            )
-        )
-    _number("cutout", "fill", fill, "fill=0.0", low=None)
-    size = int(size)
-
-    def cut(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        batch, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
-        centre = tf.random.stateless_uniform(
-            [2, batch], seed, minval=0, maxval=tf.int32.max, dtype=tf.int32
-        ) % tf.constant([[height], [width]])
-        top, left = centre[0] - size // 2, centre[1] - size // 2
-        ys, xs = tf.range(height)[None, :], tf.range(width)[None, :]
-        in_rows = (ys >= top[:, None]) & (ys < top[:, None] + size)
-        in_cols = (xs >= left[:, None]) & (xs < left[:, None] + size)
-        square = in_rows[:, :, None, None] & in_cols[:, None, :, None]
-        return tf.where(square, tf.cast(fill, x.dtype), x)
-
-    return Block("cutout", cut, {"size": size}, "cutout(8)")
-
-
-def gaussian_noise(stddev: float) -> Block:
-    """Adds normal noise with standard deviation `stddev` (float images).
-
-    Returns:
-        A block `(x, seed) -> x`.
-
-    Raises:
-        ValueError: Unless `stddev` is a finite number >= 0.
-        TypeError: When applied to a non-float batch.
-
-    Example:
-        >>> aug = shardfeed.augment.gaussian_noise(0.05)
-    """
-
-    stddev = _number("gaussian_noise", "stddev", stddev, "gaussian_noise(0.05)")
-
-    def noise(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        _float_only("gaussian_noise", x)
-        return x + tf.random.stateless_normal(tf.shape(x), seed, stddev=stddev, dtype=x.dtype)
-
-    return Block("gaussian_noise", noise)
-
-
-def brightness(max_delta: float) -> Block:
-    """Adds one offset per image, uniform in `[-max_delta, max_delta]`
-    (float images, e.g. in [0, 1]).
-
-    Returns:
-        A block `(x, seed) -> x`.
-
-    Raises:
-        ValueError: Unless `max_delta` is a finite number >= 0.
-        TypeError: When applied to a non-float batch.
-
-    Example:
-        >>> aug = shardfeed.augment.brightness(0.1)
-    """
-
-    max_delta = _number("brightness", "max_delta", max_delta, "brightness(0.1)")
-
-    def bright(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        _float_only("brightness", x)
-        delta = _uniform(seed, tf.shape(x)[0], -max_delta, max_delta)
-        return x + tf.cast(delta, x.dtype)[:, None, None, None]
-
-    return Block("brightness", bright)
-
-
-def contrast(lower: float, upper: float) -> Block:
-    """Scales each image's deviation from its mean by one factor per image,
-    uniform in `[lower, upper]` (float images; `tf.image.adjust_contrast`
-    per channel).
-
-    Returns:
-        A block `(x, seed) -> x`.
-
-    Raises:
-        ValueError: Unless `0 <= lower <= upper`, both finite.
-        TypeError: When applied to a non-float batch.
-
-    Example:
-        >>> aug = shardfeed.augment.contrast(0.9, 1.1)
-    """
-    lower = _number("contrast", "lower", lower, "contrast(0.9, 1.1)")
-    upper = _number("contrast", "upper", upper, "contrast(0.9, 1.1)")
-    if not lower <= upper:
-        raise ValueError(
-            _errors.message(
-                "`contrast` needs 0 <= lower <= upper.",
-                f"lower={lower!r}, upper={upper!r}",
-                "Pass e.g. `contrast(0.9, 1.1)`.",
-            )
-        )
-
-    def scale(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        _float_only("contrast", x)
-        factor = tf.cast(_uniform(seed, tf.shape(x)[0], lower, upper), x.dtype)
-        mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)
-        return (x - mean) * factor[:, None, None, None] + mean
-
-    return Block("contrast", scale)
-
-
-def compose(*blocks: Augment) -> Augment:
-    """Applies `blocks` in order, each with its own seed split from the step's.
-
-    Args:
-        *blocks: Functions `(x, seed) -> x`.
-
-    Returns:
-        A block `(x, seed) -> x`.
-
-    Raises:
-        TypeError: If a block is not callable.
-
-    Example:
-        >>> aug = shardfeed.augment.compose(
-        ...     shardfeed.augment.flip_left_right(), shardfeed.augment.translate(2))
-    """
-    for block in blocks:
-        if not callable(block):
-            raise TypeError(
-                _errors.message(
-                    "`compose` takes functions `(x, seed) -> x`.",
-                    f"type(block)={type(block).__name__}",
-                    "Pass blocks such as `shardfeed.augment.flip_left_right()`.",
-                )
-            )
-
-    return _Composed(blocks)
-
-
-class _Composed:
-    """`compose(*blocks)`: checks as each of its blocks does (all of ours keep
-    the images' shape, so each sees the shape the first one does)."""
-
-    def __init__(self, blocks: tuple[Augment, ...]) -> None:
-        self.blocks = blocks
-
-    def check(self, x: Any) -> None:
-        for block in self.blocks:
-            if isinstance(block, (Block, _Composed)):
-                block.check(x)
-
-    def __call__(self, x: Any, seed: tf.Tensor) -> Any:
-        if not self.blocks:
-            return x
-        seeds = tf.random.experimental.stateless_split(seed, len(self.blocks))
-        for i, block in enumerate(self.blocks):
-            x = block(x, seeds[i])
-        return x
+_blocks.register_random("tensorflow", _TensorFlowRandom())

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
-from shardfeed._data import augment as _augment
+from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import epoch as _epoch
 from shardfeed._data import global_order as _global_order
@@ -141,7 +141,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
         if transform is None:  # the blocks will see the stored rows: check them now
-            _augment.check_columns(augment, self.columns)
+            _augment_blocks.check_columns(augment, self.columns)
         self._world: World = current_world(strategy)
         options = load_options or LoadOptions()
         if options.check_agreement:

@@ -21,6 +21,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
+from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
@@ -38,13 +39,9 @@ from shardfeed._jax.world import World, current_world
 
 logger = logging.getLogger("shardfeed")
 
-# `shardfeed.augment`'s blocks are TensorFlow ops; a JAX dataset refuses them.
-_TF_AUGMENT_MODULE = "shardfeed._data.augment"
 
-
-def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> None:
-    """What only the JAX backend refuses: a strategy, TF augment blocks, a
-    partial exchange, an epoch copy of streamed rows."""
+def _check_backend_args(strategy: Any, options: LoadOptions) -> None:
+    """What only the JAX backend refuses: a strategy, an epoch copy of streamed rows."""
     if strategy is not None:
         raise ValueError(
             _errors.message(
@@ -53,16 +50,6 @@ def _check_backend_args(strategy: Any, augment: Any, options: LoadOptions) -> No
                 f"strategy={strategy!r}",
                 "Leave `strategy=None`; to choose devices, call `shardfeed.init()` or set "
                 "`keras.distribution.set_distribution(DataParallel(...))` first.",
-            )
-        )
-    if augment is not None and type(augment).__module__ == _TF_AUGMENT_MODULE:
-        raise TypeError(
-            _errors.message(
-                "`shardfeed.augment`'s blocks are TensorFlow ops; on the JAX backend "
-                "`augment` must be a function `(x, key) -> x` of JAX ops.",
-                f"type(augment)={type(augment).__name__}",
-                "Pass e.g. `augment=lambda x, key: jnp.where(jax.random.bernoulli(key, "
-                "0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)`, or use the TensorFlow backend.",
             )
         )
     if options.streaming is True and options.epoch_copy is True:
@@ -86,9 +73,9 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
     - `strategy` must be None: the replicas are `current_world()`'s devices.
     - `transform` and `augment` see the global batch (`[global_batch_size, ...]`,
-      sharded along rows); `augment` is a function `(x, key) -> x` of JAX ops,
-      `key` a `jax.random` key from `(seed, epoch, step)`.
-      `shardfeed.augment`'s blocks (TensorFlow ops) are refused.
+      sharded along rows); `augment` is a function `(x, key) -> x` (of JAX ops,
+      or `shardfeed.augment`'s blocks), `key` a `jax.random` key from `(seed,
+      epoch, step)`: each example of the global batch draws its own transform.
     - Epoch orders are drawn with NumPy (`_jax/order.py`): the same
       semantics as TensorFlow's, other permutations.
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
@@ -142,8 +129,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         _args.check_transform(transform, "x.astype('float32') / 255")
         _args.check_augment(augment, seed)
         options = load_options or LoadOptions()
-        _check_backend_args(strategy, augment, options)
+        _check_backend_args(strategy, options)
         self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        if transform is None:  # the blocks will see the stored rows: check them now
+            _augment_blocks.check_columns(augment, self.columns)
         self._world: World = current_world()
         if options.check_agreement:
             settings = _agreement.dataset_settings(

@@ -31,6 +31,7 @@ from shardfeed._data.batch import Batch
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import order as _order
+from shardfeed._jax.augment import augment_key
 from shardfeed._jax.world import REPLICA_AXIS
 
 if TYPE_CHECKING:
@@ -113,13 +114,6 @@ def _rows_taker(mesh: Mesh) -> Callable[..., Any]:
         lambda columns, rows: tuple(jnp.take(c, rows, axis=0) for c in columns),
         out_shardings=NamedSharding(mesh, P()),
     )
-
-
-def augment_key(seed: int, epoch: Any, step: Any) -> jax.Array:
-    """The key `augment(x, key)` gets for `step` of `epoch`: from `(seed,
-    epoch, step)` (one key per global batch; the seed's 64 bits folded in)."""
-    key = jax.random.fold_in(jax.random.key(seed % 2**32), seed // 2**32)
-    return jax.random.fold_in(jax.random.fold_in(key, epoch), step)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -32,6 +32,17 @@ def rows_of(epoch: Any) -> Any:
 
     return np.concatenate([np.asarray(batch.y) for _, batch in epoch])
 
+
+def coordinate_images(batch: int, height: int, width: int, channels: int = 2) -> Any:
+    """float32 images whose pixel (i, j) holds `1000 + 100 * i + j` in every
+    channel: any pixel of an augmented image names where it came from."""
+    import numpy as np
+
+    grid = 1000.0 + 100 * np.arange(height)[:, None] + np.arange(width)[None, :]
+    shape = (batch, height, width, channels)
+    return np.ascontiguousarray(np.broadcast_to(grid[None, :, :, None], shape), np.float32)
+
+
 NUM_CPU_DEVICES = 4
 SUBPROCESS_TIMEOUT_S = 120.0
 

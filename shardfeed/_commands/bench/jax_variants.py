@@ -11,8 +11,9 @@ keeps its Keras) -- and refusing the others, which train on TensorFlow.
 The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
 schedule, timing, tuning probe and report are the TensorFlow bench's.
 
-W3 and W4: `shardfeed.augment` and the bench's `transform` are TensorFlow
-ops, so on JAX every variant trains the same model: uint8 input, Keras'
+W3 and W4: the bench's `transform` is TensorFlow ops, and Keras' own
+`model.fit` has no `augment=` (`shardfeed.augment`'s blocks run on JAX too),
+so on JAX every variant trains the same model: uint8 input, Keras'
 `Rescaling(1/255)` first, and for W4 Keras' `RandomFlip` and
 `RandomTranslation` inside the model (their seed state is a Keras variable,
 carried through every stateless step).
@@ -68,7 +69,7 @@ JAX_VARIANT_NOTES: dict[str, str] = {
 # Appended to every note: W3 and W4 train one model on every variant here.
 IMAGES_NOTE = (
     " W3/W4: uint8 rows, Keras' `Rescaling(1/255)` first in the model, and for W4 Keras' "
-    "`RandomFlip` + `RandomTranslation` in the model (`shardfeed.augment` is TensorFlow's)."
+    "`RandomFlip` + `RandomTranslation` in the model, the same model in every variant."
 )
 
 

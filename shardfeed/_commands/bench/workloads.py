@@ -334,8 +334,8 @@ def transform_for(workload: Workload) -> Callable[[Any], Any] | None:
 
 def augments(workload: Workload) -> bool:
     """Whether the workload augments its training batches (W4), without
-    importing the augmentation (TensorFlow's): the Keras variants then add
-    Keras' preprocessing layers to the model instead."""
+    importing the augmentation: the Keras variants (and every variant on
+    JAX) add Keras' preprocessing layers to the model instead."""
     return workload.name == "W4"
 
 
