@@ -539,6 +539,18 @@ def test_first_failure_wins(script):
     assert fake.messages().count("exited with code") == 1
 
 
+def test_failures_seen_in_one_poll_are_all_named(script):
+    # A failed rank and the peer that lost its connection to it exit within
+    # milliseconds; the launcher cannot know which was first, so it names both
+    # (it used to name only the lowest rank: the peer, not the cause).
+    fake = FakeSystem({0: {"code": 1}, 1: {"code": 3}})
+    assert _launch.run(script, num_workers=2, system=fake.system) == 1
+    assert (
+        "shardfeed launch: worker rank 0 exited with code 1 and worker rank 1 exited "
+        "with code 3." in fake.messages()
+    )
+
+
 def test_timeout_stops_everything_with_124(script):
     fake = FakeSystem({0: {"exit_after_s": None}, 1: {"exit_after_s": None}})
     code = _launch.run(script, num_workers=2, timeout_s=0.05, grace_s=1, system=fake.system)

@@ -12,7 +12,7 @@ Lifecycle guarantees:
   the terminal reaches only the launcher, which forwards it once to every
   group. A second Ctrl-C sends SIGKILL.
 - When one worker exits non-zero (or dies from a signal), the launcher prints
-  which rank and code, sends SIGTERM to the other groups, waits `grace_s`,
+  which rank and code (every rank seen failed in the same poll), sends SIGTERM to the other groups, waits `grace_s`,
   then sends SIGKILL. It exits with the failed worker's code (128 + signal
   number when it died from a signal).
 - Workers that report through a ready directory (`StartupWatch`) and sit
@@ -243,18 +243,24 @@ class _Supervisor:
         first_arrival: float | None = None  # when the first worker reached shardfeed.init()
         all_arrived = self.startup is None or self.startup.timeout_s is None
         while True:
-            for worker in self.reap_exited():
-                if exit_code is None and worker.returncode != 0:
-                    exit_code = exit_code_of(worker.returncode)  # type: ignore[arg-type]
-                    others = sum(w.running for w in self.workers)
-                    text = f"{worker.spec.label} {_describe_exit(worker.returncode)}"  # type: ignore[arg-type]
-                    if others:
-                        text += f"; stopping the other {others} worker(s)."
-                    else:
-                        text += "."
-                    self.say(text)
-                    self.signal_running(signal.SIGTERM)
-                    stop_deadline = time.monotonic() + self.grace_s
+            failed = [w for w in self.reap_exited() if w.returncode != 0]
+            if exit_code is None and failed:
+                # Exits seen in one poll have no order we can know: a rank that
+                # failed and the peer that lost its connection to it exit within
+                # milliseconds, so name every one rather than guess the first.
+                exit_code = exit_code_of(failed[0].returncode)  # type: ignore[arg-type]
+                others = sum(w.running for w in self.workers)
+                text = " and ".join(
+                    f"{w.spec.label} {_describe_exit(w.returncode)}"  # type: ignore[arg-type]
+                    for w in failed
+                )
+                if others:
+                    text += f"; stopping the other {others} worker(s)."
+                else:
+                    text += "."
+                self.say(text)
+                self.signal_running(signal.SIGTERM)
+                stop_deadline = time.monotonic() + self.grace_s
             if not any(w.running for w in self.workers):
                 return exit_code or 0
             now = time.monotonic()

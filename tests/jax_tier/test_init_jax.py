@@ -252,6 +252,13 @@ def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker"):
     return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
 
 
+def _assert_the_launcher_names(err: str, failure: str) -> None:
+    # Rank 0 loses its connection to rank 1 and may exit within the same poll:
+    # then the launcher names both, and rank 1 either way.
+    launcher = [line for line in err.splitlines() if line.startswith("shardfeed launch: ")]
+    assert any(failure in line for line in launcher), launcher
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -274,7 +281,7 @@ def test_two_jax_processes_under_shardfeed_launch(tmp_path, monkeypatch):
 def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
     code, _, err, elapsed = _launch_job(tmp_path, monkeypatch, "kill-rank-1")
     assert code != 0
-    assert "worker rank 1 was killed by SIGKILL; stopping the other 1 worker(s)." in err
+    _assert_the_launcher_names(err, "worker rank 1 was killed by SIGKILL")
     assert "sending SIGKILL" not in err  # rank 0, in a collective, ended on SIGTERM
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
@@ -289,7 +296,7 @@ def test_an_exception_on_one_jax_worker_stops_every_rank_in_seconds(tmp_path, mo
     code, out, err, elapsed = _launch_job(tmp_path, monkeypatch, "raise-rank-1")
     assert code == 1, err[-3000:]
     assert "RuntimeError: a user error on rank 1" in err
-    assert "worker rank 1 exited with code 1; stopping the other 1 worker(s)." in err
+    _assert_the_launcher_names(err, "worker rank 1 exited with code 1")
     assert "[rank 1] rank 1 atexit ran" in out  # the user's exit handlers still run
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
