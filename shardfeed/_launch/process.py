@@ -12,8 +12,8 @@ Lifecycle guarantees:
   the terminal reaches only the launcher, which forwards it once to every
   group. A second Ctrl-C sends SIGKILL.
 - When one worker exits non-zero (or dies from a signal), the launcher prints
-  which rank and code (every rank seen failed in the same poll), sends SIGTERM to the other groups, waits `grace_s`,
-  then sends SIGKILL. It exits with the failed worker's code (128 + signal
+  which rank and code (every rank seen failed in the same poll), sends SIGTERM
+  to the other groups, waits `grace_s`, then sends SIGKILL. It exits with the failed worker's code (128 + signal
   number when it died from a signal).
 - Workers that report through a ready directory (`StartupWatch`) and sit
   inside `shardfeed.init()`'s strategy set-up get SIGKILL instead of SIGTERM
