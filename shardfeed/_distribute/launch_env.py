@@ -385,3 +385,31 @@ def read_progress(path: str) -> int | None:
             return int(progress_file.read(20))
     except (OSError, ValueError):
         return None
+
+
+def refuse_workers_without_init(environ: Mapping[str, str]) -> None:
+    """Refuses to build a dataset on one process's world when a launcher
+    started several workers and `shardfeed.init()` was never called (pure).
+
+    Without `init` each worker would hold every row and train alone, and
+    every one would act as the chief (checkpoints, logs).
+
+    Raises:
+        RuntimeError: Under a launcher with `world_size > 1`, naming the fix.
+    """
+    try:
+        launch = detect_launch_env(environ)
+    except ValueError:
+        return  # `shardfeed.init()` reports malformed launcher variables itself
+    if launch.world_size == 1:
+        return
+    raise RuntimeError(
+        _errors.message(
+            f"A launcher started {launch.world_size} workers, but this one never called "
+            "`shardfeed.init()`: its dataset would hold every row and train alone, and every "
+            "worker would act as the chief.",
+            f"launcher={launch.launcher!r}, rank={launch.rank}, world_size={launch.world_size} "
+            f"(from {', '.join(launch.variables)}), shardfeed.init() not called",
+            "Call shardfeed.init() before building the dataset (first thing in the script).",
+        )
+    )

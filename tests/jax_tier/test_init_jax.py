@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
 
@@ -408,3 +409,79 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch):
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
     assert [pid for pid in pids if not _gone(pid)] == []
+
+
+# -- init ordering -----------------------------------------------------------------------------
+
+BUILT_BEFORE_INIT = (
+    "A dataset holds its rows on the replicas of the world it was built in, and this one was "
+    "built before `shardfeed.init()`, which has since started another: training it would use "
+    "1 replica(s) while the model's world has 4. Received: dataset.world: world_size=1, "
+    "num_replicas_in_sync=1; shardfeed.init(): world_size=1, num_replicas_in_sync=4. Call "
+    "shardfeed.init() before building the dataset (first thing in the script), then build the "
+    "dataset again."
+)
+
+
+@pytest.fixture
+def no_init():
+    """No world from `shardfeed.init()` during the test, and the previous one after."""
+    from shardfeed._jax import world as _world
+
+    saved = list(_world._initialized)
+    _world._initialized.clear()
+    yield
+    _world._initialized[:] = saved
+
+
+def _rows(n=64):
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
+    import keras
+
+    x, y = _rows()
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert ds.world.num_replicas_in_sync == 1  # one device, as Keras on JAX without init
+    world = shardfeed.init()
+    assert world.num_replicas_in_sync == 4
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert str(info.value) == BUILT_BEFORE_INIT
+    with pytest.raises(RuntimeError, match=r"built before `shardfeed\.init"):
+        ds.epoch(0)
+    # Built after init: its world is init's.
+    assert shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1).world == world
+
+
+def test_a_dataset_built_before_an_init_with_the_same_world_is_kept(no_init):
+    x, y = _rows()
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    shardfeed.init(engine="single")
+    assert ds.world.num_replicas_in_sync == 1
+
+
+def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeypatch):
+    import keras
+
+    for name, value in {"SHARDFEED_RANK": "1", "SHARDFEED_WORLD_SIZE": "2",
+                        "SHARDFEED_LOCAL_RANK": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    x, y = _rows()
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert str(info.value) == (
+        "A launcher started 2 workers, but this one never called `shardfeed.init()`: its dataset "
+        "would hold every row and train alone, and every worker would act as the chief. "
+        "Received: launcher='shardfeed', rank=1, world_size=2 (from SHARDFEED_RANK, "
+        "SHARDFEED_WORLD_SIZE, SHARDFEED_LOCAL_RANK), shardfeed.init() not called. Call "
+        "shardfeed.init() before building the dataset (first thing in the script)."
+    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(RuntimeError, match=r"never called `shardfeed\.init"):
+        shardfeed.evaluate(model, x, y, verbose=0)  # arrays become a dataset
