@@ -134,3 +134,65 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
     assert [(r.device, r.needed_bytes, r.usable_bytes, r.fits) for r in reports] == [
         ("host", 600, 500, False)
     ]
+
+
+# -- init ordering (TensorFlow; the JAX twins are in tests/jax_tier/test_init_jax.py) ----------
+
+
+@pytest.fixture
+def no_init():
+    """No world from `shardfeed.init()` during the test, and the previous one after."""
+    from shardfeed._distribute import world as _world
+
+    saved = list(_world._initialized)
+    _world._initialized.clear()
+    yield
+    _world._initialized[:] = saved
+
+
+def _rows(n=64):
+    import numpy as np
+
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
+    import keras
+
+    import shardfeed
+
+    x, y = _rows()
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert ds.world.num_replicas_in_sync == 1  # the default strategy: one device
+    world = shardfeed.init("mirrored")  # the 4 logical CPUs of conftest
+    assert world.num_replicas_in_sync == 4
+    with world.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert str(info.value) == (
+        "A dataset holds its rows on the replicas of the world it was built in, and this one "
+        "was built before `shardfeed.init()`, which has since started another: training it "
+        "would use 1 replica(s) while the model's world has 4. Received: dataset.world: "
+        "world_size=1, num_replicas_in_sync=1; shardfeed.init(): world_size=1, "
+        "num_replicas_in_sync=4. Call shardfeed.init() before building the dataset (first thing "
+        "in the script), then build the dataset again."
+    )
+
+
+def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeypatch):
+    import shardfeed
+
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                       '"task": {"type": "worker", "index": 0}}')  # fmt: skip
+    x, y = _rows()
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert str(info.value) == (
+        "A launcher started 2 workers, but this one never called `shardfeed.init()`: its dataset "
+        "would hold every row and train alone, and every worker would act as the chief. "
+        "Received: launcher='tf_config', rank=0, world_size=2 (from TF_CONFIG), shardfeed.init() "
+        "not called. Call shardfeed.init() before building the dataset (first thing in the script)."
+    )

@@ -24,6 +24,7 @@ import pytest
 
 from shardfeed import _launch
 from shardfeed._common.ports import PortReservation, free_port
+from shardfeed._distribute import launch_env
 from shardfeed._launch import cli, delegate, local, multihost, netns, process
 from shardfeed._launch import lines as lines_module
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
@@ -41,7 +42,17 @@ class FakeProcess:
     """
 
     def __init__(
-        self, pid, argv, kwargs, *, code=0, exit_after_s=0.0, ignores=(), out=b"", stages=()
+        self,
+        pid,
+        argv,
+        kwargs,
+        *,
+        code=0,
+        exit_after_s=0.0,
+        ignores=(),
+        out=b"",
+        stages=(),
+        progress=None,
     ):
         self.pid = pid
         self.argv = argv
@@ -58,6 +69,13 @@ class FakeProcess:
         for stage in stages:
             rank = self.env["SHARDFEED_RANK"]
             Path(self.env["SHARDFEED_READY_DIR"], f"{stage}{rank}").touch()
+        # How many shardfeed calls the worker reported before it stopped moving.
+        if progress is not None:
+            launch_env._progress[:] = [None, 0]  # as a fresh worker process
+            for _ in range(progress):
+                launch_env.report_progress(self.env)
+            os.close(launch_env._progress[0])
+            launch_env._progress[:] = [None, 0]
 
     def exited(self) -> bool:
         return self.exit_at is not None and time.monotonic() >= self.exit_at
@@ -173,6 +191,9 @@ def script(tmp_path):
         ({"num_workers": 2, "startup_timeout_s": math.inf}, "Received: startup_timeout_s=inf."),
         ({"num_workers": 2, "startup_timeout_s": math.nan}, "Received: startup_timeout_s=nan."),
         ({"num_workers": 2, "isolate_network": "on"}, "Received: isolate_network='on'."),
+        ({"num_workers": 2, "progress_timeout_s": 0}, "Received: progress_timeout_s=0."),
+        ({"num_workers": 2, "shutdown_timeout_s": math.inf}, "Received: shutdown_timeout_s=inf."),
+        ({"num_workers": 2, "heartbeat_timeout_s": -1}, "Received: heartbeat_timeout_s=-1."),
     ],
 )
 def test_launch_options_reject(kwargs, pinned):
@@ -216,6 +237,38 @@ def test_cli_passes_script_arguments_unchanged():
     assert args.script_args == ["--epochs", "3", "-v"]
     assert (args.timeout_s, args.grace_s) == (None, 60.0)
     assert (args.startup_timeout_s, args.isolate_network) == (300.0, "auto")
+
+
+def test_cli_failure_timeouts():
+    args = _parse(["--num-workers", "2", "t.py"])
+    assert (args.progress_timeout_s, args.shutdown_timeout_s, args.heartbeat_timeout_s) == (
+        300.0,
+        None,
+        None,
+    )
+    args = _parse(
+        ["-n", "2", "--progress-timeout-s", "none", "--shutdown-timeout-s", "5",
+         "--heartbeat-timeout-s", "7", "t.py"]
+    )  # fmt: skip
+    assert (args.progress_timeout_s, args.shutdown_timeout_s, args.heartbeat_timeout_s) == (
+        None,
+        5.0,
+        7.0,
+    )
+
+
+def test_the_jax_timeouts_reach_every_worker_as_variables(script):
+    fake = FakeSystem()
+    code = _launch.run(
+        script, num_workers=2, shutdown_timeout_s=5, heartbeat_timeout_s=7.5, system=fake.system
+    )
+    assert code == 0
+    for proc in fake.processes:
+        assert proc.env["SHARDFEED_SHUTDOWN_TIMEOUT_S"] == "5"
+        assert proc.env["SHARDFEED_HEARTBEAT_TIMEOUT_S"] == "7.5"
+    fake = FakeSystem()
+    assert _launch.run(script, num_workers=2, system=fake.system, env={"A": "1"}) == 0
+    assert "SHARDFEED_SHUTDOWN_TIMEOUT_S" not in fake.processes[0].env  # init's default
 
 
 def test_cli_startup_timeout_none_and_isolation_choices(capsys):
@@ -440,6 +493,52 @@ def test_startup_timeout_only_when_someone_waits(script, stages):
     fake = FakeSystem(behaviors)
     assert _launch.run(script, num_workers=2, startup_timeout_s=0.01, system=fake.system) == 0
     assert "did not reach" not in fake.messages()
+
+
+# -- progress watch ----------------------------------------------------------------------------
+
+
+def test_a_rank_behind_the_others_is_named_and_the_launch_stopped(script):
+    # Rank 1 reported 5 calls and stands still (stuck in a callback); ranks 0
+    # and 2 entered call 6, the collective it never joins.
+    fake = FakeSystem(
+        {r: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": n}
+         for r, n in ((0, 6), (1, 5), (2, 6))}
+    )  # fmt: skip
+    start = time.monotonic()
+    code = _launch.run(
+        script, num_workers=3, progress_timeout_s=0.2, grace_s=30, system=fake.system
+    )
+    assert code == 124
+    assert time.monotonic() - start >= 0.2
+    text = fake.messages()
+    assert (
+        "shardfeed launch: worker rank(s) 1 made no progress for 0.2 s: they stand at shardfeed "
+        "call 5 while rank(s) 0, 2 wait for them in call 6 (a rank stuck outside the "
+        "collective, e.g. in a callback or its own code). Stopping 3 worker(s); raise "
+        "--progress-timeout-s if that rank only works longer, or pass 'none'." in text
+    )
+    assert all((p.pid, signal.SIGTERM) in fake.signals for p in fake.processes)
+
+
+@pytest.mark.parametrize(
+    "progress, progress_timeout_s",
+    [
+        ((4, 4), 0.01),  # counts agree: every rank outside shardfeed's calls, not a stall
+        ((None, None), 0.01),  # a script that never runs a shardfeed call: no files
+        ((3, 2), None),  # the watch switched off
+    ],
+)
+def test_the_progress_watch_stops_only_ranks_out_of_step(script, progress, progress_timeout_s):
+    fake = FakeSystem(
+        {r: {"exit_after_s": 0.3, "stages": ("arrived", "initialized"), "progress": n}
+         for r, n in enumerate(progress)}
+    )  # fmt: skip
+    code = _launch.run(
+        script, num_workers=2, progress_timeout_s=progress_timeout_s, system=fake.system
+    )
+    assert code == 0
+    assert "made no progress" not in fake.messages()
 
 
 def test_stop_kills_workers_in_setup_and_terms_the_others():

@@ -41,8 +41,8 @@ GRACE_S = 120.0
 WAIT_S = 100.0  # every wait ends before the grace period would
 LAUNCH_TIMEOUT_S = 400.0
 
-# argv: out_dir, then one mode per rank: "train" (train until stopped) or
-# "hang" (never reach shardfeed.init()).
+# argv: out_dir, then one mode per rank: "train" (train until stopped),
+# "hang" (never reach shardfeed.init()) or "stuck" (sleep in a callback after step 1).
 WORKER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -68,7 +68,14 @@ class Mark(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         (out / f"epoch{rank}").write_text(str(epoch))
 
-shardfeed.fit(model, train, epochs=100000, callbacks=[Mark()], verbose=0)
+class Stuck(keras.callbacks.Callback):
+    shardfeed_all_ranks = True
+    def on_train_batch_end(self, batch, logs=None):
+        if modes[rank] == "stuck" and batch == 1:  # alive, outside the next call's collective
+            time.sleep(3600)
+
+shardfeed.fit(model, train, epochs=100000, callbacks=[Mark(), Stuck()], verbose=0,
+              options=shardfeed.FitOptions(steps_per_execution=1))
 """
 
 # The launcher in its own process, so the test can signal it.
@@ -245,4 +252,29 @@ def test_busy_port_without_isolation_is_named_at_once(worker, tmp_path, monkeypa
     assert f"Port 127.0.0.1:{busy} of worker rank 0 is in use" in text
     assert "worker rank 0 exited with code 1" in text
     assert "timed out after" not in text and "still running" not in text
+    _assert_all_gone(tmp_path)
+
+
+def test_a_worker_stuck_in_a_callback_is_named_by_the_progress_watch(worker, tmp_path):
+    out, err = io.BytesIO(), io.BytesIO()
+    start = time.monotonic()
+    code = _launch.run(
+        worker,
+        num_workers=2,
+        args=[tmp_path, "train", "stuck"],
+        grace_s=GRACE_S,
+        timeout_s=WAIT_S,  # fires only if the progress watch does not
+        progress_timeout_s=5.0,
+        env=_env(),
+        system=System(stdout=out, stderr=err),
+    )
+    text = err.getvalue().decode()
+    assert code == 124, text[-3000:]
+    assert (
+        "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 2 while "
+        "rank(s) 0 wait for them in call 3" in text
+    ), text[-3000:]
+    assert "timed out after" not in text
+    assert "still running" not in text  # SIGTERM ended both, rank 0 inside a collective
+    assert time.monotonic() - start < WAIT_S
     _assert_all_gone(tmp_path)

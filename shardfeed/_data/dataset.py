@@ -15,6 +15,7 @@ shuffle) lives in `order.py`; a label column's range in `labels.py`.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -40,7 +41,8 @@ from shardfeed._data import streaming as _streaming
 from shardfeed._data import tfdata as _tfdata
 from shardfeed._data.epoch import Batch
 from shardfeed._data.options import LoadOptions
-from shardfeed._distribute.world import World, current_world
+from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute.world import World, current_world, initialized_world
 
 logger = logging.getLogger("shardfeed")
 
@@ -143,6 +145,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if transform is None:  # the blocks will see the stored rows: check them now
             _augment_blocks.check_columns(augment, self.columns)
         self._world: World = current_world(strategy)
+        if strategy is None and not tf.distribute.has_strategy() and initialized_world() is None:
+            self._world_before_init = initialized_world
+            if self._world.world_size == 1:
+                _launch_env.refuse_workers_without_init(os.environ)
         options = load_options or LoadOptions()
         if options.check_agreement:
             settings = _agreement.dataset_settings(

@@ -289,6 +289,41 @@ class RowSpec:
     dtype: np.dtype
 
 
+BUILT_BEFORE_INIT = (
+    "A dataset holds its rows on the replicas of the world it was built in, and "
+    "this one was built before `shardfeed.init()`, which has since started another: "
+    "training it would use {built_replicas} replica(s) while the model's world has "
+    "{replicas}."
+)
+
+
+def check_built_in_the_world(built: Any, initialized: Any) -> None:
+    """Refuses a dataset built before `shardfeed.init()` once `init` started a
+    different world (pure: both worlds are plain values).
+
+    Raises:
+        RuntimeError: When the numbers of processes or replicas differ.
+    """
+    if initialized is None:
+        return
+    shapes = [(w.world_size, w.num_replicas_in_sync) for w in (built, initialized)]
+    if shapes[0] == shapes[1]:
+        return
+    raise RuntimeError(
+        _errors.message(
+            BUILT_BEFORE_INIT.format(
+                built_replicas=built.num_replicas_in_sync,
+                replicas=initialized.num_replicas_in_sync,
+            ),
+            f"dataset.world: world_size={built.world_size}, num_replicas_in_sync="
+            f"{built.num_replicas_in_sync}; shardfeed.init(): world_size="
+            f"{initialized.world_size}, num_replicas_in_sync={initialized.num_replicas_in_sync}",
+            "Call shardfeed.init() before building the dataset (first thing in the script), "
+            "then build the dataset again.",
+        )
+    )
+
+
 class DatasetBase(Generic[WorldT]):
     """What both backends' `ShardedResidentDataset` were built with and plan:
     the read-only properties they share, one implementation. A subclass's
@@ -305,11 +340,24 @@ class DatasetBase(Generic[WorldT]):
     _eval_plan: _plan.ShardPlan
     _train_plan: _plan.ShardPlan | None
     _train_plan_error: ValueError | None
+    # A subclass's constructor sets its backend's `initialized_world` here
+    # when the dataset took its world before `shardfeed.init()` was called.
+    _world_before_init: Callable[[], Any] | None = None
 
     @property
     def world(self) -> WorldT:
         """The `World` whose replicas hold the rows (ranks, local devices; on
-        TensorFlow also the strategy)."""
+        TensorFlow also the strategy).
+
+        Raises:
+            RuntimeError: If the dataset was built before `shardfeed.init()`
+                and `init` has since started another world (more replicas
+                or processes): the rows sit on the old one's devices.
+        """
+        if self._world_before_init is not None:
+            check_built_in_the_world(self._world, self._world_before_init())
+            if self._world_before_init() is not None:
+                self._world_before_init = None  # the same world: checked once
         return self._world
 
     @property

@@ -66,7 +66,55 @@ def cpu_devices_wanted(cpu_devices: int | None, environ: Mapping[str, str]) -> i
 
 STARTUP_TIMEOUT_VARIABLE = "SHARDFEED_STARTUP_TIMEOUT_S"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0  # as `shardfeed launch --startup-timeout-s`
+# JAX only (`jax.distributed`'s own defaults are 300 s and 100 s): how long an
+# exiting rank waits at the exit barrier for the others, and how long a rank
+# may send no heartbeat before the coordinator declares it dead.
+SHUTDOWN_TIMEOUT_VARIABLE = "SHARDFEED_SHUTDOWN_TIMEOUT_S"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
+HEARTBEAT_TIMEOUT_VARIABLE = "SHARDFEED_HEARTBEAT_TIMEOUT_S"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 _POLL_S = 0.2
+
+
+def timeout_s(
+    value: float | None,
+    environ: Mapping[str, str],
+    *,
+    option: str,
+    variable: str,
+    default: float,
+) -> float:
+    """A timeout of `shardfeed.init`: `value`, else `environ[variable]`, else `default`.
+
+    `math.inf` (or the variable set to "none") waits without a bound. Pure,
+    so every rule is tested with plain values.
+
+    Raises:
+        ValueError: If either is not a positive number of seconds, naming
+            `option` and `variable`.
+    """
+    if value is None:
+        text = environ.get(variable, "").strip()
+        if not text:
+            return default
+        try:
+            value = math.inf if text.lower() == "none" else float(text)
+        except ValueError:
+            value = math.nan
+        received = f"{variable}={text!r}"
+    else:
+        received = f"{option}={value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            _errors.message(
+                f"`{option}` must be a positive number of seconds (math.inf, or "
+                '"none" in the variable, waits without a bound).',
+                received,
+                f"Pass e.g. `shardfeed.init({option}={default * 2:g})` or set "
+                f"{variable}={default * 2:g}.",
+            )
+        )
+    return float(value)
 
 
 def startup_timeout_s(value: float | None, environ: Mapping[str, str]) -> float:
@@ -77,28 +125,13 @@ def startup_timeout_s(value: float | None, environ: Mapping[str, str]) -> float:
     Raises:
         ValueError: If either is not a positive number of seconds.
     """
-    if value is None:
-        text = environ.get(STARTUP_TIMEOUT_VARIABLE, "").strip()
-        if not text:
-            return DEFAULT_STARTUP_TIMEOUT_S
-        try:
-            value = math.inf if text.lower() == "none" else float(text)
-        except ValueError:
-            value = math.nan
-        received = f"{STARTUP_TIMEOUT_VARIABLE}={text!r}"
-    else:
-        received = f"startup_timeout_s={value!r}"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(
-            _errors.message(
-                "The start-up timeout must be a positive number of seconds (math.inf, or "
-                '"none" in the variable, waits without a bound).',
-                received,
-                f"Pass e.g. `shardfeed.init(startup_timeout_s=600)` or set "
-                f"{STARTUP_TIMEOUT_VARIABLE}=600.",
-            )
-        )
-    return float(value)
+    return timeout_s(
+        value,
+        environ,
+        option="startup_timeout_s",
+        variable=STARTUP_TIMEOUT_VARIABLE,
+        default=DEFAULT_STARTUP_TIMEOUT_S,
+    )
 
 
 def cluster_tasks(environ: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ the compiled steps and the gradients' reduction; it reads an epoch's
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -28,6 +29,7 @@ from shardfeed._data import plan as _plan
 from shardfeed._data import relayout as _relayout
 from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import iterator as _iterator
@@ -35,7 +37,7 @@ from shardfeed._jax import labels as _labels
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax import streaming as _streaming
-from shardfeed._jax.world import World, current_world
+from shardfeed._jax.world import World, current_world, initialized_world
 
 logger = logging.getLogger("shardfeed")
 
@@ -134,6 +136,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if transform is None:  # the blocks will see the stored rows: check them now
             _augment_blocks.check_columns(augment, self.columns)
         self._world: World = current_world()
+        if initialized_world() is None:
+            self._world_before_init = initialized_world
+            if self._world.world_size == 1:
+                _launch_env.refuse_workers_without_init(os.environ)
         if options.check_agreement:
             settings = _agreement.dataset_settings(
                 per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,

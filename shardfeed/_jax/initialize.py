@@ -263,6 +263,8 @@ def init(
     cpu_devices: int | None = None,
     *,
     startup_timeout_s: float | None = None,
+    shutdown_timeout_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
 ) -> _world.World:
     """Starts JAX for how this script was launched, and returns the `World`.
 
@@ -281,6 +283,15 @@ def init(
         startup_timeout_s: Several workers only: seconds to wait for every
             worker to join the coordinator (default:
             `SHARDFEED_STARTUP_TIMEOUT_S`, else 300; `math.inf` waits a day).
+        shutdown_timeout_s: Several workers only: seconds an exiting worker
+            waits at `jax.distributed`'s exit barrier for the others (after
+            `sys.exit(n)`, or a normal end long before its peers'); then it
+            exits anyway (default: `SHARDFEED_SHUTDOWN_TIMEOUT_S`, else 60;
+            JAX's own is 300). An uncaught exception does not wait at all.
+        heartbeat_timeout_s: Several workers only: seconds a worker may send
+            the coordinator no heartbeat (its host or process gone) before
+            every worker stops (default: `SHARDFEED_HEARTBEAT_TIMEOUT_S`,
+            else 60; JAX's own is 100).
 
     Returns:
         The JAX `World`: rank, world size, devices in global replica order,
@@ -293,7 +304,8 @@ def init(
 
     Raises:
         ValueError: For an unknown or TensorFlow engine, horovodrun, launcher
-            variables naming no coordinator, or `cpu_devices` with GPUs.
+            variables naming no coordinator, `cpu_devices` with GPUs, or a
+            timeout that is not a positive number of seconds.
         RuntimeError: For `cpu_devices` after JAX started its backends with
             another number of CPU devices, naming the fix.
         OSError: On process 0, if the coordinator's port is in use (named).
@@ -305,6 +317,20 @@ def init(
     """
     _launch_env.announce(_launch_env.ARRIVED)
     timeout_s = _startup.startup_timeout_s(startup_timeout_s, os.environ)
+    shutdown_s = _startup.timeout_s(
+        shutdown_timeout_s,
+        os.environ,
+        option="shutdown_timeout_s",
+        variable=_startup.SHUTDOWN_TIMEOUT_VARIABLE,
+        default=_startup.DEFAULT_SHUTDOWN_TIMEOUT_S,
+    )
+    heartbeat_s = _startup.timeout_s(
+        heartbeat_timeout_s,
+        os.environ,
+        option="heartbeat_timeout_s",
+        variable=_startup.HEARTBEAT_TIMEOUT_VARIABLE,
+        default=_startup.DEFAULT_HEARTBEAT_TIMEOUT_S,
+    )
     launch_env = _launch_env.detect_launch_env(os.environ)
     chosen = resolve_engine(engine, launch_env)
     split_cpu_into = _startup.cpu_devices_wanted(cpu_devices, os.environ)
@@ -329,9 +355,9 @@ def init(
                 num_processes=coordinator.num_processes,
                 process_id=coordinator.process_id,
                 coordinator_bind_address=coordinator.bind_address,
-                initialization_timeout=(
-                    _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
-                ),
+                initialization_timeout=_whole_seconds(timeout_s),
+                shutdown_timeout_seconds=_whole_seconds(shutdown_s),
+                heartbeat_timeout_seconds=_whole_seconds(heartbeat_s),
             )
             _exit_at_once_on_error()
         binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)
@@ -359,6 +385,11 @@ def init(
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     return world
+
+
+def _whole_seconds(timeout_s: float) -> int:
+    """A timeout as `jax.distributed.initialize` takes it: whole seconds, >= 1."""
+    return _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
 
 
 def _exit_at_once_on_error() -> None:

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import auto_steps_per_execution
@@ -357,6 +358,7 @@ class Loop:
         logs (train/test: Keras' logs after the call's last step) or the
         outputs (predict: stacked `[steps, global batch, ...]`, or the
         partial step's `[rows, ...]`)."""
+        _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
         state = self.state(mode)
         fn = self._compiled(mode, call.partial)
         if call.partial:

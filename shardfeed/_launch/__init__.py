@@ -31,11 +31,18 @@ from pathlib import Path
 from typing import Literal
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute.startup import HEARTBEAT_TIMEOUT_VARIABLE, SHUTDOWN_TIMEOUT_VARIABLE
 from shardfeed._launch import delegate, local, multihost
 from shardfeed._launch.local import IsolateNetwork
 from shardfeed._launch.process import System, WorkerSpec, run_workers
 
 Engine = Literal["multiworker", "horovod", "mpi"]
+DEFAULT_PROGRESS_TIMEOUT_S = 300.0
+_NONE_MEANS = {
+    "shutdown_timeout_s": "the workers' default",
+    "heartbeat_timeout_s": "the workers' default",
+    "progress_timeout_s": "no progress watch",
+}
 ENGINES: tuple[str, ...] = ("multiworker", "horovod", "mpi")
 
 
@@ -80,6 +87,17 @@ class LaunchOptions:
             the same launch with its own index); it starts that host's ranks.
         port_base: With `hosts`: worker s of each host listens on
             `port_base + s` (None: 8888), on every host.
+        shutdown_timeout_s: JAX workers: `shardfeed.init(shutdown_timeout_s=)`
+            for every worker, through SHARDFEED_SHUTDOWN_TIMEOUT_S (None:
+            the variable as it is, else the default of 60 s).
+        heartbeat_timeout_s: JAX workers: `shardfeed.init(heartbeat_timeout_s=)`
+            for every worker, through SHARDFEED_HEARTBEAT_TIMEOUT_S (None:
+            as above).
+        progress_timeout_s: `multiworker`: stop the launch (exit 124) when
+            the workers' shardfeed calls (steps of `fit`, `evaluate`,
+            `predict`, custom loops) stand still this long while some ranks
+            are ahead of others, naming the ranks behind: a rank stuck outside
+            a collective the others wait in (None: never).
 
     Raises:
         ValueError: If a value is out of range.
@@ -97,6 +115,9 @@ class LaunchOptions:
     hosts: str | Sequence[str] | None = None
     host_index: int | None = None
     port_base: int | None = None
+    shutdown_timeout_s: float | None = None
+    heartbeat_timeout_s: float | None = None
+    progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S
 
     def __post_init__(self) -> None:
         _require(
@@ -132,6 +153,14 @@ class LaunchOptions:
             f"startup_timeout_s={self.startup_timeout_s!r}",
             "Pass how long workers in shardfeed.init() may wait for the others, e.g. 300.",
         )
+        for name in ("shutdown_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
+            value = getattr(self, name)
+            _require(
+                value is None or _is_seconds(value),
+                f"`{name}` must be a finite positive number of seconds, or None.",
+                f"{name}={value!r}",
+                f"Pass e.g. {name}=60, or None for {_NONE_MEANS[name]}.",
+            )
         _require(
             self.isolate_network in ("auto", True, False),
             '`isolate_network` must be "auto", True or False.',
@@ -195,6 +224,9 @@ def run(
     hosts: str | Sequence[str] | None = None,
     host_index: int | None = None,
     port_base: int | None = None,
+    shutdown_timeout_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
+    progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
     system: System | None = None,
 ) -> int:
@@ -227,6 +259,14 @@ def run(
         host_index: With `hosts`: this host's position in it.
         port_base: With `hosts`: worker s of a host listens on `port_base + s`
             (None: 8888).
+        shutdown_timeout_s: JAX workers' `shardfeed.init(shutdown_timeout_s=)`;
+            see `LaunchOptions`.
+        heartbeat_timeout_s: JAX workers' `shardfeed.init(heartbeat_timeout_s=)`;
+            see `LaunchOptions`.
+        progress_timeout_s: `multiworker`: seconds the workers' shardfeed
+            calls may stand still with some ranks behind the others before
+            the launch stops, naming those ranks (default 300; None: never);
+            see `LaunchOptions`.
         env: Environment the workers start from (default: this process's).
         system: Operating-system calls; tests pass fakes (default: real ones).
 
@@ -266,9 +306,18 @@ def run(
         hosts,
         host_index,
         port_base,
+        shutdown_timeout_s,
+        heartbeat_timeout_s,
+        progress_timeout_s,
     )
     system = system or System()
     base_env = dict(os.environ if env is None else env)
+    for variable, value in (
+        (SHUTDOWN_TIMEOUT_VARIABLE, options.shutdown_timeout_s),
+        (HEARTBEAT_TIMEOUT_VARIABLE, options.heartbeat_timeout_s),
+    ):
+        if value is not None:
+            base_env[variable] = f"{value:g}"
     with contextlib.ExitStack() as stack:
         if callable(fn_or_script):
             # The payload must outlive every worker, so it lives until run() returns.
@@ -296,6 +345,7 @@ def run(
                 timeout_s=options.timeout_s,
                 system=system,
                 startup_timeout_s=options.startup_timeout_s,
+                progress_timeout_s=options.progress_timeout_s,
             )
         if options.engine == "multiworker":
             return local.run_multiworker(
@@ -307,6 +357,7 @@ def run(
                 system=system,
                 startup_timeout_s=options.startup_timeout_s,
                 isolate_network=options.isolate_network,
+                progress_timeout_s=options.progress_timeout_s,
             )
         command, notes = delegate.delegated_command(
             options.engine, options.num_workers, program, system

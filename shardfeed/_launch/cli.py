@@ -7,7 +7,8 @@ and errors into an exit status; what the engines do lives in `local.py`,
 Usage:
     shardfeed launch -n/--num-workers N [--engine multiworker|horovod|mpi]
         [--timeout-s S] [--grace-s G] [--startup-timeout-s S|none]
-        [--isolate-network auto|on|off]
+        [--isolate-network auto|on|off] [--progress-timeout-s S|none]
+        [--shutdown-timeout-s S] [--heartbeat-timeout-s S]
         [--hosts H1[:N1],H2[:N2],... --host-index I [--port-base P]]
         [python] script.py [script args ...]
 
@@ -92,6 +93,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="multiworker: stop when workers that reached shardfeed.init() waited S seconds "
         "for the others, naming the missing ranks ('none': wait forever; default: 300); with "
         "--hosts also how long each worker waits for the other hosts' workers",
+    )
+    parser.add_argument(
+        "--progress-timeout-s",
+        type=_seconds_or_none,
+        default=_launch.DEFAULT_PROGRESS_TIMEOUT_S,
+        metavar="S",
+        help="multiworker: stop (exit 124) when the workers' shardfeed steps stand still S "
+        "seconds with some ranks behind the others, naming them ('none': never; default: 300)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="JAX workers: shardfeed.init(shutdown_timeout_s=S), how long an exiting worker "
+        "waits for the others (default: the workers' SHARDFEED_SHUTDOWN_TIMEOUT_S, else 60)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="JAX workers: shardfeed.init(heartbeat_timeout_s=S), how long a silent worker "
+        "counts as alive (default: the workers' SHARDFEED_HEARTBEAT_TIMEOUT_S, else 60)",
     )
     parser.add_argument(
         "--isolate-network",
@@ -220,6 +245,9 @@ def run(args: argparse.Namespace) -> int:
             hosts=args.hosts,
             host_index=args.host_index,
             port_base=args.port_base,
+            shutdown_timeout_s=args.shutdown_timeout_s,
+            heartbeat_timeout_s=args.heartbeat_timeout_s,
+            progress_timeout_s=args.progress_timeout_s,
         )
     except (ValueError, FileNotFoundError, NetworkIsolationError) as err:
         print(f"shardfeed launch: error: {err}", file=sys.stderr, flush=True)

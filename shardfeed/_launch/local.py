@@ -168,6 +168,7 @@ def run_multiworker(
     system: System,
     startup_timeout_s: float | None = None,
     isolate_network: IsolateNetwork = "auto",
+    progress_timeout_s: float | None = None,
 ) -> int:
     """Starts `num_workers` local copies of `program` with TF_CONFIG and waits.
 
@@ -183,6 +184,9 @@ def run_multiworker(
         isolate_network: True: run the workers in a private network namespace
             (fail if impossible); "auto": when the system permits it; False:
             on the host's network.
+        progress_timeout_s: Stop when the workers' progress stands still this
+            long with some ranks behind (None: not watched; see
+            `system.StartupWatch`).
 
     Returns:
         The exit code, as `process.run_workers`.
@@ -203,7 +207,7 @@ def run_multiworker(
             stack.callback(network.close)
         ready_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardfeed-ready-"))
         env = {**base_env, READY_DIR_VARIABLE: ready_dir}
-        startup = StartupWatch(ready_dir, startup_timeout_s)
+        startup = StartupWatch(ready_dir, startup_timeout_s, progress_timeout_s=progress_timeout_s)
         if network is not None:
             ports = [ISOLATED_PORT_BASE + rank for rank in range(num_workers)]
             specs = [

@@ -248,6 +248,7 @@ def run_multihost(
     timeout_s: float | None,
     system: System,
     startup_timeout_s: float | None = None,
+    progress_timeout_s: float | None = None,
 ) -> int:
     """Starts host `host_index`'s workers of a multi-host job and waits for them.
 
@@ -266,6 +267,9 @@ def run_multihost(
         timeout_s: Stop this host's workers after this many seconds (None: no limit).
         system: Operating-system calls.
         startup_timeout_s: Seconds the workers wait for each other at start-up.
+        progress_timeout_s: Stop when this host's workers' progress stands
+            still this long with some of them behind (None: not watched; the
+            other hosts' workers are not seen from here).
 
     Returns:
         The exit code, as `process.run_workers`.
@@ -301,5 +305,10 @@ def run_multihost(
             timeout_s=timeout_s,
             system=system,
             notes=notes,
-            startup=StartupWatch(ready_dir, startup_timeout_s, first_rank=ranks.start),
+            startup=StartupWatch(
+                ready_dir,
+                startup_timeout_s,
+                first_rank=ranks.start,
+                progress_timeout_s=progress_timeout_s,
+            ),
         )

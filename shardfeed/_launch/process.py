@@ -13,13 +13,16 @@ Lifecycle guarantees:
   group. A second Ctrl-C sends SIGKILL.
 - When one worker exits non-zero (or dies from a signal), the launcher prints
   which rank and code (every rank seen failed in the same poll), sends SIGTERM
-  to the other groups, waits `grace_s`, then sends SIGKILL. It exits with the failed worker's code (128 + signal
-  number when it died from a signal).
+  to the other groups, waits `grace_s`, then sends SIGKILL. It exits with the
+  failed worker's code (128 + signal number when it died from a signal).
 - Workers that report through a ready directory (`StartupWatch`) and sit
   inside `shardfeed.init()`'s strategy set-up get SIGKILL instead of SIGTERM
   or SIGINT when they are stopped: TensorFlow ignores both there. If some have
   reached `shardfeed.init()` and others have not `startup_timeout_s` after
   the first arrival, the launch stops and names the missing ranks (exit 124).
+- Workers that report progress (`StartupWatch.progress_timeout_s`): when
+  their shardfeed call counts stand still that long with some ranks behind
+  the others, the launch stops and names the ranks behind (exit 124).
 - When a worker's main process exits, anything left in its process group is
   killed. The group is killed while the exited worker is still an unreaped
   zombie (`waitid(..., WNOWAIT)`), so its id cannot have been reused by an
@@ -129,6 +132,9 @@ class _Supervisor:
         self.err_lock = self.out_lock if self.out is self.err else threading.Lock()
         self.workers: list[_Worker] = []
         self.signals: list[int] = []
+        # The running workers' progress counts last seen, and since when.
+        self.progress: dict[int, int] = {}
+        self.progress_since = 0.0
 
     # -- output ---------------------------------------------------------------
 
@@ -217,6 +223,38 @@ class _Supervisor:
         count = len(self.workers)
         return self.startup.ranks("arrived", count) - self.startup.ranks("initialized", count)
 
+    def stalled(self, now: float) -> str | None:
+        """Why to stop, when the running workers' progress counts stood still
+        `progress_timeout_s` with some ranks behind the others; else None.
+
+        Every shardfeed call is a collective, so healthy ranks' counts move
+        together; the ranks behind are the ones the others wait for. Counts
+        that stand still but agree (all ranks outside shardfeed's calls:
+        evaluation of their own, saving, a long `on_epoch_end` on every rank)
+        are not a stall.
+        """
+        watch = self.startup
+        if watch is None or watch.progress_timeout_s is None:
+            return None
+        running = [i for i, w in enumerate(self.workers) if w.running]
+        counts = watch.progress(running)
+        if counts != self.progress:
+            self.progress, self.progress_since = counts, now
+            return None
+        values = set(counts.values())
+        if len(values) < 2 or now - self.progress_since < watch.progress_timeout_s:
+            return None
+        behind = {i for i, c in counts.items() if c == min(values)}
+        ahead = set(counts) - behind
+        return (
+            f"worker rank(s) {self.rank_names(behind)} made no progress for "
+            f"{watch.progress_timeout_s:g} s: they stand at shardfeed call {min(values)} while "
+            f"rank(s) {self.rank_names(ahead)} wait for them in call {max(values)} (a rank "
+            "stuck outside the collective, e.g. in a callback or its own code). Stopping "
+            f"{len(running)} worker(s); raise --progress-timeout-s if that rank only works "
+            "longer, or pass 'none'."
+        )
+
     def on_signal(self, signum: int, frame: object) -> None:
         # Only record it: the watch loop acts on it between polls.
         self.signals.append(signum)
@@ -302,6 +340,12 @@ class _Supervisor:
                     self.signal_running(signal.SIGTERM)
                     exit_code = TIMEOUT_EXIT_CODE
                     stop_deadline = now + self.grace_s
+            stall = self.stalled(now) if exit_code is None else None
+            if stall is not None:
+                self.say(stall)
+                self.signal_running(signal.SIGTERM)
+                exit_code = TIMEOUT_EXIT_CODE
+                stop_deadline = now + self.grace_s
             if stop_deadline is not None and not killed and now >= stop_deadline:
                 count = self.signal_running(signal.SIGKILL)
                 self.say(

@@ -14,9 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
+from shardfeed._distribute import launch_env
 from shardfeed._launch import netns
 
 
@@ -105,11 +106,16 @@ class StartupWatch:
             the launch stops (None: forever).
         first_rank: The rank of the first spec (a host's first rank in a
             multi-host job; 0 on one host).
+        progress_timeout_s: Seconds the workers' progress counts (files
+            `progress<rank>`, `launch_env.report_progress`) may stand still
+            while some are behind the others before the launch stops (None:
+            not watched).
     """
 
     ready_dir: str
     timeout_s: float | None
     first_rank: int = 0
+    progress_timeout_s: float | None = None
 
     def ranks(self, stage: str, count: int) -> set[int]:
         """The spec indexes below `count` whose `<stage><rank>` file exists."""
@@ -118,3 +124,12 @@ class StartupWatch:
         except OSError:
             return set()
         return {i for i in range(count) if f"{stage}{self.first_rank + i}" in names}
+
+    def progress(self, indexes: Iterable[int]) -> dict[int, int]:
+        """The progress count of the specs at `indexes` (0 before their first
+        report; None-free: an unreadable file counts as 0)."""
+        counts = {}
+        for i in indexes:
+            path = os.path.join(self.ready_dir, f"{launch_env.PROGRESS}{self.first_rank + i}")
+            counts[i] = launch_env.read_progress(path) or 0
+        return counts

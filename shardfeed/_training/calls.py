@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._data.plan import ShardPlan
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._training import augmenting as _augmenting
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class EpochCalls:
     def run(self, call: Call) -> dict[str, Any]:
         """Runs `call`; returns the epoch's logs after it: our exact loss and
         the compiled metrics, or what the model's own step returned."""
+        _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
         value: Any = None
         with self._loop.traces.bound(self._loop):
             for start, stop in call.pieces:

@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
 
@@ -148,6 +149,22 @@ def test_first_slurm_host(nodelist, first):
     assert initialize.first_slurm_host(nodelist) == first
 
 
+@pytest.mark.parametrize(
+    "kwargs, environ, pinned",
+    [
+        ({"shutdown_timeout_s": 0}, {}, "Received: shutdown_timeout_s=0."),
+        ({}, {"SHARDFEED_HEARTBEAT_TIMEOUT_S": "soon"}, "SHARDFEED_HEARTBEAT_TIMEOUT_S='soon'"),
+    ],
+)
+def test_init_refuses_a_timeout_that_is_not_seconds(monkeypatch, kwargs, environ, pinned):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="must be a positive number of seconds") as info:
+        shardfeed.init(**kwargs)
+    assert pinned in str(info.value)
+    assert "Pass e.g. `shardfeed.init(" in str(info.value)
+
+
 def test_several_workers_without_a_coordinator_address_are_refused():
     environ = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}
     with pytest.raises(ValueError, match="Several JAX workers need a coordinator address"):
@@ -228,6 +245,10 @@ if mode == "kill-rank-1":
         os.kill(os.getpid(), signal.SIGKILL)
     world.barrier()  # rank 0 waits in a collective its peer never joins
     time.sleep(120)
+if mode == "exit-rank-1":
+    if world.rank == 1:
+        sys.exit(3)  # no exception hook runs: JAX's exit barrier waits for rank 0
+    time.sleep(120)  # rank 0 is busy (alive, outside any collective)
 if mode == "raise-rank-1":
     import atexit
     atexit.register(print, "rank", world.rank, "atexit ran", flush=True)
@@ -238,7 +259,7 @@ if mode == "raise-rank-1":
 """
 
 
-def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker"):
+def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker", **options):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -247,7 +268,7 @@ def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker"):
     start = time.monotonic()
     code = _launch.run(
         script, num_workers=2, engine=engine, args=[tmp_path, mode], timeout_s=100, grace_s=10,
-        system=System(stdout=out, stderr=err),
+        system=System(stdout=out, stderr=err), **options,
     )
     return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
 
@@ -320,3 +341,147 @@ def test_killing_one_jax_worker_under_mpirun_stops_every_rank(tmp_path, monkeypa
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
     assert [pid for pid in pids if not _gone(pid)] == []
+
+
+@pytest.mark.multi_process
+def test_sys_exit_on_one_jax_worker_ends_within_the_shutdown_timeout(tmp_path, monkeypatch):
+    # `sys.exit(3)` runs no exception hook: rank 1 waits at JAX's exit barrier
+    # for rank 0 (busy for 120 s) up to `shutdown_timeout_seconds`, which was
+    # JAX's 300 s. `--shutdown-timeout-s` reaches `shardfeed.init()` through
+    # SHARDFEED_SHUTDOWN_TIMEOUT_S.
+    code, _, err, elapsed = _launch_job(tmp_path, monkeypatch, "exit-rank-1", shutdown_timeout_s=3)
+    assert code != 0, err[-3000:]
+    # JAX's exit barrier gave up after 3 s; then JAX aborts both ranks (SIGABRT),
+    # rank 0 (the coordinator) often first, so the launcher may name either.
+    assert "Barrier timed out" in err
+    assert elapsed < 60
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
+# Rank 1 sleeps in a callback (alive, stuck outside the collective) while rank 0
+# waits for it in the next call of `fit`.
+STUCK_JOB = r"""
+import os, sys, time
+import shardfeed
+world = shardfeed.init()
+import keras, numpy as np
+with open(os.path.join(sys.argv[1], f"pid{world.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+x = np.arange(256 * 4, dtype=np.float32).reshape(256, 4) / 1000.0
+y = x.sum(axis=1, keepdims=True)
+ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=1)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+
+class Stuck(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if world.rank == 1 and batch == 2:
+            print("stuck", flush=True)
+            time.sleep(10**6)
+
+shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[Stuck()],
+              options=shardfeed.FitOptions(steps_per_execution=1))
+"""
+
+
+@pytest.mark.multi_process
+def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_JOB)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    out, err = io.BytesIO(), io.BytesIO()
+    start = time.monotonic()
+    code = _launch.run(
+        script, num_workers=2, args=[tmp_path], timeout_s=150, grace_s=5,
+        progress_timeout_s=5, system=System(stdout=out, stderr=err),
+    )
+    elapsed, err_text = time.monotonic() - start, err.getvalue().decode()
+    assert code == 124, err_text[-3000:]
+    assert "[rank 1] stuck" in out.getvalue().decode()
+    # Rank 1 reported call 3 and stopped in its callback; rank 0 entered call 4.
+    assert (
+        "shardfeed launch: worker rank(s) 1 made no progress for 5 s: they stand at shardfeed "
+        "call 3 while rank(s) 0 wait for them in call 4" in err_text
+    ), err_text[-3000:]
+    assert elapsed < 120
+    pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
+    assert len(pids) == 2
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
+# -- init ordering -----------------------------------------------------------------------------
+
+BUILT_BEFORE_INIT = (
+    "A dataset holds its rows on the replicas of the world it was built in, and this one was "
+    "built before `shardfeed.init()`, which has since started another: training it would use "
+    "1 replica(s) while the model's world has 4. Received: dataset.world: world_size=1, "
+    "num_replicas_in_sync=1; shardfeed.init(): world_size=1, num_replicas_in_sync=4. Call "
+    "shardfeed.init() before building the dataset (first thing in the script), then build the "
+    "dataset again."
+)
+
+
+@pytest.fixture
+def no_init():
+    """No world from `shardfeed.init()` during the test, and the previous one after."""
+    from shardfeed._jax import world as _world
+
+    saved = list(_world._initialized)
+    _world._initialized.clear()
+    yield
+    _world._initialized[:] = saved
+
+
+def _rows(n=64):
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
+    import keras
+
+    x, y = _rows()
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert ds.world.num_replicas_in_sync == 1  # one device, as Keras on JAX without init
+    world = shardfeed.init()
+    assert world.num_replicas_in_sync == 4
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert str(info.value) == BUILT_BEFORE_INIT
+    with pytest.raises(RuntimeError, match=r"built before `shardfeed\.init"):
+        ds.epoch(0)
+    # Built after init: its world is init's.
+    assert shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1).world == world
+
+
+def test_a_dataset_built_before_an_init_with_the_same_world_is_kept(no_init):
+    x, y = _rows()
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    shardfeed.init(engine="single")
+    assert ds.world.num_replicas_in_sync == 1
+
+
+def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeypatch):
+    import keras
+
+    for name, value in {"SHARDFEED_RANK": "1", "SHARDFEED_WORLD_SIZE": "2",
+                        "SHARDFEED_LOCAL_RANK": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    x, y = _rows()
+    with pytest.raises(RuntimeError) as info:
+        shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
+    assert str(info.value) == (
+        "A launcher started 2 workers, but this one never called `shardfeed.init()`: its dataset "
+        "would hold every row and train alone, and every worker would act as the chief. "
+        "Received: launcher='shardfeed', rank=1, world_size=2 (from SHARDFEED_RANK, "
+        "SHARDFEED_WORLD_SIZE, SHARDFEED_LOCAL_RANK), shardfeed.init() not called. Call "
+        "shardfeed.init() before building the dataset (first thing in the script)."
+    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(RuntimeError, match=r"never called `shardfeed\.init"):
+        shardfeed.evaluate(model, x, y, verbose=0)  # arrays become a dataset
