@@ -22,11 +22,12 @@ import tensorflow as tf
 from _ranks_worker import assert_fit_case_outcomes
 from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 
+import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
 from shardfeed._common import agreement as call_agreement
 from shardfeed._data import agreement
 from shardfeed._data.sources import columns_from_arrays
-from shardfeed._training import fit_args
+from shardfeed._training import fit_args, model_sync
 
 WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
 # Set-up (two TensorFlow workers) takes ~15 s here; a hang would take TIMEOUT_S.
@@ -249,3 +250,25 @@ def test_fit_settings_describe_what_decides_the_steps():
 def test_two_workers_with_other_fit_arguments_both_raise(tmp_path):
     assert_fit_case_outcomes(_outcomes(tmp_path, "fitargs", "all", "fit"))
 
+
+def test_sync_model_names_a_model_built_otherwise_on_a_rank():
+    check = model_sync._check_structure
+    dense = [["dense/kernel", [4, 1], "<f4", "a"], ["dense/bias", [1], "<f4", "b"]]
+    check([dense, [[*v[:3], "other hash"] for v in dense]])  # values may differ: copied
+    with pytest.raises(ValueError) as info:
+        check([dense, dense, dense[:1]])
+    assert str(info.value) == (
+        "Every worker must build the same model (the same layers, in the same order, built "
+        "on inputs of the same shapes) before its weights can be made identical. Received: "
+        "rank 2 has 1 variables, rank 0 has 2. Build the model from the same code and input "
+        "shapes on every worker, and build it (and its optimizer) before `sync_model`."
+    )
+    with pytest.raises(ValueError, match=r"Received: rank 1 has variable dense/kernel \[4, 2\] "
+                       r"<f4, rank 0 has dense/kernel \[4, 1\] <f4\."):
+        check([dense, [["dense/kernel", [4, 2], "<f4", "a"], dense[1]]])
+
+
+def test_sync_model_with_one_worker_copies_nothing():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    assert shardfeed.sync_model(model) == 0
