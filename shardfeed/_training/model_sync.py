@@ -44,17 +44,68 @@ def model_variables(model: keras.Model) -> list[Any]:
     return variables
 
 
-def _fingerprint(values: list[np.ndarray], variables: list[Any]) -> list[list[Any]]:
+def _host_values(variables: list[Any]) -> list[np.ndarray | None]:
+    """Each variable's value on this host; None for one sharded across
+    processes (a `keras.distribution` layout: no host holds it whole, and
+    no rank can have started it differently from the others)."""
+    values: list[np.ndarray | None] = []
+    for v in variables:
+        value = v.value
+        spread = not getattr(value, "is_fully_addressable", True)
+        if spread and not getattr(value, "is_fully_replicated", False):
+            values.append(None)
+        else:
+            values.append(np.ascontiguousarray(np.asarray(value)))
+    return values
+
+
+def _fingerprint(values: list[np.ndarray | None], variables: list[Any]) -> list[list[Any]]:
     # Not a security check: a digest of each value's bytes, to compare.
     return [
         [
             getattr(v, "path", getattr(v, "name", "")),
-            list(value.shape),
-            value.dtype.str,
-            hashlib.sha1(value.tobytes(), usedforsecurity=False).hexdigest(),
+            list(v.shape),
+            np.dtype(value.dtype if value is not None else "V1").str,
+            hashlib.sha1(value.tobytes(), usedforsecurity=False).hexdigest()
+            if value is not None
+            else "sharded",
         ]
         for v, value in zip(variables, values, strict=True)
     ]
+
+
+_OUT_OF_SYNC_FIX = (
+    "Call `shardfeed.sync_model(model)` on every worker after building the model and "
+    "its optimizer and before your loop's first step (or seed Keras alike on every "
+    "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
+    "this itself."
+)
+
+
+def check_in_sync(world: _World, variables: list[Any], action: str) -> None:
+    """Raises on every worker when the workers' `variables` differ (one small
+    all-gather of fingerprints), before `action` would use rank 0's alone.
+
+    Raises:
+        ValueError: Naming the first variable that differs, with the fix.
+    """
+    if world.world_size == 1:
+        return
+    mine = _fingerprint(_host_values(variables), variables)
+    prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
+    _check_structure(prints)
+    for rank, theirs in enumerate(prints[1:], start=1):
+        differ = [i for i, v in enumerate(theirs) if v[3] != prints[0][i][3]]
+        if differ:
+            raise ValueError(
+                _errors.message(
+                    f"Every worker must hold the same weights to {action}: the workers "
+                    "trained one model only if they started from the same values.",
+                    f"variable {theirs[differ[0]][0]} differs between ranks 0 and {rank} "
+                    f"({len(differ)} of {len(theirs)} variables differ)",
+                    _OUT_OF_SYNC_FIX,
+                )
+            )
 
 
 def sync_variables(world: _World, variables: list[Any]) -> int:
@@ -69,21 +120,23 @@ def sync_variables(world: _World, variables: list[Any]) -> int:
     """
     if world.world_size == 1:
         return 0
-    values = [np.ascontiguousarray(np.asarray(v.value)) for v in variables]
+    values = _host_values(variables)
     mine = _fingerprint(values, variables)
     prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
     _check_structure(prints)
     differ = [i for i in range(len(mine)) if any(p[i][3] != prints[0][i][3] for p in prints)]
     if not differ:
         return 0
-    payload = b"".join(values[i].tobytes() for i in differ) if world.rank == 0 else b""
+    local = [values[i] for i in differ]
+    present = [value for value in local if value is not None]  # "sharded" never differs
+    payload = b"".join(value.tobytes() for value in present) if world.rank == 0 else b""
     chief = world.all_gather_bytes(payload)[0]
     offset = 0
-    for i in differ:
-        size = values[i].nbytes
-        value = np.frombuffer(chief, values[i].dtype, values[i].size, offset)
-        variables[i].assign(value.reshape(values[i].shape))
-        offset += size
+    for i, value in zip(differ, local, strict=True):
+        assert value is not None, "a sharded value's fingerprint is the same on every rank"
+        copied = np.frombuffer(chief, value.dtype, value.size, offset)
+        variables[i].assign(copied.reshape(value.shape))
+        offset += value.nbytes
     return len(differ)
 
 

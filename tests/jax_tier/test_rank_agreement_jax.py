@@ -8,11 +8,13 @@ a collective the other never joined.
 
 A user's own loop (Keras' JAX guide's, on the resident batches): an unseeded
 model trains to other weights on each process; after `shardfeed.sync_model`
-both end with the same (`_training/model_sync.py`).
+both end with the same (`_training/model_sync.py`); `save_model` refuses the
+first (its processes hold other weights) and saves the second.
 """
 
 from __future__ import annotations
 
+import keras
 from _helpers_jax import run_jax_processes
 from _ranks_worker import assert_fit_case_outcomes  # the cases, shared with TensorFlow's tier
 
@@ -112,14 +114,33 @@ for sync in (False, True):
     for variable, value in zip(model.trainable_variables, trainable_variables):
         variable.assign(value)
     weights[str(sync)] = [np.asarray(w).tolist() for w in model.get_weights()]
+    try:
+        shardfeed.save_model(model, sys.argv[3])
+        weights[f"save {sync}"] = "ok"
+    except ValueError as err:
+        weights[f"save {sync}"] = str(err)
 print("RESULT " + json.dumps(weights))
 """
 
 
-def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes():
-    results = run_jax_processes(GUIDE_LOOP_CHILD)
+def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_path):
+    saved = tmp_path / "model.keras"
+    results = run_jax_processes(GUIDE_LOOP_CHILD, [str(saved)])
     unsynced, synced = ([r[k] for r in results] for k in ("False", "True"))
-    # Unseeded and unsynced (the issue's probe): each process trains its own start.
+    # Unseeded and unsynced (the issue's probe): each process trains its own start...
     assert unsynced[0] != unsynced[1]
-    # After `sync_model`, both processes step one model.
+    # ...and `save_model` refuses on both rather than write rank 0's alone (before: rc 0).
+    for result in results:
+        assert result["save False"] == (
+            f"Every worker must hold the same weights to save one model file ({saved}): the "
+            "workers trained one model only if they started from the same values. Received: "
+            "variable dense/kernel differs between ranks 0 and 1 (3 of 6 variables differ). "
+            "Call `shardfeed.sync_model(model)` on every worker after building the model and "
+            "its optimizer and before your loop's first step (or seed Keras alike on every "
+            "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
+            "this itself."
+        )  # the kernels; the biases start at zeros
+    # After `sync_model`, both processes step one model, and it saves.
     assert synced[0] == synced[1]
+    assert [r["save True"] for r in results] == ["ok", "ok"]
+    assert [w.tolist() for w in keras.models.load_model(saved).get_weights()] == synced[0]
