@@ -34,13 +34,15 @@ def _arrays(mode: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
 # One fit argument other on rank 1 per case; "same" last: after refusing
 # together the ranks are still in step.
 FIT_CASES = ["epochs", "steps_per_epoch", "validation_data", "steps_per_execution", "same"]
+# Then one `evaluate` each: other steps per call, arrays on rank 1 only, the same.
+EVALUATE_CASES = ["steps_per_execution", "arrays", "same"]
 
 
 _CALL_REFUSAL = (
     "ValueError: Every worker must call `fit` with the same arguments: they decide how "
     "many steps and collectives each rank runs. Received: ranks disagree on fit's "
 )
-# What each of `FIT_CASES` raises on every rank (before: a rank with
+# What each of `FIT_CASES`, then `EVALUATE_CASES`, raises on every rank (before: a rank with
 # other epochs or validation data hung in a collective the other never joined).
 FIT_CASE_REFUSALS = [
     _CALL_REFUSAL + "`epochs`: rank 0 has 1, rank 1 has 2. Pass the same arguments",
@@ -48,6 +50,11 @@ FIT_CASE_REFUSALS = [
     _CALL_REFUSAL + '`validation_data`: rank 0 has None, rank 1 has [{"rows": 100}, '
     '{"rows": 100}]. Pass the same',
     _CALL_REFUSAL + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    "ok",
+    _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
+    + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
+    + "`data`: rank 0 has 'ShardedResidentDataset', rank 1 has 'arrays'. Pass",
     "ok",
 ]
 
@@ -63,7 +70,8 @@ def assert_fit_case_outcomes(outcomes: list[str]) -> None:
 
 
 def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str]:
-    """What `fit` raised (or "ok") for each of `FIT_CASES`, on this rank."""
+    """What `fit` raised (or "ok") for each of `FIT_CASES`, then `evaluate`
+    for each of `EVALUATE_CASES`, on this rank."""
     outcomes = []
     for case in FIT_CASES:
         kwargs = {}
@@ -77,6 +85,17 @@ def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str
             kwargs["options"] = shardfeed.FitOptions(steps_per_execution=2)
         try:
             shardfeed.fit(model, dataset, verbose=0, **{"epochs": 1, **kwargs})
+            outcomes.append("ok")
+        except Exception as err:  # recorded for the test, whatever it is
+            outcomes.append(f"{type(err).__name__}: {err}")
+    for case in EVALUATE_CASES:
+        args, kwargs = (dataset,), {}
+        if rank == 1 and case == "steps_per_execution":
+            kwargs["options"] = shardfeed.FitOptions(steps_per_execution=2)
+        elif rank == 1 and case == "arrays":
+            args = (x, y)
+        try:
+            shardfeed.evaluate(model, *args, **kwargs)
             outcomes.append("ok")
         except Exception as err:  # recorded for the test, whatever it is
             outcomes.append(f"{type(err).__name__}: {err}")

@@ -289,12 +289,6 @@ def settings(
     other callbacks may differ (e.g. a chief-only `TensorBoard`); a
     `BackupAndRestore` writes and reads on every rank, so its presence and
     `save_freq` may not."""
-    options = FitOptions() if options is None else options
-    if dataclasses.is_dataclass(options) and not isinstance(options, type):
-        fields = dataclasses.fields(options)
-        described = {f"options.{f.name}": getattr(options, f.name) for f in fields}
-    else:
-        described = {"options": options}
     backups = [
         getattr(c, "save_freq", None)
         for c in callbacks or []
@@ -311,10 +305,22 @@ def settings(
         "validation_data": _data_shape(validation_data),
         "class_weight": class_weight,
         "BackupAndRestore save_freq": backups,
-        **described,
-        "compile's steps_per_execution": getattr(model, "steps_per_execution", 1),
+        **options_settings(model, options),
     }
     return {name: plain(value) for name, value in given.items()}
+
+
+def options_settings(model: keras.Model, options: Any) -> dict[str, Any]:
+    """Every `FitOptions` field and the compiled `steps_per_execution`, as
+    the ranks compare them (`fit`, `evaluate`): they decide the calls."""
+    options = FitOptions() if options is None else options
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        fields = dataclasses.fields(options)
+        described = {f"options.{f.name}": getattr(options, f.name) for f in fields}
+    else:
+        described = {"options": options}
+    described["compile's steps_per_execution"] = getattr(model, "steps_per_execution", 1)
+    return {name: plain(value) for name, value in described.items()}
 
 
 def _data_shape(data: Any) -> Any:
