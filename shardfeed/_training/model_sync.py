@@ -46,8 +46,8 @@ def model_variables(model: keras.Model) -> list[Any]:
 
 def _host_values(variables: list[Any]) -> list[np.ndarray | None]:
     """Each variable's value on this host; None for one sharded across
-    processes (a `keras.distribution` layout: no host holds it whole, and
-    no rank can have started it differently from the others)."""
+    processes (a `keras.distribution` layout: no host holds it whole, and it
+    is one array, not a copy per rank that could differ)."""
     values: list[np.ndarray | None] = []
     for v in variables:
         value = v.value
