@@ -37,6 +37,7 @@ _EXPORTS = {
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._training.evaluation",
     "save_model": "shardfeed._training.saving",
+    "sync_model": "shardfeed._training.sync",
 }
 
 # On the JAX backend: public name -> its module there, or None where there is
@@ -60,6 +61,7 @@ _JAX_EXPORTS: dict[str, str | None] = {
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
     "save_model": "shardfeed._jax.saving",
+    "sync_model": "shardfeed._jax.sync",
 }
 
 # Same module on every backend: resolved without asking Keras for its backend.
@@ -89,6 +91,7 @@ if _typing.TYPE_CHECKING:
     from shardfeed._training.evaluation import predict as predict
     from shardfeed._training.options import FitOptions as FitOptions
     from shardfeed._training.saving import save_model as save_model
+    from shardfeed._training.sync import sync_model as sync_model
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -4,8 +4,11 @@
 `rows`: 1,000 rows on rank 0 and 1,037 others on rank 1; `permuted`: the same
 1,000 rows in a per-rank order) and calls `fit`, `evaluate` or `predict`.
 `save WHAT PATH`: `save_model` to PATH, or `fit` with a `BackupAndRestore`
-writing to PATH. Either way each rank records what it raised (or "ok") in
-`OUT.rankN.txt`, so the test sees every rank's error, not only the first.
+writing to PATH. `fitargs all fit`: the `FIT_CASES`, one `fit` each with one
+argument other on rank 1 (`fit_setting_outcomes`, which the JAX tier's
+two-process test runs too), outcomes joined by newlines. Either way each
+rank records what it raised (or "ok") in `OUT.rankN.txt`, so the test sees
+every rank's error, not only the first.
 """
 
 from __future__ import annotations
@@ -28,9 +31,80 @@ def _arrays(mode: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+# One fit argument other on rank 1 per case; "same" last: after refusing
+# together the ranks are still in step.
+FIT_CASES = ["epochs", "steps_per_epoch", "validation_data", "steps_per_execution", "same"]
+# Then one `evaluate` each: other steps per call, arrays on rank 1 only, the same.
+EVALUATE_CASES = ["steps_per_execution", "arrays", "same"]
+
+
+_CALL_REFUSAL = (
+    "ValueError: Every worker must call `fit` with the same arguments: they decide how "
+    "many steps and collectives each rank runs. Received: ranks disagree on fit's "
+)
+# What each of `FIT_CASES`, then `EVALUATE_CASES`, raises on every rank (before: a rank with
+# other epochs or validation data hung in a collective the other never joined).
+FIT_CASE_REFUSALS = [
+    _CALL_REFUSAL + "`epochs`: rank 0 has 1, rank 1 has 2. Pass the same arguments",
+    _CALL_REFUSAL + "`steps_per_epoch`: rank 0 has None, rank 1 has 3. Pass the same",
+    _CALL_REFUSAL + '`validation_data`: rank 0 has None, rank 1 has [{"rows": 100}, '
+    '{"rows": 100}]. Pass the same',
+    _CALL_REFUSAL + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    "ok",
+    _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
+    + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
+    + "`data`: rank 0 has 'ShardedResidentDataset', rank 1 has 'arrays'. Pass",
+    "ok",
+]
+
+
+def assert_fit_case_outcomes(outcomes: list[str]) -> None:
+    """Both ranks refused each case with the same words, then trained."""
+    for outcome in outcomes:
+        lines = outcome.split("\n")
+        assert len(lines) == len(FIT_CASE_REFUSALS), outcome
+        for line, expected in zip(lines, FIT_CASE_REFUSALS, strict=True):
+            assert line.startswith(expected), line
+    assert outcomes[0] == outcomes[1]
+
+
+def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str]:
+    """What `fit` raised (or "ok") for each of `FIT_CASES`, then `evaluate`
+    for each of `EVALUATE_CASES`, on this rank."""
+    outcomes = []
+    for case in FIT_CASES:
+        kwargs = {}
+        if rank == 1 and case == "epochs":
+            kwargs["epochs"] = 2
+        elif rank == 1 and case == "steps_per_epoch":
+            kwargs["steps_per_epoch"] = 3
+        elif rank == 1 and case == "validation_data":
+            kwargs["validation_data"] = (x[:100], y[:100])
+        elif rank == 1 and case == "steps_per_execution":
+            kwargs["options"] = shardfeed.FitOptions(steps_per_execution=2)
+        try:
+            shardfeed.fit(model, dataset, verbose=0, **{"epochs": 1, **kwargs})
+            outcomes.append("ok")
+        except Exception as err:  # recorded for the test, whatever it is
+            outcomes.append(f"{type(err).__name__}: {err}")
+    for case in EVALUATE_CASES:
+        args, kwargs = (dataset,), {}
+        if rank == 1 and case == "steps_per_execution":
+            kwargs["options"] = shardfeed.FitOptions(steps_per_execution=2)
+        elif rank == 1 and case == "arrays":
+            args = (x, y)
+        try:
+            shardfeed.evaluate(model, *args, **kwargs)
+            outcomes.append("ok")
+        except Exception as err:  # recorded for the test, whatever it is
+            outcomes.append(f"{type(err).__name__}: {err}")
+    return outcomes
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("task", choices=["data", "save"])
+    p.add_argument("task", choices=["data", "save", "fitargs"])
     p.add_argument("mode")
     p.add_argument("arg")
     p.add_argument("--out", required=True)
@@ -46,7 +120,12 @@ def main() -> int:
         model.compile(optimizer="sgd", loss="mse")
     x, y = _arrays(args.mode if args.mode in ("rows", "permuted") else "same", world.rank)
     try:
-        if args.task == "data":
+        if args.task == "fitargs":
+            ds = shardfeed.ShardedResidentDataset(
+                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
+            )
+            outcome = "\n".join(fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank))
+        elif args.task == "data":
             if args.arg == "fit":
                 # "seed": another seed on rank 1, replicated (each rank draws its own
                 # share of the order: some rows trained twice, some never).
@@ -69,7 +148,8 @@ def main() -> int:
             )
             backup = keras.callbacks.BackupAndRestore(args.arg)
             shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[backup])
-        outcome = "ok"
+        if args.task != "fitargs":
+            outcome = "ok"
     except Exception as err:  # recorded for the test, whatever it is
         outcome = f"{type(err).__name__}: {err}"
     with open(f"{args.out}.rank{world.rank}.txt", "w") as f:

@@ -24,6 +24,7 @@ EXPECTED = [
     "plan_shards",
     "predict",
     "save_model",
+    "sync_model",
 ]
 
 # The JAX backend's table: where each public name comes from there (None: not
@@ -46,6 +47,7 @@ EXPECTED_JAX = {
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
     "save_model": "shardfeed._jax.saving",
+    "sync_model": "shardfeed._jax.sync",
 }
 
 # Public submodules and their exports.

@@ -19,11 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from _ranks_worker import assert_fit_case_outcomes
 from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 
+import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
+from shardfeed._common import agreement as call_agreement
 from shardfeed._data import agreement
 from shardfeed._data.sources import columns_from_arrays
+from shardfeed._training import fit_args, model_sync
 
 WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
 # Set-up (two TensorFlow workers) takes ~15 s here; a hang would take TIMEOUT_S.
@@ -197,3 +201,74 @@ def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, engine, tmp_pa
         assert outcome.startswith(f"ChiefWriteError: rank 0 could not write {path}: "), outcome
         assert "NotADirectoryError" in outcome, outcome
 
+
+
+# -- fit's own arguments ---------------------------------------------------------
+
+def test_call_settings_name_the_setting_and_each_differing_rank():
+    diff = call_agreement.settings_difference
+    assert diff("fit", [{"epochs": 3}, {"epochs": 3}]) is None
+    assert diff("fit", [{"epochs": 3, "x": 1}, {"epochs": 2, "x": 2}, {"epochs": 3}]) == (
+        "ranks disagree on fit's `epochs`: rank 0 has 3, rank 1 has 2"
+    )
+    assert diff("fit", [{"a": None}, {"a": "auto"}, {"a": None}, {"a": True}]) == (
+        "ranks disagree on fit's `a`: rank 0 has None, rank 1 has 'auto', rank 3 has True"
+    )
+    many = [{"n": 0}] + [{"n": r} for r in range(1, 9)]
+    assert diff("fit", many).endswith("rank 6 has 6 (and 2 more ranks)")
+    # A setting one rank lacks differs too.
+    assert diff("fit", [{"a": 1}, {"a": 1, "b": 2}]) == (
+        "ranks disagree on fit's `b`: rank 0 has None, rank 1 has 2"
+    )
+    # Values as JSON: NumPy scalars as numbers, mappings by sorted keys, objects by type.
+    assert call_agreement.plain({1: np.float32(0.5), 0: np.int64(2)}) == {"0": 2, "1": 0.5}
+    assert call_agreement.plain((object(), [True])) == ["object", [True]]
+
+
+def test_fit_settings_describe_what_decides_the_steps():
+    x = np.zeros((1000, 4), "float32")
+    ds = ShardedResidentDataset(x, x[:, :1], per_replica_batch_size=50, shuffle=False)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    given = {"epochs": 2, "initial_epoch": 0, "initial_step": 0, "steps_per_epoch": None,
+             "validation_data": None, "validation_split": 0.0, "validation_freq": [1, 2],
+             "class_weight": {1: 2.0}, "options": None,
+             "callbacks": [tf.keras.callbacks.BackupAndRestore("b", save_freq=4),
+                           tf.keras.callbacks.TerminateOnNaN()]}
+    settings = fit_args.settings(model, ds, **given)
+    assert settings["dataset steps per epoch"] == 20
+    assert settings["validation_freq"] == [1, 2]
+    assert settings["class_weight"] == {"1": 2.0}
+    assert settings["BackupAndRestore save_freq"] == [4]
+    assert settings["options.steps_per_execution"] == "auto"
+    assert settings["compile's steps_per_execution"] == 1
+    with_data = fit_args.settings(model, ds, **{**given, "validation_data": ds})
+    assert with_data["validation_data"] == {"rows": 1000, "per_replica_batch_size": 50}
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+def test_two_workers_with_other_fit_arguments_both_raise(tmp_path):
+    assert_fit_case_outcomes(_outcomes(tmp_path, "fitargs", "all", "fit"))
+
+
+def test_sync_model_names_a_model_built_otherwise_on_a_rank():
+    check = model_sync._check_structure
+    dense = [["dense/kernel", [4, 1], "<f4", "a"], ["dense/bias", [1], "<f4", "b"]]
+    check([dense, [[*v[:3], "other hash"] for v in dense]])  # values may differ: copied
+    with pytest.raises(ValueError) as info:
+        check([dense, dense, dense[:1]])
+    assert str(info.value) == (
+        "Every worker must build the same model (the same layers, in the same order, built "
+        "on inputs of the same shapes) before its weights can be made identical. Received: "
+        "rank 2 has 1 variables, rank 0 has 2. Build the model from the same code and input "
+        "shapes on every worker, and build it (and its optimizer) before `sync_model`."
+    )
+    with pytest.raises(ValueError, match=r"Received: rank 1 has variable dense/kernel \[4, 2\] "
+                       r"<f4, rank 0 has dense/kernel \[4, 1\] <f4\."):
+        check([dense, [["dense/kernel", [4, 2], "<f4", "a"], dense[1]]])
+
+
+def test_sync_model_with_one_worker_copies_nothing():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    assert shardfeed.sync_model(model) == 0

@@ -13,6 +13,9 @@ raises the same error on every rank (no rank goes on to a collective that
 another will not join). The dataset arguments that decide each step's rows and
 collectives (`dataset_settings`) go along and are compared first.
 
+The settings are made comparable by `_common/agreement.plain`, which also
+compares a call's own arguments (`fit`'s) across ranks.
+
 Rows are read only where that is cheap: any row of an array or of a file
 read in place; only the first rows of a stream that must be decompressed
 from its start (a compressed `.npz` member); none of a `tf.data` pipeline
@@ -24,12 +27,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.agreement import plain
 from shardfeed._data.sources import Columns
 
 if TYPE_CHECKING:  # either backend's World (only its size and all-gather are used)
@@ -132,18 +135,7 @@ def dataset_settings(
         "seed": seed,
         **{f"LoadOptions.{name}": getattr(options, name) for name in shared},
     }
-    return {name: _plain(value) for name, value in given.items()}
-
-
-def _plain(value: Any) -> Any:
-    """A JSON value for comparing (not yet validated: the plans check them later)."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return repr(value)
+    return {name: plain(value) for name, value in given.items()}
 
 
 def check_agreement(

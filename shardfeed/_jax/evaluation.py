@@ -15,10 +15,12 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
+from shardfeed._common.agreement import check_settings
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import loop as _loop
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
+from shardfeed._jax.world import current_world
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
 from shardfeed._training.class_weights import ClassWeights
@@ -101,6 +103,11 @@ def evaluate(
     verbose = resolve_verbose(verbose)
     needs_targets = not _inputs.overrides(model, "test_step")
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
+    # Before any other collective (arrays become a dataset, which compares rows).
+    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
+    check_settings(
+        world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(

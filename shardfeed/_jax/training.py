@@ -20,6 +20,7 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.agreement import check_settings
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
@@ -66,6 +67,25 @@ def fit(
     check_model(model, needs_compile=True)
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
+    # Before any other collective (a split or validation data builds datasets).
+    check_settings(
+        dataset.world,
+        "fit",
+        fit_args.settings(
+            model,
+            dataset,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            initial_step=initial_step,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=validation_data,
+            validation_split=validation_split,
+            validation_freq=validation_freq,
+            class_weight=class_weight,
+            callbacks=callbacks,
+            options=options,
+        ),
+    )
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data

@@ -15,6 +15,7 @@ from typing import Any
 
 import keras
 
+from shardfeed._common.agreement import check_settings
 from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._training import backup as _backup
@@ -118,6 +119,25 @@ def fit(
     # A model's own step may train on `x` alone, as under Keras.
     steps = ModelSteps.of(model)
     dataset = check_dataset(dataset, needs_targets=not steps.train)
+    # Before any other collective (a split or validation data builds datasets).
+    check_settings(
+        dataset.world,
+        "fit",
+        fit_args.settings(
+            model,
+            dataset,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            initial_step=initial_step,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=validation_data,
+            validation_split=validation_split,
+            validation_freq=validation_freq,
+            class_weight=class_weight,
+            callbacks=callbacks,
+            options=options,
+        ),
+    )
     if validation_split:
         dataset, validation_data = fit_args.split_validation(
             dataset, validation_split, validation_data

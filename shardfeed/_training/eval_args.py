@@ -2,8 +2,8 @@
 
 Owns the Keras argument names those two take beyond their own: `x=` works
 as in Keras (another name for `data`); the rest are refused with what to use
-instead (the table is in docs/keras.md). `fit`'s own arguments live in
-`fit_args`.
+instead (the table is in docs/keras.md), and the `settings` every rank's
+`evaluate` must share. `fit`'s own arguments live in `fit_args`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from shardfeed._common import errors as _errors
 from shardfeed._training.fit_args import REFUSED as _FIT_REFUSED
-from shardfeed._training.fit_args import _short
+from shardfeed._training.fit_args import _short, options_settings
 
 _EVERY_ROW = (
     "`shardfeed.{fn}` covers every row exactly once (a partial last batch on "
@@ -121,3 +121,15 @@ def _refuse(fn: str, name: str, value: Any) -> None:
 
 def _is_zero(value: Any) -> bool:
     return _errors.is_integer(value) and value == 0
+
+
+def settings(model: Any, data: Any, options: Any, dataset_type: type[Any]) -> dict[str, Any]:
+    """What decides how many calls and collectives this rank's `evaluate`
+    runs, as the ranks compare it: arrays are built into a dataset (a
+    collective: the rows' agreement) where a dataset is not, and a dataset's
+    steps and the steps per call give the number of calls. The arrays' rows
+    and batch are compared when their dataset is built."""
+    given: dict[str, Any] = {"data": "arrays"}
+    if isinstance(data, dataset_type):
+        given = {"data": dataset_type.__name__, "data steps": data.eval_plan.steps_per_epoch}
+    return {**given, **options_settings(model, options)}

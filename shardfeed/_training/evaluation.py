@@ -13,7 +13,10 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
+from shardfeed._common.agreement import check_settings
+from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.peers import naming_lost_peers
+from shardfeed._distribute.world import current_world
 from shardfeed._training import eval_args
 from shardfeed._training.compiled import loop_for
 from shardfeed._training.fit_args import max_steps
@@ -114,6 +117,15 @@ def evaluate(
     check_model(model, needs_compile=True)
     verbose = resolve_verbose(verbose)
     check_targets(data, y, sample_weight, needs_targets=not ModelSteps.of(model).test)
+    # Before any other collective (arrays become a dataset, which compares rows).
+    world = (
+        data.world
+        if isinstance(data, ShardedResidentDataset)
+        else current_world(model.distribute_strategy)
+    )
+    check_settings(
+        world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform

@@ -4,18 +4,23 @@ Owns the arguments a Keras user carries over from `model.fit`: refusing those
 `fit` cannot honour with the replacement in the message (the full table is in
 docs/keras.md), `validation_split` (`ShardedResidentDataset.split`: the last
 rows, as in Keras, split before sharding) and `validation_freq` (an int or a list
-of epochs, as in Keras).
+of epochs, as in Keras), and the `settings` every rank's `fit` must share
+(compared across ranks by `_data/agreement.check_settings`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.agreement import plain
+from shardfeed._training.options import FitOptions
 
 # Keras' own text (`EpochIterator._interrupted_warning`), for the same case.
 RAN_OUT_WARNING = (
@@ -258,3 +263,79 @@ def epochs_to_run(epochs: object, initial_epoch: object) -> tuple[int, int]:
         warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=3)
         count = max_epochs
     return count, first
+
+
+def settings(
+    model: keras.Model,
+    dataset: Any,
+    *,
+    epochs: Any,
+    initial_epoch: Any,
+    initial_step: Any,
+    steps_per_epoch: Any,
+    validation_data: Any,
+    validation_split: Any,
+    validation_freq: Any,
+    class_weight: Any,
+    callbacks: Any,
+    options: Any,
+) -> dict[str, Any]:
+    """What decides how many steps and collectives this rank's `fit` runs, as
+    the ranks compare it (before any check of the values, so ranks that
+    disagree hear it rather than one raising while another waits): one rank
+    with other epochs or steps waits in a collective the others never join;
+    validation data on one rank only builds a dataset (a collective) there alone.
+    The dataset's own arguments were compared when it was built. `verbose` and
+    other callbacks may differ (e.g. a chief-only `TensorBoard`); a
+    `BackupAndRestore` writes and reads on every rank, so its presence and
+    `save_freq` may not."""
+    backups = [
+        getattr(c, "save_freq", None)
+        for c in callbacks or []
+        if isinstance(c, keras.callbacks.BackupAndRestore)
+    ]
+    given = {
+        "epochs": epochs,
+        "initial_epoch": initial_epoch,
+        "initial_step": initial_step,
+        "steps_per_epoch": steps_per_epoch,
+        "dataset steps per epoch": getattr(getattr(dataset, "plan", None), "steps_per_epoch", None),
+        "validation_split": validation_split,
+        "validation_freq": validation_freq,
+        "validation_data": _data_shape(validation_data),
+        "class_weight": class_weight,
+        "BackupAndRestore save_freq": backups,
+        **options_settings(model, options),
+    }
+    return {name: plain(value) for name, value in given.items()}
+
+
+def options_settings(model: keras.Model, options: Any) -> dict[str, Any]:
+    """Every `FitOptions` field and the compiled `steps_per_execution`, as
+    the ranks compare them (`fit`, `evaluate`): they decide the calls."""
+    options = FitOptions() if options is None else options
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        fields = dataclasses.fields(options)
+        described = {f"options.{f.name}": getattr(options, f.name) for f in fields}
+    else:
+        described = {"options": options}
+    described["compile's steps_per_execution"] = getattr(model, "steps_per_execution", 1)
+    return {name: plain(value) for name, value in described.items()}
+
+
+def _data_shape(data: Any) -> Any:
+    """`validation_data` as the ranks compare it: None, a dataset's rows and
+    batch, or each array's row count (not its values: the dataset built
+    from them compares rows)."""
+    if data is None:
+        return None
+    if hasattr(data, "num_rows") and hasattr(data, "per_replica_batch_size"):
+        return {"rows": data.num_rows, "per_replica_batch_size": data.per_replica_batch_size}
+    if isinstance(data, list | tuple):
+        return [_data_shape(item) for item in data]
+    if isinstance(data, dict):
+        return {str(k): _data_shape(v) for k, v in data.items()}
+    shape: Any = getattr(data, "shape", None)
+    if hasattr(shape, "__len__"):  # a tuple, or TensorFlow's `TensorShape`
+        return {"rows": plain(shape[0]) if len(shape) else None}
+    return plain(data) if np.isscalar(data) else type(data).__name__

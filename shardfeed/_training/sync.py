@@ -88,3 +88,44 @@ def check_in_sync(model: keras.Model, engine: Any, epoch: int, step: int) -> Non
             "`FitOptions(sync_check=False)` turns this check off.",
         )
     )
+
+
+def sync_model(model: keras.Model) -> int:
+    """Gives every worker rank 0's weights, for a training loop of your own.
+
+    `shardfeed.fit` starts every rank from rank 0's weights itself; a loop of
+    your own never hands the model to shardfeed. On JAX an unseeded model
+    starts from other random values on each process, and a step jitted over
+    the global batch trains each process's own copy, so the ranks end with
+    other weights. Call it on every worker after building the model (and its
+    optimizer) and before reading the variables your loop steps. On
+    TensorFlow, variables created in `world.scope()` are already identical
+    (MultiWorkerMirroredStrategy copies them from the chief); it checks,
+    and copies any that differ.
+
+    Copies the model's trainable and non-trainable variables and, when the
+    model is compiled and its optimizer built, the optimizer's. A collective:
+    one small all-gather of fingerprints, and a second carrying rank 0's
+    values only when some differ.
+
+    Args:
+        model: A built Keras model.
+
+    Returns:
+        How many variables differed and now hold rank 0's values (0 with one
+        worker, or when all agreed).
+
+    Raises:
+        ValueError: When the workers' models have other variables (count,
+            path, shape or dtype).
+
+    Example:
+        >>> model = make_model(); optimizer.build(model.trainable_variables)
+        >>> shardfeed.sync_model(model)  # before `state = model.trainable_variables, ...`
+        0
+    """
+    from shardfeed._distribute.world import current_world, initialized_world
+    from shardfeed._training.model_sync import model_variables, sync_variables
+
+    world = initialized_world() or current_world()
+    return sync_variables(world, model_variables(model))

@@ -1,0 +1,24 @@
+"""`sync_model` on JAX: every process's model starts from rank 0's values.
+
+The JAX entry of `_training/model_sync.py` (the neutral fingerprint and copy),
+with the JAX `World`: the one `shardfeed.init()` started, or the job's.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from shardfeed._jax.world import current_world
+from shardfeed._training.model_sync import model_variables, sync_variables
+
+
+def sync_model(model: keras.Model) -> int:
+    """Gives every process rank 0's weights, for a training loop of your own.
+
+    The same arguments, result and errors as the TensorFlow backend's
+    `shardfeed.sync_model` (see its documentation). Call it on every process
+    after building the model and its optimizer, before your loop reads
+    `model.trainable_variables`, `non_trainable_variables` and
+    `optimizer.variables` into its state.
+    """
+    return sync_variables(current_world(), model_variables(model))

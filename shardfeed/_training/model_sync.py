@@ -1,0 +1,167 @@
+"""Every rank's model starts from rank 0's values: `sync_model`'s neutral part.
+
+Owns making a model's variables identical across workers for a user's own
+loop, on both backends (the world is anything with `rank`, `world_size` and
+`all_gather_bytes`). `shardfeed.fit` does this itself (TensorFlow's engines
+at the start of `fit`, JAX's `Loop.broadcast_from_chief`); a loop of the
+user's never hands the model to shardfeed, and on JAX an unseeded model
+starts from other random values on each process, which a jitted step over
+the global batch does not reconcile (each process steps its own copy), so
+the ranks end with other weights. Each rank sends a fingerprint (each
+variable's path, shape, dtype and a hash of its bytes) in one small
+all-gather; only when the values differ does rank 0 send them, in a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol
+
+import keras
+import numpy as np
+
+from shardfeed._common import errors as _errors
+
+
+class _World(Protocol):
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    def all_gather_bytes(self, payload: bytes, /) -> list[bytes]: ...
+
+
+def model_variables(model: keras.Model) -> list[Any]:
+    """What a loop steps: the trainable and non-trainable variables (seed
+    generators' states among them), and the compiled optimizer's once built."""
+    variables = [*model.trainable_variables, *model.non_trainable_variables]
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
+        variables += optimizer.variables
+    return variables
+
+
+def _host_values(variables: list[Any]) -> list[np.ndarray | None]:
+    """Each variable's value on this host; None for one sharded across
+    processes (a `keras.distribution` layout: no host holds it whole, and it
+    is one array, not a copy per rank that could differ)."""
+    values: list[np.ndarray | None] = []
+    for v in variables:
+        value = v.value
+        spread = not getattr(value, "is_fully_addressable", True)
+        if spread and not getattr(value, "is_fully_replicated", False):
+            values.append(None)
+        else:
+            values.append(np.ascontiguousarray(np.asarray(value)))
+    return values
+
+
+def _fingerprint(values: list[np.ndarray | None], variables: list[Any]) -> list[list[Any]]:
+    # Not a security check: a digest of each value's bytes, to compare.
+    return [
+        [
+            getattr(v, "path", getattr(v, "name", "")),
+            list(v.shape),
+            np.dtype(value.dtype if value is not None else "V1").str,
+            hashlib.sha1(value.tobytes(), usedforsecurity=False).hexdigest()
+            if value is not None
+            else "sharded",
+        ]
+        for v, value in zip(variables, values, strict=True)
+    ]
+
+
+_OUT_OF_SYNC_FIX = (
+    "Call `shardfeed.sync_model(model)` on every worker after building the model and "
+    "its optimizer and before your loop's first step (or seed Keras alike on every "
+    "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
+    "this itself."
+)
+
+
+def check_in_sync(world: _World, variables: list[Any], action: str) -> None:
+    """Raises on every worker when the workers' `variables` differ (one small
+    all-gather of fingerprints), before `action` would use rank 0's alone.
+
+    Raises:
+        ValueError: Naming the first variable that differs, with the fix.
+    """
+    if world.world_size == 1:
+        return
+    mine = _fingerprint(_host_values(variables), variables)
+    prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
+    _check_structure(prints)
+    for rank, theirs in enumerate(prints[1:], start=1):
+        differ = [i for i, v in enumerate(theirs) if v[3] != prints[0][i][3]]
+        if differ:
+            raise ValueError(
+                _errors.message(
+                    f"Every worker must hold the same weights to {action}: the workers "
+                    "trained one model only if they started from the same values.",
+                    f"variable {theirs[differ[0]][0]} differs between ranks 0 and {rank} "
+                    f"({len(differ)} of {len(theirs)} variables differ)",
+                    _OUT_OF_SYNC_FIX,
+                )
+            )
+
+
+def sync_variables(world: _World, variables: list[Any]) -> int:
+    """Gives every worker rank 0's values of `variables`; returns how many
+    differed on some rank (0: nothing was sent but the fingerprints).
+
+    A collective: call it on every worker at the same point.
+
+    Raises:
+        ValueError: When the workers' models differ in their variables
+            (count, path, shape or dtype), naming the first difference.
+    """
+    if world.world_size == 1:
+        return 0
+    values = _host_values(variables)
+    mine = _fingerprint(values, variables)
+    prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
+    _check_structure(prints)
+    differ = [i for i in range(len(mine)) if any(p[i][3] != prints[0][i][3] for p in prints)]
+    if not differ:
+        return 0
+    local = [values[i] for i in differ]
+    present = [value for value in local if value is not None]  # "sharded" never differs
+    payload = b"".join(value.tobytes() for value in present) if world.rank == 0 else b""
+    chief = world.all_gather_bytes(payload)[0]
+    offset = 0
+    for i, value in zip(differ, local, strict=True):
+        assert value is not None, "a sharded value's fingerprint is the same on every rank"
+        copied = np.frombuffer(chief, value.dtype, value.size, offset)
+        variables[i].assign(copied.reshape(value.shape))
+        offset += value.nbytes
+    return len(differ)
+
+
+def _check_structure(prints: list[list[list[Any]]]) -> None:
+    chief = prints[0]
+    for rank, theirs in enumerate(prints[1:], start=1):
+        difference = None
+        if len(theirs) != len(chief):
+            difference = f"rank {rank} has {len(theirs)} variables, rank 0 has {len(chief)}"
+        else:
+            for (path, shape, dtype, _), (p0, s0, d0, _) in zip(theirs, chief, strict=True):
+                if (path, shape, dtype) != (p0, s0, d0):
+                    difference = (
+                        f"rank {rank} has variable {path} {shape} {dtype}, "
+                        f"rank 0 has {p0} {s0} {d0}"
+                    )
+                    break
+        if difference is not None:
+            raise ValueError(
+                _errors.message(
+                    "Every worker must build the same model (the same layers, in the same "
+                    "order, built on inputs of the same shapes) before its weights can be "
+                    "made identical.",
+                    difference,
+                    "Build the model from the same code and input shapes on every worker, "
+                    "and build it (and its optimizer) before `sync_model`.",
+                )
+            )
