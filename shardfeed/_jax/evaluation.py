@@ -54,7 +54,7 @@ def evaluate_loop(
     model = loop.model
     epoch = dataset.epoch(0, training=False)
     try:
-        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch))
+        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch, "test"))
         model.reset_metrics()
         model.stop_evaluating = False
         cbs.on_test_begin()
@@ -151,7 +151,7 @@ def predict(
     model.stop_predicting = False
     epoch = dataset.epoch(0, training=False)
     try:
-        loop.build(epoch)
+        loop.build(epoch, "predict")
         outputs = gather_outputs(list(loop.iterate("predict", epoch)), epoch.slot_rows())
     finally:
         epoch.close()

@@ -231,15 +231,26 @@ class Loop:
 
     # -- building -------------------------------------------------------------
 
-    def build(self, epoch: Any) -> Any:
-        """Builds the model, its metrics and optimizer from the batch's shapes
-        (no compute), as Keras' `fit` does before its first step; returns
-        that `Batch` of shapes and dtypes."""
+    def build(self, epoch: Any, mode: Mode) -> Any:
+        """Builds what `mode`'s steps read from the batch's shapes (no
+        compute), as Keras does before its first step: the model, its metrics
+        and optimizer for `fit`/`evaluate`; for `predict` the model's layers
+        only; returns that `Batch` of shapes and dtypes."""
         if epoch.full_steps:
             spec = jax.eval_shape(epoch.batch_fn, epoch.call_arrays(0, 1), jnp.int32(0))
         else:
             spec = epoch.partial_batch()
-        self.model._symbolic_build(data_batch=_data(spec))
+        model = self.model
+        if mode != "predict":
+            model._symbolic_build(data_batch=_data(spec))
+        elif not all(layer.built for layer in model._flatten_layers()):
+            # As Keras' `predict`: a compiled model's metrics need targets
+            # to build, and an uncompiled one has no `optimizer` at all.
+            x = keras.tree.map_structure(
+                lambda v: keras.KerasTensor(v.shape, keras.backend.standardize_dtype(v.dtype)),
+                spec.x,
+            )
+            keras.backend.compute_output_spec(model, x, training=False)
         return spec
 
     # -- state ------------------------------------------------------------------

@@ -234,7 +234,8 @@ class _Run(_resume.FitPosition):
                 )
                 data = self._data_epoch(number)
                 if first:
-                    _inputs.check_sparse_labels(model, self.dataset, "dataset", loop.build(data))
+                    spec = loop.build(data, "train")
+                    _inputs.check_sparse_labels(model, self.dataset, "dataset", spec)
                     loop.broadcast_from_chief()
                     first = False
                 logs: dict[str, Any] = {}
