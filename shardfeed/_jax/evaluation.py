@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from shardfeed._jax import inputs as _inputs
+from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax import loop as _loop
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
@@ -117,7 +118,8 @@ def evaluate(
         epochs=1,
         steps=dataset.eval_plan.steps_per_epoch,
     )
-    logs = evaluate_loop(loop, dataset, cbs, cap)
+    with _interrupts.handled():  # a Ctrl-C leaves the model valid
+        logs = evaluate_loop(loop, dataset, cbs, cap)
     if return_dict:
         return logs
     values = list(logs.values())
@@ -152,7 +154,9 @@ def predict(
     epoch = dataset.epoch(0, training=False)
     try:
         loop.build(epoch, "predict")
-        outputs = gather_outputs(list(loop.iterate("predict", epoch)), epoch.slot_rows())
+        with _interrupts.handled():  # a Ctrl-C leaves the model valid
+            results = list(loop.iterate("predict", epoch))
+        outputs = gather_outputs(results, epoch.slot_rows())
     finally:
         epoch.close()
     if cap:

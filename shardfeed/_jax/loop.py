@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
+from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import auto_steps_per_execution
@@ -368,17 +369,22 @@ class Loop:
         logs (train/test: Keras' logs after the call's last step) or the
         outputs (predict: stacked `[steps, global batch, ...]`, or the
         partial step's `[rows, ...]`)."""
-        state = self.state(mode)
         fn = self._compiled(mode, call.partial)
-        if call.partial:
-            result, state = fn(state, epoch.partial_batch())
-        else:
-            arrays = epoch.call_arrays(call.start, call.stop)
-            result, state = fn(
-                state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
-            )
+        batch = epoch.partial_batch() if call.partial else None
+        arrays = None if call.partial else epoch.call_arrays(call.start, call.stop)
+        # A Ctrl-C waits until the model holds the call's state again: the
+        # donated state is deleted once the call starts (`interrupts.py`).
+        with _interrupts.CALL:
+            state = self.state(mode)
+            if call.partial:
+                result, state = fn(state, batch)
+            else:
+                result, state = fn(
+                    state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
+                )
+            self.write_back(mode, state)
+        if not call.partial:
             epoch.ran(result)
-        self.write_back(mode, state)
         return result
 
     def iterate(
