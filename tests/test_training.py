@@ -160,6 +160,25 @@ def test_predict_keeps_row_order_and_multi_outputs():
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_predict_and_evaluate_as_the_first_calls_on_a_loaded_model(compiled, tmp_path):
+    # The same on both backends (issue 26: JAX failed here; tests/jax_tier/
+    # test_evaluation_jax.py): a model no shardfeed call has seen.
+    x, y = _data(rows=301)
+    model = _mlp("adam")
+    model.fit(x[:64], y[:64], batch_size=16, verbose=0)  # so its optimizer saves
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras", compile=compiled)
+    got = shardfeed.predict(loaded, x, per_replica_batch_size=64)
+    np.testing.assert_allclose(got, loaded.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    if compiled:
+        fresh = keras.models.load_model(tmp_path / "model.keras")
+        logs = shardfeed.evaluate(fresh, x, y, per_replica_batch_size=64, return_dict=True)
+        want = fresh.evaluate(x, y, verbose=0, return_dict=True)
+        for name in want:
+            np.testing.assert_allclose(logs[name], want[name], rtol=1e-5, err_msg=name)
+
+
 def test_shuffled_runs_repeat_and_epochs_differ():
     x, y = _data()
     runs = []

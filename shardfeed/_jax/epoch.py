@@ -33,33 +33,11 @@ from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import order as _order
 from shardfeed._jax.augment import augment_key
+from shardfeed._jax.epoch_arrays import EpochArrays
 from shardfeed._jax.world import REPLICA_AXIS
 
 if TYPE_CHECKING:
     from shardfeed._jax.dataset import ShardedResidentDataset
-
-
-class EpochArrays(NamedTuple):
-    """One epoch's device data (a pytree of `jax.Array`s, passed to `batch_fn`).
-
-    Attributes:
-        columns: Per column, sharded along rows: the resident rows (each
-            replica's buffer), or with `positions` None, the epoch's copy
-            `[num_replicas * steps * per_replica_batch_size, ...]` (each
-            replica's rows in step order).
-        epoch: The epoch number (int32, replicated): `augment`'s key reads it.
-        positions: `[num_replicas * steps * per_replica_batch_size]` int32
-            sharded along rows: each replica's positions in its own buffer of
-            its rows in step order (padding: 0); None for a copy.
-        first_step: For a streamed epoch's chunk (`streaming.py`), the step
-            its copy starts at (int32, replicated); None: the copy starts at
-            step 0.
-    """
-
-    columns: tuple[jax.Array, ...]
-    epoch: jax.Array
-    positions: jax.Array | None = None
-    first_step: jax.Array | None = None
 
 
 class EpochData(NamedTuple):
@@ -162,6 +140,7 @@ class BatchFn:
                     "those steps; a resident epoch's `arrays`) of an open epoch.",
                 )
             )
+        arrays.check_open()
         b = self.per_replica_batch_size
         if arrays.positions is None:
             # A streamed chunk's copy starts at its first step.
@@ -330,6 +309,8 @@ class ResidentEpoch(EpochSizes):
         that memory, which deletes the closed epoch's `arrays` (batches
         already taken stay valid)."""
         arrays, self.arrays = self.arrays, None
+        if arrays is not None:
+            arrays.close(f"epoch={self.epoch}, training={self.training}")
         dataset = self._dataset()
         if arrays is not None and arrays.positions is None and dataset is not None:
             dataset.recycle(arrays.columns)
@@ -338,6 +319,8 @@ class ResidentEpoch(EpochSizes):
         """Closes the epoch without handing anything back: the dataset moved
         its rows in place (a new epoch of the global order of sharded rows,
         or of a partial exchange), so these `arrays` are deleted."""
+        if self.arrays is not None:
+            self.arrays.close(f"epoch={self.epoch}, training={self.training}")
         self.arrays = None
 
     # -- internals -------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 
 from shardfeed._common.agreement import check_settings
 from shardfeed._jax import inputs as _inputs
+from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax import loop as _loop
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
@@ -56,7 +57,7 @@ def evaluate_loop(
     model = loop.model
     epoch = dataset.epoch(0, training=False)
     try:
-        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch))
+        _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch, "test"))
         model.reset_metrics()
         model.stop_evaluating = False
         cbs.on_test_begin()
@@ -124,7 +125,8 @@ def evaluate(
         epochs=1,
         steps=dataset.eval_plan.steps_per_epoch,
     )
-    logs = evaluate_loop(loop, dataset, cbs, cap)
+    with _interrupts.handled():  # a Ctrl-C leaves the model valid
+        logs = evaluate_loop(loop, dataset, cbs, cap)
     if return_dict:
         return logs
     values = list(logs.values())
@@ -158,8 +160,10 @@ def predict(
     model.stop_predicting = False
     epoch = dataset.epoch(0, training=False)
     try:
-        loop.build(epoch)
-        outputs = gather_outputs(list(loop.iterate("predict", epoch)), epoch.slot_rows())
+        loop.build(epoch, "predict")
+        with _interrupts.handled():  # a Ctrl-C leaves the model valid
+            results = list(loop.iterate("predict", epoch))
+        outputs = gather_outputs(results, epoch.slot_rows())
     finally:
         epoch.close()
     if cap:

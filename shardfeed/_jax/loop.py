@@ -34,6 +34,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import auto_steps_per_execution
@@ -232,15 +233,26 @@ class Loop:
 
     # -- building -------------------------------------------------------------
 
-    def build(self, epoch: Any) -> Any:
-        """Builds the model, its metrics and optimizer from the batch's shapes
-        (no compute), as Keras' `fit` does before its first step; returns
-        that `Batch` of shapes and dtypes."""
+    def build(self, epoch: Any, mode: Mode) -> Any:
+        """Builds what `mode`'s steps read from the batch's shapes (no
+        compute), as Keras does before its first step: the model, its metrics
+        and optimizer for `fit`/`evaluate`; for `predict` the model's layers
+        only; returns that `Batch` of shapes and dtypes."""
         if epoch.full_steps:
             spec = jax.eval_shape(epoch.batch_fn, epoch.call_arrays(0, 1), jnp.int32(0))
         else:
             spec = epoch.partial_batch()
-        self.model._symbolic_build(data_batch=_data(spec))
+        model = self.model
+        if mode != "predict":
+            model._symbolic_build(data_batch=_data(spec))
+        elif not all(layer.built for layer in model._flatten_layers()):
+            # As Keras' `predict`: a compiled model's metrics need targets
+            # to build, and an uncompiled one has no `optimizer` at all.
+            x = keras.tree.map_structure(
+                lambda v: keras.KerasTensor(v.shape, keras.backend.standardize_dtype(v.dtype)),
+                spec.x,
+            )
+            keras.backend.compute_output_spec(model, x, training=False)
         return spec
 
     # -- state ------------------------------------------------------------------
@@ -359,17 +371,22 @@ class Loop:
         outputs (predict: stacked `[steps, global batch, ...]`, or the
         partial step's `[rows, ...]`)."""
         _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
-        state = self.state(mode)
         fn = self._compiled(mode, call.partial)
-        if call.partial:
-            result, state = fn(state, epoch.partial_batch())
-        else:
-            arrays = epoch.call_arrays(call.start, call.stop)
-            result, state = fn(
-                state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
-            )
+        batch = epoch.partial_batch() if call.partial else None
+        arrays = None if call.partial else epoch.call_arrays(call.start, call.stop)
+        # A Ctrl-C waits until the model holds the call's state again: the
+        # donated state is deleted once the call starts (`interrupts.py`).
+        with _interrupts.CALL:
+            state = self.state(mode)
+            if call.partial:
+                result, state = fn(state, batch)
+            else:
+                result, state = fn(
+                    state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
+                )
+            self.write_back(mode, state)
+        if not call.partial:
             epoch.ran(result)
-        self.write_back(mode, state)
         return result
 
     def iterate(

@@ -22,6 +22,7 @@ import keras
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import check_settings
 from shardfeed._jax import inputs as _inputs
+from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
 from shardfeed._jax.evaluation import evaluate_loop, loop_for
@@ -129,7 +130,8 @@ def fit(
     cbs.on_train_begin()
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
-    epoch_logs = run.train(cbs, epochs, validate)
+    with _interrupts.handled():  # a Ctrl-C leaves the model valid
+        epoch_logs = run.train(cbs, epochs, validate)
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
         # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
         model.optimizer.finalize_variable_values(model.trainable_weights)
@@ -254,7 +256,8 @@ class _Run(_resume.FitPosition):
                 )
                 data = self._data_epoch(number)
                 if first:
-                    _inputs.check_sparse_labels(model, self.dataset, "dataset", loop.build(data))
+                    spec = loop.build(data, "train")
+                    _inputs.check_sparse_labels(model, self.dataset, "dataset", spec)
                     loop.broadcast_from_chief()
                     first = False
                 logs: dict[str, Any] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import numpy as np
 import pytest
@@ -136,3 +138,49 @@ def test_out_of_range_sparse_labels_are_refused_before_the_first_step(where):
         f"y of `{where}` (labels span 0 to 7). Number the classes from 0 to 2, or give the "
         "output layer one unit per class."
     )
+
+
+def _batch_norm_model(compiled: bool) -> keras.Model:
+    """Unbuilt metrics and a non-trainable state; no `fit`/`evaluate` ran."""
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    if compiled:
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def _saved_and_loaded(model: keras.Model, tmp_path: Any) -> keras.Model:
+    """`model` trained by Keras (a saved optimizer loads without a warning),
+    saved and loaded: a new model no shardfeed call has seen."""
+    if model.compiled:
+        model.fit(*regression_data(64), batch_size=16, verbose=0)
+    model.save(tmp_path / "model.keras")
+    return keras.models.load_model(tmp_path / "model.keras")
+
+
+@pytest.mark.parametrize("source", ["fresh", "uncompiled", "loaded", "loaded uncompiled"])
+def test_predict_as_the_first_call_on_any_model_equals_keras(source, tmp_path):
+    # Used to fail: `_symbolic_build` built the compiled metrics without
+    # targets (None is not a valid value for jnp.array), or read the
+    # `optimizer` an uncompiled model does not have.
+    x, _ = regression_data(203)
+    model = _batch_norm_model(compiled=source in ("fresh", "loaded"))
+    if source.startswith("loaded"):
+        model = _saved_and_loaded(model, tmp_path)
+    with replicas(4):
+        outputs = predict(model, x, per_replica_batch_size=8)
+    np.testing.assert_allclose(outputs, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_as_the_first_call_on_a_loaded_model_equals_keras(tmp_path):
+    x, y = regression_data(203)
+    model = _saved_and_loaded(_batch_norm_model(compiled=True), tmp_path)
+    with replicas(4):
+        logs = evaluate(model, x, y, per_replica_batch_size=8, return_dict=True)
+        outputs = predict(model, x, per_replica_batch_size=8)
+    expected = model.evaluate(x, y, verbose=0, return_dict=True)
+    assert sorted(logs) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(logs[name], expected[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(outputs, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)

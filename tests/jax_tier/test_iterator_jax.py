@@ -19,6 +19,8 @@ import jax
 import numpy as np
 import pytest
 from _helpers_fit import mlp, regression_data
+from _helpers_fit import replicas as world_of
+from _helpers_jax import run_python
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -316,3 +318,59 @@ def test_augment_draws_the_keys_fit_draws(replicas):
                                    atol=1e-4)
     with pytest.raises(ValueError, match="`augment=True` applies the dataset's `augment`"):
         next(_dataset().iterator(augment=True).epochs(1))
+
+
+CLOSED = (
+    "A closed epoch's `arrays` cannot go into a compiled call or `batch_fn`: `close()` let go "
+    "of their device data (the dataset writes a later epoch's rows into it, or moved its rows "
+    "in place), so they may hold deleted buffers. Received: EpochArrays of epoch=0, "
+    "training=True (closed). Pass `epoch.arrays` (a streamed epoch's `epoch.call_arrays(start, "
+    "stop)`) of an open epoch to each call: `dataset.epoch(n)`, or the epoch "
+    "`iterator.epochs()` is on now."
+)
+
+
+def closed_arrays_refusal(options: str, reopened: bool) -> str:
+    """The error a compiled call gives a closed epoch's `arrays` ("copy" or
+    "gathered"; `reopened`: the next epoch opened first), on 2 devices."""
+    with world_of(2):
+        ds = _dataset(COPY if options == "copy" else GATHER)
+        epoch = ds.epoch(0)
+        arrays = epoch.arrays
+        total = jax.jit(lambda a, i: epoch.batch_fn(a, i).x.sum())
+        total(arrays, np.int32(0))  # traced and compiled while open
+        epoch.close()
+        if reopened:
+            ds.epoch(1)  # writes into the closed copy, or moves the rows in place
+        with pytest.raises(RuntimeError) as raised:
+            total(arrays, np.int32(1))
+        with pytest.raises(RuntimeError, match="A closed epoch's `arrays`"):
+            epoch.batch_fn(arrays, 1)  # eagerly too
+        with pytest.raises(RuntimeError, match="This epoch is closed"):
+            epoch.call_arrays(0, 1)
+        # The same compiled call takes an open epoch's arrays.
+        again = ds.epoch(2)
+        assert float(total(again.arrays, np.int32(1))) == float(again.batch(1).x.sum())
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("options", ["copy", "gathered"])
+def test_a_closed_epochs_arrays_are_refused_before_a_compiled_call(options):
+    # Used to run: the closed epoch's buffers were still there.
+    assert closed_arrays_refusal(options, reopened=False) == CLOSED
+
+
+def test_overwritten_arrays_are_refused_before_the_call_that_killed_the_process():
+    # Once the next epoch wrote into the copy or moved the rows in place, the
+    # call got deleted buffers: "Buffer has been deleted or donated", or
+    # SIGSEGV (JAX 0.10.2, 2 devices, either case). In a child process, so a
+    # crash cannot take the other tests with it.
+    code = (
+        "import sys; sys.path.insert(0, 'tests/jax_tier')\n"
+        "from test_iterator_jax import closed_arrays_refusal\n"
+        "print(closed_arrays_refusal('copy', reopened=True))\n"
+        "print(closed_arrays_refusal('gathered', reopened=True))\n"
+    )
+    result = run_python(code, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-2:] == [CLOSED, CLOSED]

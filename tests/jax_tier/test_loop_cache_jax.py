@@ -121,7 +121,7 @@ def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) 
 
     loop = loop_for(model, ds.world, k)
     epoch = ds.epoch(0)
-    loop.build(epoch)
+    loop.build(epoch, "train")
     fn = loop._compiled("train", False)
     return fn.lower(loop.state("train"), epoch.arrays, np.int32(0), epoch.batch_fn, k).as_text()
 

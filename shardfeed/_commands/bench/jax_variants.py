@@ -164,7 +164,7 @@ class _JaxFloor(Variant):
         )
         loop = loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
         epoch = dataset.epoch(0)
-        loop.build(epoch)
+        loop.build(epoch, "train")
         self.batch = epoch.batch(0)  # on the device, laid out as fit's batches
         steps, full_steps = math.ceil(len(self.x) / b), len(self.x) // b
         k = loop.steps_per_call(full_steps) if full_steps else 1

@@ -1,0 +1,91 @@
+"""A real Ctrl-C (SIGINT) during `fit` on JAX leaves the model's state valid:
+the state after the last call that ran, never the deleted arrays a donated
+call leaves behind (`_jax/interrupts.py`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+from _helpers_fit import mlp, regression_data, replicas
+
+from shardfeed import FitOptions, ShardedResidentDataset, fit, predict
+
+ONE_STEP = FitOptions(steps_per_execution=1)  # the most calls, so the most windows
+
+
+class _Snapshots(keras.callbacks.Callback):
+    """The model's weights after each call; with `interrupt_after`, sends
+    this process a SIGINT `delay_s` after that many calls (from a thread, so
+    it lands wherever the loop is then, as a real Ctrl-C does)."""
+
+    def __init__(self, interrupt_after: int | None = None, delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.seen: list[list[np.ndarray]] = []
+        self.interrupt_after, self.delay_s = interrupt_after, delay_s
+        self.timer: threading.Timer | None = None
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.seen.append(self.model.get_weights())
+        if len(self.seen) == self.interrupt_after:
+            self.timer = threading.Timer(self.delay_s, os.kill, (os.getpid(), signal.SIGINT))
+            self.timer.start()
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+def test_a_ctrl_c_during_fit_leaves_the_state_of_the_last_call():
+    # Used to fail: `model.get_weights()` raised `Array has been deleted`
+    # after most interrupts (the donated state was not written back).
+    x, y = regression_data(400)
+    with replicas(2):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+        reference = _Snapshots()
+        fit(mlp(), ds, epochs=1, verbose=0, callbacks=[reference], options=ONE_STEP)
+        for after, delay_s in [(1, 0.0), (2, 0.0005), (4, 0.001), (7, 0.003)]:
+            model, snapshots = mlp(), _Snapshots(after, delay_s)
+            with pytest.raises(KeyboardInterrupt):
+                # Far more epochs than the signal takes to arrive.
+                fit(model, ds, epochs=1000, verbose=0, callbacks=[snapshots], options=ONE_STEP)
+            assert snapshots.timer is not None
+            snapshots.timer.join()
+            weights = model.get_weights()
+            ran = len(snapshots.seen)  # calls whose `on_train_batch_end` finished
+            # The interrupt came before the next call or during it (then the
+            # call finished first): the state after `ran` or `ran + 1` calls.
+            assert _same(weights, reference.seen[ran - 1]) or _same(weights, reference.seen[ran])
+            outputs = predict(model, x, per_replica_batch_size=4)
+            np.testing.assert_allclose(outputs, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_users_sigint_handler_still_gets_every_signal():
+    x, y = regression_data(400)
+    received: list[int] = []
+
+    class StopAfterTheSignal(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            if received:
+                self.model.stop_training = True
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        with replicas(2):
+            ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+            fit(mlp(), ds, epochs=1000, verbose=0, callbacks=[StopAfterTheSignal()],
+                options=ONE_STEP)
+        assert received == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is handler  # put back after `fit`
+    finally:
+        signal.signal(signal.SIGINT, previous)
