@@ -12,6 +12,7 @@ whole epoch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import keras
@@ -115,6 +116,13 @@ def _truncated(backup):
     path.write_bytes(path.read_bytes()[:40])
 
 
+def _fifo(backup):
+    # Its read waited for a writer forever.
+    path = backup / "shardfeed_state.json"
+    path.unlink()
+    os.mkfifo(path)
+
+
 # The TensorFlow backend's cases (tests/test_resume.py), a few of each kind.
 STATE_ERRORS = {
     "step 10**12": (
@@ -142,6 +150,12 @@ STATE_ERRORS = {
         "state.loss_rows=400, state.cursor.step=8.",
     ),
     "truncated": (_truncated, "A shardfeed backup's shardfeed_state.json must be JSON."),
+    "state file a FIFO": (
+        _fifo,
+        "A shardfeed backup's shardfeed_state.json must be a regular file (not a link, FIFO "
+        "or device). Received: BACKUP/shardfeed_state.json: is a FIFO (named pipe), not a "
+        "regular file.",
+    ),
     "weights ../": (
         _weights_outside,
         "A shardfeed backup's shardfeed_state.json must name one of the weights files",
@@ -150,6 +164,7 @@ STATE_ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(STATE_ERRORS))
+@pytest.mark.timeout(120)  # the FIFO's read hung
 def test_an_edited_backup_is_refused_before_any_step(interrupted, tmp_path, case):
     backup = tmp_path / "backup"
     shutil.copytree(interrupted, backup)
