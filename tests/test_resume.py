@@ -729,6 +729,22 @@ def test_steps_per_epoch_that_gives_the_same_epochs_is_honoured(interrupted, tmp
     _assert_every_row_once(hist)
 
 
+def test_a_truncated_weights_file_is_refused_naming_it(interrupted, tmp_path):
+    """h5py's raw OSError ("Unable to synchronously open file (truncated
+    file: ...)") named neither the backup nor the fix."""
+    backup = _backup_copy(interrupted, tmp_path)
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))])
+    text = str(err.value).replace(str(backup), "BACKUP")
+    assert text.startswith(
+        "A shardfeed backup's weights file must be the whole file `fit` wrote, for this "
+        f"model. Received: BACKUP/{weights.name}: OSError: "
+    )
+    assert "truncated file" in text and text.endswith(FIX)
+
+
 @pytest.mark.parametrize("swap", ["another file", "a symlink"])
 def test_weights_swapped_after_the_check_are_not_loaded(interrupted, tmp_path, swap):
     """The weights file is checked when the backup is read and loaded from

@@ -199,7 +199,19 @@ class ResumableBackup(keras.callbacks.Callback):
             copy = os.path.join(tmp, self._weights_file)
             with os.fdopen(fd, "rb") as src, open(copy, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            model.load_weights(copy)
+            try:
+                model.load_weights(copy)
+            except (OSError, ValueError) as err:
+                # h5py's raw "Unable to synchronously open file (truncated file:
+                # ...)" named neither the backup nor the fix.
+                raise ValueError(
+                    _errors.message(
+                        "A shardfeed backup's weights file must be the whole file `fit` "
+                        "wrote, for this model.",
+                        f"{path}: {type(err).__name__}: {err}",
+                        FIX,
+                    )
+                ) from err
 
     # -- save ----------------------------------------------------------------
 

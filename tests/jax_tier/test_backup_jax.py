@@ -111,6 +111,11 @@ def _weights_outside(backup):
     path.write_text(json.dumps(saved))
 
 
+def _weights_truncated(backup):
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+    weights.write_bytes(weights.read_bytes()[:1000])  # was h5py's raw OSError
+
+
 def _truncated(backup):
     path = backup / "shardfeed_state.json"
     path.write_bytes(path.read_bytes()[:40])
@@ -150,6 +155,11 @@ STATE_ERRORS = {
         "state.loss_rows=400, state.cursor.step=8.",
     ),
     "truncated": (_truncated, "A shardfeed backup's shardfeed_state.json must be JSON."),
+    "weights truncated": (
+        _weights_truncated,
+        "A shardfeed backup's weights file must be the whole file `fit` wrote, for this model. "
+        "Received: BACKUP/ckpt-",
+    ),
     "state file a FIFO": (
         _fifo,
         "A shardfeed backup's shardfeed_state.json must be a regular file (not a link, FIFO "

@@ -214,6 +214,22 @@ def test_batch_fn_refuses_a_traced_step_that_is_not_a_full_step(replicas, step):
     ) in str(raised.value)
 
 
+def test_big_endian_arrays_are_held_in_native_byte_order(replicas):
+    """`np.arange(10, dtype='>f4')` raised JAX's raw "JAX only supports number,
+    bool, and string dtypes, got dtype >f4"; now each chunk is byte-swapped."""
+    replicas(2)
+    x = np.arange(40, dtype=">f4").reshape(20, 2)
+    y = np.arange(20, dtype=">i8")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, shuffle=False,
+                                load_options=LoadOptions(chunk_bytes=24))
+    native = ShardedResidentDataset(x.astype("<f4"), y.astype("<i8"), per_replica_batch_size=4,
+                                    shuffle=False)
+    for (_, ours), (_, theirs) in zip(ds.epoch(0), native.epoch(0), strict=True):
+        assert ours.x.dtype == np.float32 and ours.y.dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(ours.x), np.asarray(theirs.x))
+        np.testing.assert_array_equal(np.asarray(ours.y), np.asarray(theirs.y))
+
+
 def test_jax_augment_gets_a_key_from_seed_epoch_and_step(replicas):
     replicas(2)
 
