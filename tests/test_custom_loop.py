@@ -181,6 +181,31 @@ def test_bad_steps_and_streamed_batch_are_refused():
     assert sorted(ids.tolist()) == sorted(y.ravel().tolist())  # eager iteration streams
 
 
+@pytest.mark.parametrize("step", [12, 13, -1])  # the partial step; past the epoch; negative
+def test_a_tensor_step_that_is_not_a_full_step_is_refused(step):
+    """A tensor step of the partial last step trained its padding slots as
+    rows (-1 wrapped to it); under XLA TensorFlow refuses it itself."""
+    epoch = cl.dataset(_world(1)).epoch(0)
+    assert (epoch.full_steps, epoch.steps) == (12, 13)
+    total = tf.function(lambda s: tf.reduce_sum(epoch.batch(s).y))
+    assert int(total(tf.constant(11))) == int(np.sum(np.asarray(epoch.batch(11).y)))
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        total(tf.constant(step))
+    assert (
+        "assertion failed: [A tensor `step` of `ResidentEpoch.batch` must be a full step of "
+        "the epoch, in [0, full_steps): the slots of the partial last step past its real rows "
+        f"are padding, which a tensor step trained as data. Received: step=] [{step}] [, "
+        "full_steps=12. Loop over `tf.range(epoch.full_steps)` in the compiled step and take "
+        "the partial last step with a Python int (`epoch.batch(epoch.steps - 1)`), as "
+        "`shardfeed.fit` does.]"
+    ) in str(err.value)
+    epoch = cl.dataset(_world(1)).epoch(0)
+    xla = tf.function(lambda s: tf.reduce_sum(epoch.batch(s).y), jit_compile=True)
+    if step >= 12:  # XLA drops asserts; the slice of full steps is out of bounds
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out of bounds"):
+            xla(tf.constant(step))
+
+
 def test_bad_states_are_refused_with_the_fix():
     world = _world(1)
     it = cl.dataset(world).iterator()

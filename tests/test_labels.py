@@ -98,9 +98,13 @@ def test_validation_and_evaluation_labels_are_checked_too():
     wrong[-1] = 9
     model = _classifier()
     ds = ShardedResidentDataset(x, labels, per_replica_batch_size=20, shuffle=False)
+    before = model.get_weights()
     with pytest.raises(ValueError) as err:
         shardfeed.fit(model, ds, validation_data=(x, wrong), verbose=0)
     assert str(err.value) == _range_error(9, "0 to 9", "y of `validation_data`")
+    # Before the first step: no weight moved.
+    for now, then in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, then)
     with pytest.raises(ValueError) as err:
         shardfeed.evaluate(model, x, wrong)
     assert str(err.value) == _range_error(9, "0 to 9", "y of `data`")

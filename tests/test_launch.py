@@ -391,7 +391,8 @@ def test_isolated_workers_enter_one_private_network(script):
 
 def test_without_namespace_workers_are_exposed_and_it_says_so_once(script):
     fake = FakeSystem(network=None)
-    assert _launch.run(script, num_workers=2, system=fake.system) == 0
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    assert _launch.run(script, num_workers=2, system=fake.system, env=env) == 0
     (note,) = fake.messages().splitlines()
     ports = json.loads(fake.processes[0].env["TF_CONFIG"])["cluster"]["worker"]
     assert note == (
@@ -402,6 +403,30 @@ def test_without_namespace_workers_are_exposed_and_it_says_so_once(script):
         "docs/engines.md, Security)."
     )
     assert all("pass_fds" not in p.kwargs or p.kwargs["pass_fds"] == () for p in fake.processes)
+
+
+@pytest.mark.parametrize("how", ["KERAS_BACKEND", "keras.json"])
+def test_the_exposure_note_of_jax_workers_names_what_jax_binds(script, tmp_path, how):
+    """On JAX the note said TensorFlow's servers listen on every interface:
+    a loopback JAX job binds its coordinator and Gloo to 127.0.0.1."""
+    fake = FakeSystem(network=FakeNetwork())
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "KERAS_HOME")}
+    if how == "KERAS_BACKEND":
+        env["KERAS_BACKEND"] = "jax"
+    else:  # as Keras reads it without the variable
+        (tmp_path / "keras.json").write_text(json.dumps({"backend": "jax"}))
+        env["KERAS_HOME"] = str(tmp_path)
+    assert _launch.run(
+        script, num_workers=2, isolate_network=False, system=fake.system, env=env
+    ) == 0
+    (note,) = fake.messages().splitlines()
+    port = json.loads(fake.processes[0].env["TF_CONFIG"])["cluster"]["worker"][0].split(":")[1]
+    assert note == (
+        "shardfeed launch: the workers run on this host's network: JAX's coordinator (port "
+        f"{port}) and Gloo listen on 127.0.0.1 only, so other hosts cannot reach them but "
+        "every local user can, and JAX's coordinator is unauthenticated (--isolate-network "
+        "off; see docs/engines.md, Security)."
+    )
 
 
 def test_isolate_network_off_does_not_try(script):
@@ -1141,8 +1166,10 @@ def test_multihost_port_in_use_is_named_before_anything_starts(script, capsys):
                        "--port-base", str(port), script])
         assert cli.run(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith(
-        f"shardfeed launch: error: Port {port} of worker rank 0 is in use on this host"
+    assert err.startswith(  # it said "its TensorFlow server", also on JAX
+        f"shardfeed launch: error: Port {port} of worker rank 0 is in use on this host: the "
+        "worker must listen on it on every interface (TensorFlow's server; on JAX, rank 0's "
+        "coordinator)."
     )
     assert "or pass the same other `--port-base` on every host." in err
 

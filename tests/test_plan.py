@@ -31,6 +31,31 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("args", "planned_batch"),
+    [
+        ((600, 1, 10**8, "shard", False, True), 600),  # allocated 3 GiB of slots
+        ((600, 4, 10**8, "shard", False, False), 150),
+        ((601, 4, 10**8, "replicate", False, True), 151),  # the fullest replica's rows
+        ((100, 2, 64, "shard", False, True), 50),  # one step of 50 + 50 either way
+        ((100, 2, 50, "shard", False, True), 50),  # not larger: as given
+        ((100, 2, 64, "shard", True, False), 50),  # evaluation never drops
+    ],
+)
+def test_a_batch_wider_than_the_rows_is_planned_as_the_rows(args, planned_batch):
+    """One step per epoch either way (as Keras), without a slot per
+    requested row: the fullest replica's rows, `ceil(num_rows / num_replicas)`."""
+    plan = plan_shards(*args)
+    assert plan.per_replica_batch_size == planned_batch
+    assert plan.steps_per_epoch == 1
+    assert plan.used_rows_per_epoch == args[0]
+
+
+def test_a_batch_wider_than_the_rows_with_drop_remainder_is_still_refused():
+    with pytest.raises(ValueError, match=r"per_replica_batch_size=100000000, num_replicas=1"):
+        plan_shards(600, 1, 10**8, "shard", True, True)
+
+
 @pytest.mark.parametrize(("args", "expected"), CASES)
 def test_plan_table(args, expected):
     plan = plan_shards(*args)

@@ -11,6 +11,7 @@ of the interrupted epoch was used exactly once across the preemption.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 
@@ -461,6 +462,20 @@ def _linked(which):
     return edit
 
 
+def _fifo(which):
+    """Puts a FIFO in place of the state file or the weights file it names
+    (a read of it waited for a writer forever)."""
+
+    def edit(backup):
+        name = "shardfeed_state.json"
+        if which == "weights":
+            name = json.loads((backup / name).read_text())["weights"]
+        (backup / name).unlink()
+        os.mkfifo(backup / name)
+
+    return edit
+
+
 STATE_PROBES = [
     pytest.param(_state(cursor__step=10**12), id="step 10**12"),  # skipped the epoch's rest
     pytest.param(_state(cursor__step=-5), id="step -5"),  # retrained the whole epoch
@@ -489,6 +504,8 @@ STATE_PROBES = [
     pytest.param(_weights("../outside/ckpt-0.weights.h5"), id="weights ../"),
     pytest.param(_linked("weights"), id="weights a symlink"),
     pytest.param(_linked("state"), id="state file a symlink"),
+    pytest.param(_fifo("weights"), id="weights a FIFO"),
+    pytest.param(_fifo("state"), id="state file a FIFO", marks=pytest.mark.timeout(120)),
     pytest.param(_write(lambda b: (b / "shardfeed_state.json").read_bytes()[:40]), id="truncated"),
     pytest.param(_write(lambda b: b""), id="empty"),
     pytest.param(_write(lambda b: b"\xff\xfe garbage \x00"), id="garbage"),
@@ -634,14 +651,23 @@ STATE_ERRORS = {
     ) + FIX,
     "weights a symlink": (
         "A shardfeed backup's shardfeed_state.json must name a regular weights file "
-        "(not a link). Received: BACKUP/shardfeed_state.json: "
+        "(not a link, FIFO or device). Received: BACKUP/shardfeed_state.json: "
         "weights='ckpt-0.weights.h5': BACKUP/ckpt-0.weights.h5 is a symbolic link. "
     ) + FIX,
     "state file a symlink": (
-        "A shardfeed backup's shardfeed_state.json must be a regular file, not a link. "
-        "Received: BACKUP/shardfeed_state.json: cannot be opened without following "
-        "links ([Errno 40] Too many levels of symbolic links: "
-        "'BACKUP/shardfeed_state.json'). "
+        "A shardfeed backup's shardfeed_state.json must be a regular file (not a link, "
+        "FIFO or device). Received: BACKUP/shardfeed_state.json: is a symbolic link, not "
+        "a regular file. "
+    ) + FIX,
+    "weights a FIFO": (
+        "A shardfeed backup's shardfeed_state.json must name a regular weights file "
+        "(not a link, FIFO or device). Received: BACKUP/shardfeed_state.json: "
+        "weights='ckpt-0.weights.h5': BACKUP/ckpt-0.weights.h5 is a FIFO (named pipe). "
+    ) + FIX,
+    "state file a FIFO": (
+        "A shardfeed backup's shardfeed_state.json must be a regular file (not a link, "
+        "FIFO or device). Received: BACKUP/shardfeed_state.json: is a FIFO (named pipe), "
+        "not a regular file. "
     ) + FIX,
     "truncated": (
         "A shardfeed backup's shardfeed_state.json must be JSON. Received: "
@@ -703,6 +729,22 @@ def test_steps_per_epoch_that_gives_the_same_epochs_is_honoured(interrupted, tmp
     _assert_every_row_once(hist)
 
 
+def test_a_truncated_weights_file_is_refused_naming_it(interrupted, tmp_path):
+    """h5py's raw OSError ("Unable to synchronously open file (truncated
+    file: ...)") named neither the backup nor the fix."""
+    backup = _backup_copy(interrupted, tmp_path)
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))])
+    text = str(err.value).replace(str(backup), "BACKUP")
+    assert text.startswith(
+        "A shardfeed backup's weights file must be the whole file `fit` wrote, for this "
+        f"model. Received: BACKUP/{weights.name}: OSError: "
+    )
+    assert "truncated file" in text and text.endswith(FIX)
+
+
 @pytest.mark.parametrize("swap", ["another file", "a symlink"])
 def test_weights_swapped_after_the_check_are_not_loaded(interrupted, tmp_path, swap):
     """The weights file is checked when the backup is read and loaded from
@@ -727,5 +769,5 @@ def test_weights_swapped_after_the_check_are_not_loaded(interrupted, tmp_path, s
         "A shardfeed backup's shardfeed_state.json must name the weights file that was "
         "checked. Received: BACKUP/shardfeed_state.json: BACKUP/ckpt-0.weights.h5 "
     )
-    assert ("cannot be opened without following links" in text) == (swap == "a symlink")
+    assert ("is a symbolic link, not a regular file" in text) == (swap == "a symlink")
     assert text.endswith(FIX)

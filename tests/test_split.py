@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import pickle
 
 import keras
@@ -145,6 +146,32 @@ def test_manifest_refuses_truncated_and_missing_shards(tmp_path):
     assert str(info.value) == (
         f"Every shard file the manifest lists must exist. Received: {shard} (array 'y', "
         "rows [52, 103)). Copy the whole split directory, or split the data again."
+    )
+
+
+@pytest.mark.timeout(60)  # a FIFO manifest blocked its read forever
+def test_manifest_refuses_a_fifo_in_place_of_the_manifest_or_a_shard(tmp_path):
+    files.split(_arrays(), tmp_path, 2)
+    shard = tmp_path / "y-00001-of-00002.npy"
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        "Every shard file the manifest lists must be a regular file. Received: "
+        f"{shard} is a FIFO (named pipe) (array 'y', rows [52, 103)). Put the file "
+        "`shardfeed split` wrote in its place (copy the whole split directory again), or "
+        "split the data again."
+    )
+    manifest = tmp_path / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    with pytest.raises(ValueError) as info:
+        files.manifest(tmp_path)
+    assert str(info.value) == (
+        "The split dataset's manifest must be a regular file. Received: "
+        f"{manifest} is a FIFO (named pipe). Pass the manifest.json `shardfeed split "
+        "--out` wrote (copy the split directory again)."
     )
 
 
@@ -457,12 +484,14 @@ def test_manifest_counts_must_be_json_integers(tmp_path, field, value):
 
 @pytest.mark.parametrize("file_format", ["npy", "parquet"])
 @pytest.mark.parametrize("verify", [True, False])
-@pytest.mark.parametrize("swap", ["symlink", "replaced"])
+@pytest.mark.parametrize("swap", ["symlink", "replaced", "fifo"])
+@pytest.mark.timeout(60)  # a FIFO blocked the open forever
 def test_a_shard_file_swapped_after_the_manifest_was_read_is_refused(
     tmp_path, file_format, verify, swap
 ):
     """The check-then-open race: a shard swapped for a symlink to an outside
-    file (or for another file) after `files.manifest()` returned was followed."""
+    file (or for another file) after `files.manifest()` returned was followed;
+    one swapped for a FIFO hung the read."""
     split_dir, outside = tmp_path / "split", tmp_path / "outside"
     x = np.zeros((10, 2), "float32")
     files.split({"x": x}, split_dir, 2, file_format)
@@ -475,7 +504,10 @@ def test_a_shard_file_swapped_after_the_manifest_was_read_is_refused(
     shard.unlink()
     if swap == "symlink":
         shard.symlink_to(outside / name)
-        problem = "cannot be opened without following links ("
+        problem = "is a symbolic link, not a regular file"
+    elif swap == "fifo":
+        os.mkfifo(shard)
+        problem = "is a FIFO (named pipe), not a regular file"
     else:
         (outside / name).rename(shard)
         problem = "(device, inode)=("

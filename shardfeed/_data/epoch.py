@@ -27,6 +27,19 @@ from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.position import check_int
 from shardfeed._distribute import launch_env as _launch_env
 
+# A tensor step's range is checked in the graph, which prints the step
+# between these two (Assert's data: "[constraint... step=] [6] [, full_steps...]").
+_PAST_FULL_STEPS = (
+    "A tensor `step` of `ResidentEpoch.batch` must be a full step of the epoch, in "
+    "[0, full_steps): the slots of the partial last step past its real rows are padding, which "
+    "a tensor step trained as data. Received: step="
+)
+_PAST_FULL_STEPS_FIX = (
+    ", full_steps={}. Loop over `tf.range(epoch.full_steps)` in the compiled step and take "
+    "the partial last step with a Python int (`epoch.batch(epoch.steps - 1)`), as "
+    "`shardfeed.fit` does."
+)
+
 if TYPE_CHECKING:
     from shardfeed._data.dataset import ShardedResidentDataset
 
@@ -186,7 +199,19 @@ class ResidentEpoch(EpochSizes):
             )
         if isinstance(step, tf.Tensor | tf.Variable):
             if self._matrices is None:
-                self._matrices = self._order.slice(0, self.steps)
+                # Full steps only: the partial step's padding slots are not
+                # rows, and a tensor step trained them as data.
+                self._matrices = self._order.slice(0, self.full_steps)
+            step = tf.cast(step, tf.int32)
+            # XLA compiles asserts away: there a step past the full ones reads
+            # the last full step's rows (a clamped slice), never padding.
+            check = tf.debugging.Assert(
+                tf.logical_and(step >= 0, step < self.full_steps),
+                [_PAST_FULL_STEPS, step, _PAST_FULL_STEPS_FIX.format(self.full_steps)],
+                summarize=1,
+            )
+            with tf.control_dependencies([check]):  # before the slice can fail on its own
+                step = tf.identity(step)
             stores = self._dataset.stores
             per_replica = []
             for local, store in enumerate(stores):

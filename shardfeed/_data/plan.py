@@ -25,6 +25,7 @@ when each global batch is sliced across replicas (`global_order_positions`:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 import numpy as np
@@ -70,8 +71,11 @@ class ShardPlan:
     def global_batch_size(self) -> int:
         return self.per_replica_batch_size * self.num_replicas
 
-    @property
+    @functools.cached_property
     def has_partial_step(self) -> bool:
+        # Cached: `used_rows_per_epoch` asks once per replica, and where the
+        # last step is full the scan reads every replica (the memory plan's
+        # search tries plans of up to millions of replicas).
         return any(n != self.per_replica_batch_size for n in self.last_step_rows)
 
     @property
@@ -170,7 +174,9 @@ def plan_shards(
     Args:
         num_rows: Rows in the dataset (all workers together).
         num_replicas: Replicas across all workers.
-        per_replica_batch_size: Rows per replica per step.
+        per_replica_batch_size: Rows per replica per step; one larger than
+            `ceil(num_rows / num_replicas)` is planned as that (one step per
+            epoch either way), but for a training plan with `drop_remainder`.
         placement: `"shard"` or `"replicate"` (see `ShardPlan`).
         drop_remainder: Training only: drop a partial last step instead of
             running it with padding.
@@ -208,6 +214,13 @@ def plan_shards(
             )
         )
     b, n_rep = per_replica_batch_size, num_replicas
+    # A batch wider than the most rows a replica takes in an epoch gives one
+    # step either way (as Keras); clamped, so its slots are not allocated
+    # (10**8 on 600 rows allocated 3 GiB). Not where drop_remainder refuses
+    # such a batch (no full step).
+    most = -(-num_rows // n_rep)
+    if b > most and not (drop_remainder and training):
+        b = most
     if placement == "shard":
         shards = split_rows(num_rows, n_rep)
         sizes = [stop - start for start, stop in shards]
@@ -246,7 +259,7 @@ def plan_shards(
         raise ValueError(
             _errors.message(
                 "A training epoch needs at least one step with a real row on every replica.",
-                f"per_replica_batch_size={b}, num_replicas={n_rep}, "
+                f"per_replica_batch_size={per_replica_batch_size}, num_replicas={n_rep}, "
                 f"num_rows={num_rows}, placement={placement!r}",
                 fix,
             )

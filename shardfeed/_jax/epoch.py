@@ -40,6 +40,37 @@ if TYPE_CHECKING:
     from shardfeed._jax.dataset import ShardedResidentDataset
 
 
+# A traced step is a device value: refused from the device (`_check_full_step`).
+PAST_FULL_STEPS = (
+    "A step of `batch_fn` must be a full step of the epoch, in [0, full_steps): the "
+    "partial last step's slots past its real rows are padding, which a traced step would "
+    "train as data (and a step past the epoch would repeat clamped rows). Received: "
+    "step={step}, full_steps={full_steps}. Loop over `range(epoch.full_steps)` in the "
+    "compiled step and take the partial last step's real rows with "
+    "`epoch.partial_batch()`, as `shardfeed.fit` does."
+)
+
+
+def _refuse_step(step: Any, full_steps: Any) -> None:
+    raise ValueError(PAST_FULL_STEPS.format(step=int(step), full_steps=int(full_steps)))
+
+
+def _check_full_step(step: Any, full_steps: Any) -> None:
+    """Raises (from the device, so also in a `jax.jit` step) for a step
+    outside `[0, full_steps)`. Called inside `shard_map`, so every device
+    raises: a callback on one device only (outside it) left the others
+    waiting at the program's next collective until XLA aborted the process.
+    The host callback runs only on that branch: a good step costs one
+    compare on the device."""
+    lax.cond(
+        (step < 0) | (step >= full_steps),
+        lambda s, f: jax.debug.callback(_refuse_step, s, f),
+        lambda s, f: None,
+        step,
+        full_steps,
+    )
+
+
 class EpochData(NamedTuple):
     """What a dataset hands an epoch it opens (`ShardedResidentDataset.epoch_data`).
 
@@ -57,31 +88,42 @@ class EpochData(NamedTuple):
 
 
 @functools.cache
-def _slicer(mesh: Mesh, per_replica_batch_size: int) -> Callable[..., Any]:
+def _slicer(mesh: Mesh, per_replica_batch_size: int, checked: bool) -> Callable[..., Any]:
+    """`(columns, local, step[, full_steps])`: each replica's batch at
+    `local` of its copy; `checked`: `step` refused outside `[0, full_steps)`."""
     b = per_replica_batch_size
 
-    def slice_step(columns: tuple[jax.Array, ...], step: jax.Array) -> tuple[jax.Array, ...]:
+    def slice_step(columns: tuple[jax.Array, ...], local: jax.Array, *check: Any) -> Any:
+        if checked:
+            _check_full_step(*check)
         # Each replica's slice of its own copy: contiguous rows, no gather, no traffic.
-        return tuple(lax.dynamic_slice_in_dim(c, step * b, b, axis=0) for c in columns)
+        return tuple(lax.dynamic_slice_in_dim(c, local * b, b, axis=0) for c in columns)
 
     return jax.shard_map(
-        slice_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P()), out_specs=P(REPLICA_AXIS)
+        slice_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P(), *[P()] * (2 * checked)),
+        out_specs=P(REPLICA_AXIS),
     )
 
 
 @functools.cache
-def _gatherer(mesh: Mesh, per_replica_batch_size: int) -> Callable[..., Any]:
+def _gatherer(mesh: Mesh, per_replica_batch_size: int, checked: bool) -> Callable[..., Any]:
+    """`(columns, positions, step[, step, full_steps])`: each replica's batch
+    gathered at its positions of `step`; `checked` as in `_slicer`."""
     b = per_replica_batch_size
 
     def gather_step(
-        columns: tuple[jax.Array, ...], positions: jax.Array, step: jax.Array
+        columns: tuple[jax.Array, ...], positions: jax.Array, step: jax.Array, *check: Any
     ) -> tuple[jax.Array, ...]:
+        if checked:
+            _check_full_step(*check)
         # Each replica gathers its batch from its own buffer: no traffic.
         at = lax.dynamic_slice_in_dim(positions, step * b, b, axis=0)
         return tuple(jnp.take(c, at, axis=0, mode="clip") for c in columns)
 
     return jax.shard_map(
-        gather_step, mesh=mesh, in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P()),
+        gather_step,
+        mesh=mesh,
+        in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P(), *[P()] * (2 * checked)),
         out_specs=P(REPLICA_AXIS),
     )
 
@@ -131,6 +173,17 @@ class BatchFn:
         return hash(self._key())
 
     def __call__(self, arrays: EpochArrays, step: Any) -> Batch:
+        """The global batch of full step `step`; another step (the partial
+        one, whose padding slots it would hand out as rows) is refused on
+        the device (`PAST_FULL_STEPS`)."""
+        return self._batch(arrays, step, checked=True)
+
+    def unchecked(self, arrays: EpochArrays, step: Any) -> Batch:
+        """As calling it, without the check that `step` is a full step: for
+        `fit`'s loop, whose schedule (`_jax/loop.py`) never asks another."""
+        return self._batch(arrays, step, checked=False)
+
+    def _batch(self, arrays: EpochArrays, step: Any, checked: bool) -> Batch:
         if arrays is None:
             raise ValueError(
                 _errors.message(
@@ -142,12 +195,17 @@ class BatchFn:
             )
         arrays.check_open()
         b = self.per_replica_batch_size
+        step = jnp.asarray(step, jnp.int32)
+        checked = checked and arrays.full_steps is not None
+        check = (step, arrays.full_steps) if checked else ()
         if arrays.positions is None:
             # A streamed chunk's copy starts at its first step.
             local = step if arrays.first_step is None else step - arrays.first_step
-            columns = _slicer(self.mesh, b)(arrays.columns, local)
+            columns = _slicer(self.mesh, b, checked)(arrays.columns, local, *check)
         else:
-            columns = _gatherer(self.mesh, b)(arrays.columns, arrays.positions, step)
+            columns = _gatherer(self.mesh, b, checked)(
+                arrays.columns, arrays.positions, step, *check
+            )
         return self.assemble(columns, arrays.epoch, step)
 
     @functools.cached_property
@@ -212,8 +270,12 @@ class ResidentEpoch(EpochSizes):
         self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
         data = dataset.epoch_data(plan, epoch, training)
         self._rows, self._partial_rows = data.rows, data.partial_rows
-        number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
-        self.arrays: EpochArrays | None = EpochArrays(data.columns, number, data.positions)
+        replicated = NamedSharding(self._mesh, P())
+        number = jax.device_put(np.int32(epoch), replicated)
+        full_steps = jax.device_put(np.int32(self.full_steps), replicated)
+        self.arrays: EpochArrays | None = EpochArrays(
+            data.columns, number, data.positions, None, full_steps
+        )
         # The iterator's position hook (`_jax/iterator.py`): called with each
         # step eager iteration hands out.
         self._on_step: Callable[[ResidentEpoch, int], None] | None = None

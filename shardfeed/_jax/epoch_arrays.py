@@ -21,6 +21,7 @@ class _Fields(NamedTuple):
     epoch: jax.Array
     positions: jax.Array | None = None
     first_step: jax.Array | None = None
+    full_steps: jax.Array | None = None
 
 
 CLOSED_ARRAYS = (
@@ -45,6 +46,8 @@ class EpochArrays(_Fields):
         first_step: For a streamed epoch's chunk (`streaming.py`), the step
             its copy starts at (int32, replicated); None: the copy starts at
             step 0.
+        full_steps: The epoch's full steps (int32, replicated): `batch_fn`
+            refuses a step outside `[0, full_steps)`; None: unchecked.
 
     Once its epoch is closed, flattening it (as `jax.jit` does with every
     argument) raises: JAX does not check for deleted buffers before running

@@ -72,8 +72,13 @@ def rows_per_replica(plan: ShardPlan) -> int:
 
 def stored_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a column is held in: as given, but 64-bit types as JAX holds
-    them without `jax_enable_x64` (32-bit; what Keras on JAX feeds, too)."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    them without `jax_enable_x64` (32-bit; what Keras on JAX feeds, too), and
+    in native byte order (JAX has no big-endian dtypes: `np.arange(10,
+    dtype='>f4')` raised a raw TypeError). Each chunk is byte-swapped as it is
+    uploaded (`astype`: one chunk-sized host buffer at a time, never a copy
+    of the column)."""
+    native = np.dtype(dtype).newbyteorder("=")
+    return np.dtype(jax.dtypes.canonicalize_dtype(native))
 
 
 def memory_reports(

@@ -174,6 +174,9 @@ class StreamedEpoch(ResidentEpoch):
         self.arrays = None
         self._closed = False
         self._number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))
+        self._full_steps = jax.device_put(
+            np.int32(plan.full_steps_per_epoch), NamedSharding(self._mesh, P())
+        )
         # The ring: chunk index -> its upload (at most two: in use, and next).
         self._slots: dict[int, concurrent.futures.Future[EpochArrays]] = {}
         self._current: int | None = None
@@ -349,4 +352,4 @@ class StreamedEpoch(ResidentEpoch):
             columns.append(jax.make_array_from_single_device_arrays(shape, sharding, buffers))
         jax.block_until_ready(columns)
         start = jax.device_put(np.int32(first), NamedSharding(self._mesh, P()))
-        return EpochArrays(tuple(columns), self._number, None, start)
+        return EpochArrays(tuple(columns), self._number, None, start, self._full_steps)

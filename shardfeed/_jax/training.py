@@ -147,7 +147,11 @@ def _validation(
     should_validate: Callable[[int], bool],
 ) -> Callable[[int, keras.callbacks.CallbackList], dict[str, Any]]:
     """`validate(epoch, cbs)`: the `val_` logs after `epoch` (empty when
-    there is no validation data or `validation_freq` skips the epoch)."""
+    there is no validation data or `validation_freq` skips the epoch).
+
+    The validation labels are checked here, before the first step, as on
+    TensorFlow: checked only by the first evaluation pass, bad labels were
+    refused after a whole epoch had trained."""
     if validation_data is None:
         return lambda epoch, cbs: {}
     val_ds = _inputs.as_dataset(
@@ -156,6 +160,11 @@ def _validation(
     _inputs.check_dataset(
         val_ds, needs_targets=not _inputs.overrides(model, "test_step"), name="validation_data"
     )
+    epoch = val_ds.epoch(0, training=False)
+    try:
+        _inputs.check_sparse_labels(model, val_ds, "validation_data", loop.build(epoch))
+    finally:
+        epoch.close()
     cap = fit_args.max_steps(None)
 
     def validate(epoch: int, cbs: keras.callbacks.CallbackList) -> dict[str, Any]:

@@ -8,8 +8,9 @@ It also builds the program that runs a Python function in a worker, which the
 delegated engines reuse.
 
 Network: TensorFlow's server listens on every interface, whatever TF_CONFIG
-says, and is unauthenticated. With isolation (the default where the system
-permits it) the workers run in one network namespace of their own holding
+says, and is unauthenticated (on JAX a loopback job's coordinator and Gloo
+bind 127.0.0.1: the note says which, `exposed_note`). With isolation (the
+default where the system permits it) the workers run in one network namespace of their own holding
 only a loopback interface, on fixed ports `ISOLATED_PORT_BASE + rank` (the
 namespace is empty, so they are free), and nothing outside it can reach them.
 Without isolation they run on the host's network on kernel-chosen free ports,
@@ -60,6 +61,35 @@ EXPOSED_NOTE = (
     "(ports {ports}), so other hosts can reach them, and TensorFlow's distributed runtime is "
     "unauthenticated ({why}; see docs/engines.md, Security)."
 )
+# On JAX a loopback job binds its coordinator and Gloo to 127.0.0.1
+# (`_jax/initialize.py`): not other hosts, but any local user reaches them.
+EXPOSED_NOTE_JAX = (
+    "the workers run on this host's network: JAX's coordinator (port {coordinator_port}) and "
+    "Gloo listen on 127.0.0.1 only, so other hosts cannot reach them but every local user "
+    "can, and JAX's coordinator is unauthenticated ({why}; see docs/engines.md, Security)."
+)
+
+
+def worker_backend(env: Mapping[str, str]) -> str:
+    """The Keras backend the workers will run ("tensorflow", "jax", ...), as
+    Keras picks it: `KERAS_BACKEND`, else `keras.json` in `KERAS_HOME` (or
+    ~/.keras), else "tensorflow". Read here without importing Keras."""
+    if env.get("KERAS_BACKEND"):
+        return env["KERAS_BACKEND"]
+    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            backend = json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return backend if isinstance(backend, str) else "tensorflow"
+
+
+def exposed_note(env: Mapping[str, str], ports: Sequence[int], why: str) -> str:
+    """The one line a job on the host's network prints, worded for its backend."""
+    if worker_backend(env) == "jax":
+        return EXPOSED_NOTE_JAX.format(coordinator_port=ports[0], why=why)
+    return EXPOSED_NOTE.format(ports=", ".join(map(str, ports)), why=why)
 
 # Runs in each worker for `run(fn, ...)`: what multiprocessing's spawn start
 # method does in a child (restore sys.path, cwd and the parent's __main__ via
@@ -223,9 +253,7 @@ def run_multiworker(
             )
         with PortReservation(num_workers, LOCAL_HOST) as reservation:
             specs = worker_specs(program, reservation.ports, env)
-            note = EXPOSED_NOTE.format(
-                ports=", ".join(map(str, reservation.ports)), why=why_exposed
-            )
+            note = exposed_note(env, reservation.ports, why_exposed)
             # Free the ports only now, right before the workers start (see ports.py).
             reservation.release()
             return run_workers(

@@ -185,7 +185,8 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
     - `host_index` names this host: when its entry is not an address of this
       machine but another entry is, the index is wrong. (When no entry is
       local, e.g. behind NAT, the index is taken as given.)
-    - This host's ports are free on every interface (TensorFlow binds them so).
+    - This host's ports are free on every interface (TensorFlow's servers and
+      JAX's multi-host coordinator bind them so).
 
     Raises:
         ValueError: For a loopback entry, an unresolvable name or a wrong index.
@@ -229,8 +230,9 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
                 raise OSError(
                     errno.EADDRINUSE,
                     _errors.message(
-                        f"Port {port} of worker rank {rank} is in use on this host: its "
-                        "TensorFlow server must listen on it (on every interface).",
+                        f"Port {port} of worker rank {rank} is in use on this host: the "
+                        "worker must listen on it on every interface (TensorFlow's server; "
+                        "on JAX, rank 0's coordinator).",
                         f"{received}, port_base={layout.port_base} -> {address}",
                         f"Stop the program that holds it (`ss -ltnp 'sport = :{port}'` names it), "
                         "or pass the same other `--port-base` on every host.",

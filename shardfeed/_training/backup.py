@@ -75,10 +75,6 @@ def _file_error(path: str, constraint: str, received: str) -> ValueError:
     )
 
 
-def _kind(status: os.stat_result) -> str:
-    return "a symbolic link" if stat.S_ISLNK(status.st_mode) else "not a regular file"
-
-
 class ResumableBackup(keras.callbacks.Callback):
     """Backs up weights, optimizer and resume state; restores them at the start.
 
@@ -142,7 +138,9 @@ class ResumableBackup(keras.callbacks.Callback):
             with os.fdopen(_checked_open.open_checked(path), "rb") as f:
                 raw = f.read()
         except _checked_open.NotTheCheckedFile as err:
-            raise _file_error(path, "must be a regular file, not a link", str(err)) from err
+            raise _file_error(
+                path, "must be a regular file (not a link, FIFO or device)", str(err)
+            ) from err
         try:
             saved = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
@@ -174,8 +172,8 @@ class ResumableBackup(keras.callbacks.Callback):
         if not stat.S_ISREG(status.st_mode):
             raise _file_error(
                 path,
-                "must name a regular weights file (not a link)",
-                f"weights={weights!r}: {weights_path} is {_kind(status)}",
+                "must name a regular weights file (not a link, FIFO or device)",
+                f"weights={weights!r}: {weights_path} is {_checked_open.kind(status.st_mode)}",
             )
         self._weights_file = weights
         self._weights_identity = _checked_open.identity(status)
@@ -201,7 +199,19 @@ class ResumableBackup(keras.callbacks.Callback):
             copy = os.path.join(tmp, self._weights_file)
             with os.fdopen(fd, "rb") as src, open(copy, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            model.load_weights(copy)
+            try:
+                model.load_weights(copy)
+            except (OSError, ValueError) as err:
+                # h5py's raw "Unable to synchronously open file (truncated file:
+                # ...)" named neither the backup nor the fix.
+                raise ValueError(
+                    _errors.message(
+                        "A shardfeed backup's weights file must be the whole file `fit` "
+                        "wrote, for this model.",
+                        f"{path}: {type(err).__name__}: {err}",
+                        FIX,
+                    )
+                ) from err
 
     # -- save ----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ whole epoch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import keras
@@ -110,9 +111,21 @@ def _weights_outside(backup):
     path.write_text(json.dumps(saved))
 
 
+def _weights_truncated(backup):
+    weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+    weights.write_bytes(weights.read_bytes()[:1000])  # was h5py's raw OSError
+
+
 def _truncated(backup):
     path = backup / "shardfeed_state.json"
     path.write_bytes(path.read_bytes()[:40])
+
+
+def _fifo(backup):
+    # Its read waited for a writer forever.
+    path = backup / "shardfeed_state.json"
+    path.unlink()
+    os.mkfifo(path)
 
 
 # The TensorFlow backend's cases (tests/test_resume.py), a few of each kind.
@@ -142,6 +155,17 @@ STATE_ERRORS = {
         "state.loss_rows=400, state.cursor.step=8.",
     ),
     "truncated": (_truncated, "A shardfeed backup's shardfeed_state.json must be JSON."),
+    "weights truncated": (
+        _weights_truncated,
+        "A shardfeed backup's weights file must be the whole file `fit` wrote, for this model. "
+        "Received: BACKUP/ckpt-",
+    ),
+    "state file a FIFO": (
+        _fifo,
+        "A shardfeed backup's shardfeed_state.json must be a regular file (not a link, FIFO "
+        "or device). Received: BACKUP/shardfeed_state.json: is a FIFO (named pipe), not a "
+        "regular file.",
+    ),
     "weights ../": (
         _weights_outside,
         "A shardfeed backup's shardfeed_state.json must name one of the weights files",
@@ -150,6 +174,7 @@ STATE_ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(STATE_ERRORS))
+@pytest.mark.timeout(120)  # the FIFO's read hung
 def test_an_edited_backup_is_refused_before_any_step(interrupted, tmp_path, case):
     backup = tmp_path / "backup"
     shutil.copytree(interrupted, backup)

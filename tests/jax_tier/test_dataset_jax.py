@@ -191,6 +191,45 @@ def test_batch_fn_in_the_users_jit_with_a_traced_step(replicas):
     assert ds.epoch(0).batch_fn is ds.epoch(1).batch_fn
 
 
+@pytest.mark.parametrize("step", [5, 6, -1])  # the partial step; past the epoch; negative
+def test_batch_fn_refuses_a_traced_step_that_is_not_a_full_step(replicas, step):
+    """A traced partial step trained its padding slots silently (a step past
+    the epoch, or negative, silently repeated clamped rows)."""
+    replicas(4)
+    ds = ShardedResidentDataset(np.arange(90, dtype=np.float32), np.arange(90),
+                                per_replica_batch_size=4, seed=2)
+    epoch = ds.epoch(0)
+    assert (epoch.full_steps, epoch.steps) == (5, 6)  # 90 rows: 5 steps of 16, then 10
+    total = jax.jit(lambda arrays, i: jnp.sum(epoch.batch_fn(arrays, i).x))
+    assert float(total(epoch.arrays, jnp.int32(4))) == float(np.sum(np.asarray(epoch.batch(4).x)))
+    with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+        float(total(epoch.arrays, jnp.int32(step)))
+    assert (
+        "ValueError: A step of `batch_fn` must be a full step of the epoch, in [0, "
+        "full_steps): the partial last step's slots past its real rows are padding, which a "
+        "traced step would train as data (and a step past the epoch would repeat clamped "
+        f"rows). Received: step={step}, full_steps=5. Loop over `range(epoch.full_steps)` "
+        "in the compiled step and take the partial last step's real rows with "
+        "`epoch.partial_batch()`, as `shardfeed.fit` does."
+    ) in str(raised.value)
+
+
+def test_big_endian_arrays_are_held_in_native_byte_order(replicas):
+    """`np.arange(10, dtype='>f4')` raised JAX's raw "JAX only supports number,
+    bool, and string dtypes, got dtype >f4"; now each chunk is byte-swapped."""
+    replicas(2)
+    x = np.arange(40, dtype=">f4").reshape(20, 2)
+    y = np.arange(20, dtype=">i8")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=4, shuffle=False,
+                                load_options=LoadOptions(chunk_bytes=24))
+    native = ShardedResidentDataset(x.astype("<f4"), y.astype("<i8"), per_replica_batch_size=4,
+                                    shuffle=False)
+    for (_, ours), (_, theirs) in zip(ds.epoch(0), native.epoch(0), strict=True):
+        assert ours.x.dtype == np.float32 and ours.y.dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(ours.x), np.asarray(theirs.x))
+        np.testing.assert_array_equal(np.asarray(ours.y), np.asarray(theirs.y))
+
+
 def test_jax_augment_gets_a_key_from_seed_epoch_and_step(replicas):
     replicas(2)
 

@@ -126,12 +126,17 @@ def test_out_of_range_sparse_labels_are_refused_before_the_first_step(where):
     with replicas(4):
         train = ShardedResidentDataset(x, bad if where == "dataset" else good,
                                        per_replica_batch_size=4, shuffle=False)
+        model = _classifier()
+        before = model.get_weights()
         with pytest.raises(ValueError) as raised:
             if where == "data":
-                evaluate(_classifier(), x, bad)
+                evaluate(model, x, bad)
             else:
-                fit(_classifier(), train, verbose=0,
+                fit(model, train, verbose=0,
                     validation_data=(x, bad) if where == "validation_data" else None)
+    # No step ran (bad validation labels were refused only after the first epoch).
+    for now, then in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, then)
     assert str(raised.value) == (
         "Labels of a sparse categorical crossentropy must be class indices in the valid "
         "range of [0, 3): the model's output has 3 units. Received: a label value of 7 in "

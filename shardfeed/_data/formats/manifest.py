@@ -245,8 +245,9 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
         FileNotFoundError: If the manifest or a shard file is missing.
         ValueError: For a manifest of another format or version, rows that
             do not add up, a malformed file entry (naming the shard index and
-            array), a path outside the manifest's directory, a shard file of
-            the wrong size; on read, a
+            array), a path outside the manifest's directory, a manifest or
+            shard file that is not a regular file (a FIFO would block the read
+            forever), a shard file of the wrong size; on read, a
             checksum or header mismatch (naming the file).
 
     Example:
@@ -256,6 +257,16 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
+    if path.exists() and not path.is_file():
+        # A FIFO would block `read_text` forever.
+        raise ValueError(
+            _errors.message(
+                "The split dataset's manifest must be a regular file.",
+                f"{os.fspath(path)} is {_checked_open.kind(path.stat().st_mode)}",
+                "Pass the manifest.json `shardfeed split --out` wrote (copy the split "
+                "directory again).",
+            )
+        )
     if not path.is_file():
         raise FileNotFoundError(
             _errors.message(
@@ -334,7 +345,18 @@ def manifest(path: str | os.PathLike, verify: bool = True) -> dict[str, FileArra
                 status = os.lstat(resolved)  # links resolved: the file itself
             except OSError:
                 status = None
-            if status is None or not stat.S_ISREG(status.st_mode):
+            if status is not None and not stat.S_ISREG(status.st_mode):
+                # A FIFO would block the first read forever (`checked_open`).
+                raise ValueError(
+                    _errors.message(
+                        "Every shard file the manifest lists must be a regular file.",
+                        f"{file_path} is {_checked_open.kind(status.st_mode)} (array "
+                        f"{name!r}, rows [{start}, {stop}))",
+                        "Put the file `shardfeed split` wrote in its place (copy the whole "
+                        "split directory again), or split the data again.",
+                    )
+                )
+            if status is None:
                 raise FileNotFoundError(
                     _errors.message(
                         "Every shard file the manifest lists must exist.",
