@@ -687,3 +687,57 @@ def test_run_eagerly_is_refused_and_the_named_fix_runs_eagerly():
     finally:
         tf.config.run_functions_eagerly(False)
     assert np.isfinite(history.history["loss"][0])
+
+
+# -- Keras' logs and return values -------------------------------------------
+
+
+def _two_outputs():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    outputs = [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)]
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", loss={"a": "mse", "b": "mse"})
+    return model
+
+
+def test_per_output_losses_with_sample_weights_are_keras_own():
+    # Keras' TensorFlow trainer weighs each batch's per-output loss once (its
+    # traced batch size is unknown); shardfeed weighed it by rows: `a_loss`
+    # 1.1782 where Keras logs 1.3743 (the total `loss` was right).
+    x, y1 = _regression(rows=20)
+    y2 = np.random.default_rng(1).normal(size=(20, 1)).astype("float32")
+    weights = np.random.default_rng(2).uniform(size=(20,)).astype("float32")
+    expected_model = _two_outputs()
+    expected = expected_model.fit(
+        x, (y1, y2), sample_weight=weights, batch_size=8, epochs=2, shuffle=False, verbose=0
+    )
+    model = _two_outputs()
+    ds = ShardedResidentDataset(x, (y1, y2), weights, per_replica_batch_size=8, shuffle=False)
+    options = shardfeed.FitOptions(steps_per_execution=1)
+    history = shardfeed.fit(model, ds, epochs=2, verbose=0, options=options)
+    assert history.history.keys() == expected.history.keys()
+    for key in expected.history:
+        np.testing.assert_allclose(history.history[key], expected.history[key], rtol=1e-5)
+    ours = shardfeed.evaluate(
+        model, x, (y1, y2), weights, per_replica_batch_size=8, return_dict=True
+    )
+    theirs = expected_model.evaluate(
+        x, (y1, y2), sample_weight=weights, batch_size=8, verbose=0, return_dict=True
+    )
+    assert ours.keys() == theirs.keys()
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5)
+
+
+def test_evaluate_returns_a_value_per_metric_when_names_are_shared_as_keras():
+    # `mae` and the weighted `mae` are one log each but Keras returns a value
+    # per metric of `model.metrics` (4); shardfeed returned the 3 log values.
+    x, y = _regression()
+    weights = np.random.default_rng(3).uniform(size=(64,)).astype("float32")
+    model = _dense()
+    model.compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae"])
+    ours = shardfeed.evaluate(model, x, y, weights, per_replica_batch_size=16)
+    theirs = model.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0)
+    assert len(theirs) == 4
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)

@@ -20,6 +20,7 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 
 from shardfeed._common import errors as _errors
 from shardfeed._distribute.engine import Engine
+from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
     from shardfeed._training.loop import Loop
@@ -76,7 +77,7 @@ class Traces:
         def call(*args: Any) -> Any:
             if self._loop is None:
                 raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-            with _trace_gradients_dropped():
+            with _trace_gradients_dropped(), loss_trackers.keras_weights(self._loop.model):
                 return self._loop._calls[method](*args)  # ours, or the model's own step
 
         call.__name__ = call.__qualname__ = f"Loop.{method}"
