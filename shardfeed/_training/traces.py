@@ -83,6 +83,19 @@ class Traces:
         call.__name__ = call.__qualname__ = f"Loop.{method}"
         return call
 
+    def nested(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` as a function of its own inside the compiled calls: traced
+        once per signature, wherever the calls use it.
+        What its traces file in TensorFlow's gradient registry is removed, as
+        for the calls' own traces."""
+
+        def call(*args: Any) -> Any:
+            with _trace_gradients_dropped():
+                return fn(*args)
+
+        call.__name__ = call.__qualname__ = f"Loop.{getattr(fn, '__name__', 'step')}"
+        return tf.function(call)
+
     @contextlib.contextmanager
     def bound(self, loop: Loop) -> Iterator[None]:
         """Runs the compiled functions with `loop`'s methods inside the block

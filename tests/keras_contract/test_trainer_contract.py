@@ -1300,6 +1300,38 @@ class TestTrainer(testing.TestCase):
         out_2 = predict(model, x)
         self.assertGreater(np.mean(np.abs(out_1 - out_2)), 0.01)
 
+    def test_retracing(self):
+        x = np.ones((100, 4))
+        y = np.ones((100, 1))
+
+        input = keras.Input(shape=[4])
+        output = keras.layers.Dense(1, activation="relu")(input)
+
+        tracing_count = [0]
+
+        class TracingCounterModel(keras.Model):
+            def train_step(self, *args):
+                tracing_count[0] = tracing_count[0] + 1
+                return super().train_step(*args)
+
+        model = TracingCounterModel(inputs=input, outputs=output)
+        model.compile(
+            loss="mse",
+            optimizer="adam",
+            steps_per_execution=20,
+        )
+
+        epochs = 1
+        fit(
+            model,
+            x=x,
+            y=y,
+            batch_size=1,
+            epochs=epochs,
+            verbose=0,
+        )
+        self.assertLessEqual(tracing_count[0], 2)
+
     def test_callbacks_can_update_state_at_batch_boundary(self):
         class CounterModel(keras.Model):
             def __init__(self):
