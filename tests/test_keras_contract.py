@@ -664,29 +664,71 @@ def test_an_op_without_an_xla_kernel_is_refused_with_the_fix_under_auto():
     assert np.isfinite(history.history["loss"][0])
 
 
-def test_run_eagerly_is_refused_and_the_named_fix_runs_eagerly():
-    # Was silently ignored: the compiled loop ran anyway.
+class _ExecutionProbe(keras.layers.Layer):
+    """Records whether each forward pass ran eagerly (an identity)."""
+
+    def __init__(self, seen, **kwargs):
+        super().__init__(**kwargs)
+        self._record = seen.append  # Keras would copy a list attribute
+
+    def call(self, x):
+        self._record(tf.executing_eagerly())
+        return x
+
+
+def _probed_model(seen, run_eagerly):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            _ExecutionProbe(seen),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse", metrics=["mae"], run_eagerly=run_eagerly)
+    return model
+
+
+def test_run_eagerly_runs_every_step_eagerly_with_the_compiled_results():
+    # Was refused ("`run_eagerly=True` is not supported"). 100 rows at batch 16:
+    # a partial last step, validation and steps_per_execution=3 (calls of 3 steps).
+    x, y = _regression(rows=100)
+    results = {}
+    for eager in (False, True):
+        seen = []
+        model = _probed_model(seen, eager)
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, shuffle=True, seed=3)
+        options = shardfeed.FitOptions(steps_per_execution=3)
+        history = shardfeed.fit(
+            model, ds, epochs=2, verbose=0, validation_data=(x[:40], y[:40]), options=options
+        )
+        seen.clear()
+        evaluated = shardfeed.evaluate(model, x, y, per_replica_batch_size=16, options=options)
+        predicted = shardfeed.predict(model, x, per_replica_batch_size=16, options=options)
+        results[eager] = (history.history, evaluated, predicted, model.get_weights(), seen)
+    compiled, eager = results[False], results[True]
+    # Every forward pass eager: 7 evaluation and 7 prediction steps, plus the
+    # builds that both runs make eagerly (the compiled steps are traced).
+    builds = sum(compiled[4])
+    assert eager[4] == [True] * (14 + builds)
+    assert len(compiled[4]) > builds
+    assert eager[0].keys() == compiled[0].keys()
+    for key in compiled[0]:
+        np.testing.assert_allclose(eager[0][key], compiled[0][key], rtol=1e-5)
+    np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-5)
+    np.testing.assert_allclose(eager[2], compiled[2], rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(eager[3], compiled[3], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_run_eagerly_with_fit_options_jit_compile_warns_as_keras():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse", run_eagerly=True)
-    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    x, y = _regression(rows=32)
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False)
-    with pytest.raises(ValueError) as info:
-        shardfeed.fit(model, ds, epochs=1, verbose=0)
-    assert str(info.value) == (
-        "shardfeed runs the model's steps inside compiled calls; `run_eagerly=True` is not "
-        "supported. Received: model.run_eagerly=True. Compile without `run_eagerly`; to "
-        "debug a step eagerly, call `tf.config.run_functions_eagerly(True)` and pass "
-        "`options=shardfeed.FitOptions(jit_compile=False)`."
-    )
-    model.compile("sgd", "mse")
-    tf.config.run_functions_eagerly(True)
-    try:
-        history = shardfeed.fit(
-            model, ds, epochs=1, verbose=0, options=shardfeed.FitOptions(jit_compile=False)
-        )
-    finally:
-        tf.config.run_functions_eagerly(False)
-    assert np.isfinite(history.history["loss"][0])
+    with pytest.warns(UserWarning, match="If `run_eagerly` is True, then `jit_compile` cannot"):
+        shardfeed.fit(model, ds, verbose=0, options=shardfeed.FitOptions(jit_compile=True))
 
 
 # -- Keras' logs and return values -------------------------------------------

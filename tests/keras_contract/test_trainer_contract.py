@@ -233,9 +233,11 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit": shardfeed compiles its own
-            # loop (FitOptions.jit_compile), so they would repeat these runs.
+            # Keras also runs "jit": shardfeed compiles its own loop
+            # (FitOptions.jit_compile), so it would repeat the graph_fn runs.
+            ("eager", True, False, False),
             ("graph_fn", False, False, False),
+            ("steps_per_epoch_eager", True, False, True),
             ("steps_per_epoch_graph_fn", False, False, True),
         ]
     )
@@ -304,9 +306,11 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit": shardfeed compiles its own
-            # loop (FitOptions.jit_compile), so they would repeat these runs.
+            # Keras also runs "jit": shardfeed compiles its own loop
+            # (FitOptions.jit_compile), so it would repeat the graph_fn runs.
+            ("eager", True, False, False),
             ("graph_fn", False, False, False),
+            ("steps_per_epoch_eager", True, False, True),
             ("steps_per_epoch_graph_fn", False, False, True),
         ]
     )
@@ -376,7 +380,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -424,7 +429,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -441,7 +447,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -464,7 +471,7 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         named_product(
-            steps_per_execution=[3, 101], mode=["non_jit"],  # Keras: also "eager", "jit"
+            steps_per_execution=[3, 101], mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_execution_steps_count(self, steps_per_execution, mode):
@@ -533,7 +540,7 @@ class TestTrainer(testing.TestCase):
                 "not_match_too_low",
                 "not_match_but_high_enough",
             ],
-            mode=["non_jit"],  # Keras: also "eager", "jit"
+            mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_execution_steps_per_epoch(
@@ -655,7 +662,7 @@ class TestTrainer(testing.TestCase):
                 "not_match_too_low",
                 "not_match_but_high_enough",
             ],
-            mode=["non_jit"],  # Keras: also "eager", "jit"
+            mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_epoch(self, steps_per_epoch_test, mode):
