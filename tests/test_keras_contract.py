@@ -734,27 +734,29 @@ def test_run_eagerly_with_fit_options_jit_compile_warns_as_keras():
 # -- Keras' logs and return values -------------------------------------------
 
 
-def _two_outputs():
+def _two_outputs(run_eagerly=False):
     keras.utils.set_random_seed(1)
     inputs = keras.Input((4,))
     outputs = [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)]
     model = keras.Model(inputs, outputs)
-    model.compile("sgd", loss={"a": "mse", "b": "mse"})
+    model.compile("sgd", loss={"a": "mse", "b": "mse"}, run_eagerly=run_eagerly)
     return model
 
 
-def test_per_output_losses_with_sample_weights_are_keras_own():
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_per_output_losses_with_sample_weights_are_keras_own(run_eagerly):
     # Keras' TensorFlow trainer weighs each batch's per-output loss once (its
     # traced batch size is unknown); shardfeed weighed it by rows: `a_loss`
-    # 1.1782 where Keras logs 1.3743 (the total `loss` was right).
+    # 1.1782 where Keras logs 1.3743 (the total `loss` was right). Keras' eager
+    # steps know the batch size and weigh by rows: so do shardfeed's.
     x, y1 = _regression(rows=20)
     y2 = np.random.default_rng(1).normal(size=(20, 1)).astype("float32")
     weights = np.random.default_rng(2).uniform(size=(20,)).astype("float32")
-    expected_model = _two_outputs()
+    expected_model = _two_outputs(run_eagerly)
     expected = expected_model.fit(
         x, (y1, y2), sample_weight=weights, batch_size=8, epochs=2, shuffle=False, verbose=0
     )
-    model = _two_outputs()
+    model = _two_outputs(run_eagerly)
     ds = ShardedResidentDataset(x, (y1, y2), weights, per_replica_batch_size=8, shuffle=False)
     options = shardfeed.FitOptions(steps_per_execution=1)
     history = shardfeed.fit(model, ds, epochs=2, verbose=0, options=options)
