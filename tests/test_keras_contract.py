@@ -785,3 +785,31 @@ def test_evaluate_returns_a_value_per_metric_when_names_are_shared_as_keras():
     theirs = model.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0)
     assert len(theirs) == 4
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+def _tracing_model(strategy):
+    traced = []
+
+    class TracingModel(keras.Model):
+        def train_step(self, *args):
+            traced.append(1)
+            return super().train_step(*args)
+
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        model = TracingModel(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(loss="mse", optimizer="adam", steps_per_execution=20)
+    return model, traced
+
+
+def test_own_train_step_traces_under_a_strategy_as_documented():
+    # docs/keras.md, "Tracing": one replica traces it twice, as Keras'
+    # `test_retracing` allows (tests/keras_contract); under a strategy each
+    # replica traces it to find its optimizers, and twice per call length.
+    strategy = mirrored_strategy(2)
+    x, y = np.ones((200, 4), "float32"), np.ones((200, 1), "float32")
+    model, traced = _tracing_model(strategy)
+    with strategy.scope():
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=1, shuffle=False)
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert len(traced) == 6  # (optimizers + loop body + last step) x 2 replicas
