@@ -813,3 +813,24 @@ def test_own_train_step_traces_under_a_strategy_as_documented():
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=1, shuffle=False)
     shardfeed.fit(model, ds, epochs=1, verbose=0)
     assert len(traced) == 6  # (optimizers + loop body + last step) x 2 replicas
+
+
+def test_run_eagerly_on_two_replicas_gives_the_compiled_results():
+    # MirroredStrategy runs each replica's step eagerly (TensorFlow logs its
+    # overhead); 50 rows at 2 x 8: a partial last step, and validation on 21.
+    strategy = mirrored_strategy(2)
+    x, y = _regression(rows=50)
+    results = {}
+    for eager in (False, True):
+        with strategy.scope():
+            model = _dense()
+            model.compile("sgd", "mse", metrics=["mae"], run_eagerly=eager)
+            ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=True, seed=2)
+        history = shardfeed.fit(model, ds, epochs=2, verbose=0, validation_data=(x[:21], y[:21]))
+        results[eager] = (history.history, shardfeed.evaluate(model, ds), model.get_weights())
+    compiled, eager = results[False], results[True]
+    for key in compiled[0]:
+        np.testing.assert_allclose(eager[0][key], compiled[0][key], rtol=1e-5)
+    np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-5)
+    for ours, theirs in zip(eager[2], compiled[2], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
