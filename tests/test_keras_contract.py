@@ -664,26 +664,173 @@ def test_an_op_without_an_xla_kernel_is_refused_with_the_fix_under_auto():
     assert np.isfinite(history.history["loss"][0])
 
 
-def test_run_eagerly_is_refused_and_the_named_fix_runs_eagerly():
-    # Was silently ignored: the compiled loop ran anyway.
+class _ExecutionProbe(keras.layers.Layer):
+    """Records whether each forward pass ran eagerly (an identity)."""
+
+    def __init__(self, seen, **kwargs):
+        super().__init__(**kwargs)
+        self._record = seen.append  # Keras would copy a list attribute
+
+    def call(self, x):
+        self._record(tf.executing_eagerly())
+        return x
+
+
+def _probed_model(seen, run_eagerly):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            _ExecutionProbe(seen),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse", metrics=["mae"], run_eagerly=run_eagerly)
+    return model
+
+
+def test_run_eagerly_runs_every_step_eagerly_with_the_compiled_results():
+    # Was refused ("`run_eagerly=True` is not supported"). 100 rows at batch 16:
+    # a partial last step, validation and steps_per_execution=3 (calls of 3 steps).
+    x, y = _regression(rows=100)
+    results = {}
+    for eager in (False, True):
+        seen = []
+        model = _probed_model(seen, eager)
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, shuffle=True, seed=3)
+        options = shardfeed.FitOptions(steps_per_execution=3)
+        history = shardfeed.fit(
+            model, ds, epochs=2, verbose=0, validation_data=(x[:40], y[:40]), options=options
+        )
+        seen.clear()
+        evaluated = shardfeed.evaluate(model, x, y, per_replica_batch_size=16, options=options)
+        predicted = shardfeed.predict(model, x, per_replica_batch_size=16, options=options)
+        results[eager] = (history.history, evaluated, predicted, model.get_weights(), seen)
+    compiled, eager = results[False], results[True]
+    # Every forward pass eager: 7 evaluation and 7 prediction steps, plus the
+    # builds that both runs make eagerly (the compiled steps are traced).
+    builds = sum(compiled[4])
+    assert eager[4] == [True] * (14 + builds)
+    assert len(compiled[4]) > builds
+    assert eager[0].keys() == compiled[0].keys()
+    for key in compiled[0]:
+        np.testing.assert_allclose(eager[0][key], compiled[0][key], rtol=1e-5)
+    np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-5)
+    np.testing.assert_allclose(eager[2], compiled[2], rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(eager[3], compiled[3], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_run_eagerly_with_fit_options_jit_compile_warns_as_keras():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse", run_eagerly=True)
-    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    x, y = _regression(rows=32)
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False)
-    with pytest.raises(ValueError) as info:
-        shardfeed.fit(model, ds, epochs=1, verbose=0)
-    assert str(info.value) == (
-        "shardfeed runs the model's steps inside compiled calls; `run_eagerly=True` is not "
-        "supported. Received: model.run_eagerly=True. Compile without `run_eagerly`; to "
-        "debug a step eagerly, call `tf.config.run_functions_eagerly(True)` and pass "
-        "`options=shardfeed.FitOptions(jit_compile=False)`."
+    with pytest.warns(UserWarning, match="If `run_eagerly` is True, then `jit_compile` cannot"):
+        shardfeed.fit(model, ds, verbose=0, options=shardfeed.FitOptions(jit_compile=True))
+
+
+# -- Keras' logs and return values -------------------------------------------
+
+
+def _two_outputs(run_eagerly=False):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    outputs = [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)]
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", loss={"a": "mse", "b": "mse"}, run_eagerly=run_eagerly)
+    return model
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_per_output_losses_with_sample_weights_are_keras_own(run_eagerly):
+    # Keras' TensorFlow trainer weighs each batch's per-output loss once (its
+    # traced batch size is unknown); shardfeed weighed it by rows: `a_loss`
+    # 1.1782 where Keras logs 1.3743 (the total `loss` was right). Keras' eager
+    # steps know the batch size and weigh by rows: so do shardfeed's.
+    x, y1 = _regression(rows=20)
+    y2 = np.random.default_rng(1).normal(size=(20, 1)).astype("float32")
+    weights = np.random.default_rng(2).uniform(size=(20,)).astype("float32")
+    expected_model = _two_outputs(run_eagerly)
+    expected = expected_model.fit(
+        x, (y1, y2), sample_weight=weights, batch_size=8, epochs=2, shuffle=False, verbose=0
     )
-    model.compile("sgd", "mse")
-    tf.config.run_functions_eagerly(True)
-    try:
-        history = shardfeed.fit(
-            model, ds, epochs=1, verbose=0, options=shardfeed.FitOptions(jit_compile=False)
-        )
-    finally:
-        tf.config.run_functions_eagerly(False)
-    assert np.isfinite(history.history["loss"][0])
+    model = _two_outputs(run_eagerly)
+    ds = ShardedResidentDataset(x, (y1, y2), weights, per_replica_batch_size=8, shuffle=False)
+    options = shardfeed.FitOptions(steps_per_execution=1)
+    history = shardfeed.fit(model, ds, epochs=2, verbose=0, options=options)
+    assert history.history.keys() == expected.history.keys()
+    for key in expected.history:
+        np.testing.assert_allclose(history.history[key], expected.history[key], rtol=1e-5)
+    ours = shardfeed.evaluate(
+        model, x, (y1, y2), weights, per_replica_batch_size=8, return_dict=True
+    )
+    theirs = expected_model.evaluate(
+        x, (y1, y2), sample_weight=weights, batch_size=8, verbose=0, return_dict=True
+    )
+    assert ours.keys() == theirs.keys()
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5)
+
+
+def test_evaluate_returns_a_value_per_metric_when_names_are_shared_as_keras():
+    # `mae` and the weighted `mae` are one log each but Keras returns a value
+    # per metric of `model.metrics` (4); shardfeed returned the 3 log values.
+    x, y = _regression()
+    weights = np.random.default_rng(3).uniform(size=(64,)).astype("float32")
+    model = _dense()
+    model.compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae"])
+    ours = shardfeed.evaluate(model, x, y, weights, per_replica_batch_size=16)
+    theirs = model.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0)
+    assert len(theirs) == 4
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+def _tracing_model(strategy):
+    traced = []
+
+    class TracingModel(keras.Model):
+        def train_step(self, *args):
+            traced.append(1)
+            return super().train_step(*args)
+
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        model = TracingModel(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(loss="mse", optimizer="adam", steps_per_execution=20)
+    return model, traced
+
+
+def test_own_train_step_traces_under_a_strategy_as_documented():
+    # docs/keras.md, "Tracing": one replica traces it twice, as Keras'
+    # `test_retracing` allows (tests/keras_contract); under a strategy each
+    # replica traces it to find its optimizers, and twice per call length.
+    strategy = mirrored_strategy(2)
+    x, y = np.ones((200, 4), "float32"), np.ones((200, 1), "float32")
+    model, traced = _tracing_model(strategy)
+    with strategy.scope():
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=1, shuffle=False)
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    assert len(traced) == 6  # (optimizers + loop body + last step) x 2 replicas
+
+
+def test_run_eagerly_on_two_replicas_gives_the_compiled_results():
+    # MirroredStrategy runs each replica's step eagerly (TensorFlow logs its
+    # overhead); 50 rows at 2 x 8: a partial last step, and validation on 21.
+    strategy = mirrored_strategy(2)
+    x, y = _regression(rows=50)
+    results = {}
+    for eager in (False, True):
+        with strategy.scope():
+            model = _dense()
+            model.compile("sgd", "mse", metrics=["mae"], run_eagerly=eager)
+            ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=True, seed=2)
+        history = shardfeed.fit(model, ds, epochs=2, verbose=0, validation_data=(x[:21], y[:21]))
+        results[eager] = (history.history, shardfeed.evaluate(model, ds), model.get_weights())
+    compiled, eager = results[False], results[True]
+    for key in compiled[0]:
+        np.testing.assert_allclose(eager[0][key], compiled[0][key], rtol=1e-5)
+    np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-5)
+    for ours, theirs in zip(eager[2], compiled[2], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

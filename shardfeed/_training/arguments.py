@@ -51,19 +51,6 @@ def check_model(model: Any, needs_compile: bool) -> None:
                 "before `shardfeed.fit` or `shardfeed.evaluate`.",
             )
         )
-    if getattr(model, "run_eagerly", False):
-        # Every shardfeed step runs inside a compiled multi-step call; running
-        # them one by one in Python would be another loop, not a debug switch.
-        raise ValueError(
-            _errors.message(
-                "shardfeed runs the model's steps inside compiled calls; "
-                "`run_eagerly=True` is not supported.",
-                "model.run_eagerly=True",
-                "Compile without `run_eagerly`; to debug a step eagerly, call "
-                "`tf.config.run_functions_eagerly(True)` and pass "
-                "`options=shardfeed.FitOptions(jit_compile=False)`.",
-            )
-        )
 
 
 def check_dataset(

@@ -18,7 +18,7 @@ from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute.engine import Engine, engine_for
 from shardfeed._distribute.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop import Loop
+from shardfeed._training.loop import Loop, run_eagerly
 from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
 from shardfeed._training.traces import Traces
@@ -49,14 +49,15 @@ def loop_for(
     loops = _LOOPS.setdefault(dataset, {})
     # A recompiled model has a new optimizer, loss and metrics: new traces.
     compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
-    key = (id(model), compiled, options, class_weights)
+    eager = run_eagerly(model)  # `model.run_eagerly` may change without a recompile
+    key = (id(model), compiled, options, class_weights, eager)
     loop = loops.get(key)
     if loop is None or loop.model is not model:
         engine = engine_for(dataset.world)
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
         shared = _shared_traces(model)
-        traces_key = (dataset.trace_signature, options, class_weights)
+        traces_key = (dataset.trace_signature, options, class_weights, eager)
         loop = Loop(model, dataset, engine, options, class_weights, shared.get(traces_key))
         shared[traces_key] = loop.traces
         loops[key] = loop

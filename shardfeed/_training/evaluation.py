@@ -145,8 +145,9 @@ def evaluate(
     logs = evaluate_loop(loop, cbs, max_steps(None))
     if return_dict:
         return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    # Keras' order, once per metric of `model.metrics`: a metric and a weighted
+    # metric sharing a name are two values, as in Keras (one log entry).
+    return model._flatten_metrics_in_order(logs)
 
 
 @naming_lost_peers

@@ -45,6 +45,7 @@ once.
 from __future__ import annotations
 
 import itertools
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,18 @@ def _map_leaves(fn: Callable[[Any], Any], batch: Batch) -> Batch:
 
 def _has_conv(model: keras.Model) -> bool:
     return any(isinstance(layer, _CONV_LAYERS) for layer in model._flatten_layers())
+
+
+# Keras' own words when `compile(jit_compile=True, run_eagerly=True)`.
+EAGER_JIT_WARNING = (
+    "If `run_eagerly` is True, then `jit_compile` cannot also be True. Disabling `jit_compile`."
+)
+
+
+def run_eagerly(model: keras.Model) -> bool:
+    """Whether the model asks for its steps to run eagerly (`compile(run_eagerly=True)`
+    or `model.run_eagerly = True`)."""
+    return bool(getattr(model, "run_eagerly", False))
 
 
 def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
@@ -139,10 +152,15 @@ class Loop:
         self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
-        self.jit_compile = resolve_jit_compile(options.jit_compile, model)
+        # `compile(run_eagerly=True)`: the same calls and steps, run as Python
+        # (Keras' debug switch), so no XLA either, as Keras.
+        self.run_eagerly = run_eagerly(model)
+        if self.run_eagerly and options.jit_compile is True:
+            warnings.warn(EAGER_JIT_WARNING, stacklevel=2)
+        self.jit_compile = not self.run_eagerly and resolve_jit_compile(options.jit_compile, model)
         self.whole_loop_jit = self.jit_compile and engine.can_compile_whole_loop
         self._num_replicas = engine.num_replicas_in_sync
-        self.traces = traces or Traces(engine, self.whole_loop_jit)
+        self.traces = traces or Traces(engine, self.whole_loop_jit, self.run_eagerly)
         self._loss_sum = self.traces.loss_sum
         self._prescale = engine.loss_prescale
         forward_backward = self._forward_backward

@@ -78,6 +78,7 @@ class ModelStepCalls:
         self.engine = loop.engine
         self.steps = ModelSteps.of(loop.model)
         self._variables_created = False
+        self._train_fn: Any = None  # the step as its own function (`train_chunk`)
 
     def create_variables(self, order: ResidentEpoch) -> None:
         """Builds the optimizers the step applies before the loop is traced.
@@ -114,20 +115,34 @@ class ModelStepCalls:
         with _step_optimizers.synchronised(self.engine, self.loop.options.sparse_as_dense):
             return _averageable(self.model.train_step(data))
 
+    def _train_on_rows(self, handles, rows, where, i, r):
+        loop = self.loop
+        x, y, sw = loop._train_batch(handles, rows)
+        x = _augmenting.augmented(loop.dataset, x, where, i, r)
+        return self._train(keras_data(x, y, sw))
+
     def train_chunk(self, handles, indices, where, replicas):
         loop, engine = self.loop, self.engine
         steps = engine.local_results(indices)[0].shape[0]
+        step = self._train_on_rows
+        if engine.can_compile_whole_loop:
+            # One replica, no strategy: the step is a function of its own, so
+            # the loop's body and the last step below share one trace of the
+            # model's `train_step` (Keras traces it at most twice; a strategy's
+            # merge call cannot run inside such a nested function).
+            if self._train_fn is None:
+                self._train_fn = loop.traces.nested(self._train_on_rows)
+            step = self._train_fn
 
         def replica(handles, indices, i, r):
-            x, y, sw = loop._train_batch(handles, indices[i])
-            x = _augmenting.augmented(loop.dataset, x, where, i, r)
-            return self._train(keras_data(x, y, sw))
+            return step(handles, indices[i], where, i, r)
 
         # The logs are the last step's (as Keras' `multi_step_on_iterator`):
         # it runs after the loop, so only its outputs are reduced.
         for i in tf.range(steps - 1):
             engine.run(replica, (handles, indices, i, replicas))
-        return self._reduced(engine.run(replica, (handles, indices, steps - 1, replicas)))
+        last = tf.constant(steps - 1, tf.int32)
+        return self._reduced(engine.run(replica, (handles, indices, last, replicas)))
 
     def train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
         del all_rows  # Keras' step weighs a partial batch itself.

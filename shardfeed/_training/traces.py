@@ -20,6 +20,7 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 
 from shardfeed._common import errors as _errors
 from shardfeed._distribute.engine import Engine
+from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
     from shardfeed._training.loop import Loop
@@ -41,8 +42,9 @@ class Traces:
     holds no loop between calls, so no model or dataset is kept alive by it.
     """
 
-    def __init__(self, engine: Engine, whole_loop_jit: bool) -> None:
+    def __init__(self, engine: Engine, whole_loop_jit: bool, eager: bool = False) -> None:
         self._loop: Loop | None = None
+        self._eager = eager
         with engine.scope():
             self.loss_sum = tf.Variable(
                 0.0,
@@ -51,20 +53,27 @@ class Traces:
                 aggregation=tf.VariableAggregation.SUM,
             )
         jit = whole_loop_jit
-        self.train_chunk = tf.function(self._calling("_train_chunk"), jit_compile=jit)
+
+        def compiled(method: str, jit_compile: bool | None = jit) -> Callable[..., Any]:
+            # `run_eagerly=True`: the same Python, called as it is (every op
+            # runs eagerly, one step after the other).
+            call = self._calling(method)
+            return call if eager else tf.function(call, jit_compile=jit_compile)
+
+        self.train_chunk = compiled("_train_chunk")
         # One replica under XLA: the call gathers its steps' rows with
         # TensorFlow's kernel, then the XLA step loop reads them contiguously
         # (XLA's gather on CPU costs more than the rest of a small step's input).
-        self.train_gathered = tf.function(self._calling("_train_gathered"))
-        self.train_rows = tf.function(self._calling("_train_rows"), jit_compile=True)
-        self.test_chunk = tf.function(self._calling("_test_chunk"), jit_compile=jit)
-        self.predict_chunk = tf.function(self._calling("_predict_chunk"), jit_compile=jit)
+        self.train_gathered = compiled("_train_gathered", None)
+        self.train_rows = compiled("_train_rows", True)
+        self.test_chunk = compiled("_test_chunk")
+        self.predict_chunk = compiled("_predict_chunk")
         # The partial last step's row counts differ per replica, so it is its
         # own call: with one replica they are Python ints (static shapes, XLA
         # as the loop), with several they are per-replica tensors (no XLA).
-        self.train_partial = tf.function(self._calling("_train_partial"), jit_compile=jit)
-        self.test_partial = tf.function(self._calling("_test_partial"), jit_compile=jit)
-        self.predict_partial = tf.function(self._calling("_predict_partial"), jit_compile=jit)
+        self.train_partial = compiled("_train_partial")
+        self.test_partial = compiled("_test_partial")
+        self.predict_partial = compiled("_predict_partial")
 
     def _calling(self, method: str) -> Callable[..., Any]:
         """A new function per `Traces` calling the bound loop's `method`.
@@ -76,11 +85,28 @@ class Traces:
         def call(*args: Any) -> Any:
             if self._loop is None:
                 raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-            with _trace_gradients_dropped():
+            if self._eager:  # nothing is traced, so nothing is filed
+                return self._loop._calls[method](*args)
+            with _trace_gradients_dropped(), loss_trackers.keras_weights(self._loop.model):
                 return self._loop._calls[method](*args)  # ours, or the model's own step
 
         call.__name__ = call.__qualname__ = f"Loop.{method}"
         return call
+
+    def nested(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` as a function of its own inside the compiled calls: traced
+        once per signature, wherever the calls use it (eager: `fn` itself).
+        What its traces file in TensorFlow's gradient registry is removed, as
+        for the calls' own traces."""
+        if self._eager:
+            return fn
+
+        def call(*args: Any) -> Any:
+            with _trace_gradients_dropped():
+                return fn(*args)
+
+        call.__name__ = call.__qualname__ = f"Loop.{getattr(fn, '__name__', 'step')}"
+        return tf.function(call)
 
     @contextlib.contextmanager
     def bound(self, loop: Loop) -> Iterator[None]:

@@ -233,9 +233,11 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit": shardfeed compiles its own
-            # loop (FitOptions.jit_compile), so they would repeat these runs.
+            # Keras also runs "jit": shardfeed compiles its own loop
+            # (FitOptions.jit_compile), so it would repeat the graph_fn runs.
+            ("eager", True, False, False),
             ("graph_fn", False, False, False),
+            ("steps_per_epoch_eager", True, False, True),
             ("steps_per_epoch_graph_fn", False, False, True),
         ]
     )
@@ -304,9 +306,11 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit": shardfeed compiles its own
-            # loop (FitOptions.jit_compile), so they would repeat these runs.
+            # Keras also runs "jit": shardfeed compiles its own loop
+            # (FitOptions.jit_compile), so it would repeat the graph_fn runs.
+            ("eager", True, False, False),
             ("graph_fn", False, False, False),
+            ("steps_per_epoch_eager", True, False, True),
             ("steps_per_epoch_graph_fn", False, False, True),
         ]
     )
@@ -376,7 +380,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -424,7 +429,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -441,7 +447,8 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         [
-            # Keras also runs "eager" and "jit" (see test_fit_flow).
+            # Keras also runs "jit" (see test_fit_flow).
+            ("eager", True, False),
             ("graph_fn", False, False),
         ]
     )
@@ -464,7 +471,7 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters(
         named_product(
-            steps_per_execution=[3, 101], mode=["non_jit"],  # Keras: also "eager", "jit"
+            steps_per_execution=[3, 101], mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_execution_steps_count(self, steps_per_execution, mode):
@@ -533,7 +540,7 @@ class TestTrainer(testing.TestCase):
                 "not_match_too_low",
                 "not_match_but_high_enough",
             ],
-            mode=["non_jit"],  # Keras: also "eager", "jit"
+            mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_execution_steps_per_epoch(
@@ -655,7 +662,7 @@ class TestTrainer(testing.TestCase):
                 "not_match_too_low",
                 "not_match_but_high_enough",
             ],
-            mode=["non_jit"],  # Keras: also "eager", "jit"
+            mode=["eager", "non_jit"],  # Keras: also "jit"
         )
     )
     def test_steps_per_epoch(self, steps_per_epoch_test, mode):
@@ -1299,6 +1306,38 @@ class TestTrainer(testing.TestCase):
         out_1 = predict(model, x)
         out_2 = predict(model, x)
         self.assertGreater(np.mean(np.abs(out_1 - out_2)), 0.01)
+
+    def test_retracing(self):
+        x = np.ones((100, 4))
+        y = np.ones((100, 1))
+
+        input = keras.Input(shape=[4])
+        output = keras.layers.Dense(1, activation="relu")(input)
+
+        tracing_count = [0]
+
+        class TracingCounterModel(keras.Model):
+            def train_step(self, *args):
+                tracing_count[0] = tracing_count[0] + 1
+                return super().train_step(*args)
+
+        model = TracingCounterModel(inputs=input, outputs=output)
+        model.compile(
+            loss="mse",
+            optimizer="adam",
+            steps_per_execution=20,
+        )
+
+        epochs = 1
+        fit(
+            model,
+            x=x,
+            y=y,
+            batch_size=1,
+            epochs=epochs,
+            verbose=0,
+        )
+        self.assertLessEqual(tracing_count[0], 2)
 
     def test_callbacks_can_update_state_at_batch_boundary(self):
         class CounterModel(keras.Model):
