@@ -51,9 +51,10 @@ def check_model(model: Any, needs_compile: bool) -> None:
                 "before `shardfeed.fit` or `shardfeed.evaluate`.",
             )
         )
-    if getattr(model, "run_eagerly", False):
+    if getattr(model, "run_eagerly", False) and keras.backend.backend() == "tensorflow":
         # Every shardfeed step runs inside a compiled multi-step call; running
         # them one by one in Python would be another loop, not a debug switch.
+        # (On JAX the loop runs them un-jitted, as Keras' JAX trainer: `Loop.jit`.)
         raise ValueError(
             _errors.message(
                 "shardfeed runs the model's steps inside compiled calls; "

@@ -241,8 +241,6 @@ def test_memory_stays_flat_over_repeated_fits():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"options": FitOptions(jit_compile=False)},
-         "On the JAX backend every compiled call is one `jax.jit` of many steps"),
         ({"batch_size": 32}, "The batch belongs to the dataset"),
         ({"shuffle": True}, "The dataset shuffles"),
     ],
