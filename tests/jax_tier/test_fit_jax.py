@@ -167,7 +167,7 @@ def test_callbacks_see_one_batch_hook_per_call_and_the_weights_after_it():
         ("epoch_begin", 0),
         ("batch_begin", 0), ("batch_end", 3),
         ("batch_begin", 4), ("batch_end", 7),
-        ("batch_begin", 8), ("batch_end", 9),
+        ("batch_begin", 8), ("batch_end", 11),  # Keras' numbering: 8 + k - 1
         ("epoch_end", 0),
     ]
     # Each hook saw that call's weights: the three differ, the last is the model's.
