@@ -352,11 +352,12 @@ class Loop:
         elif not self.jit:
 
             def stepwise(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
-                # Un-jitted: each step's ops run as JAX dispatches them.
+                # Un-jitted: each step's ops run as JAX dispatches them (the
+                # batch is sliced by its own `jax.jit`, as in eager iteration).
                 step = self._step(mode)
                 results = []
                 for i in range(num_steps):
-                    batch = self._weighted(mode, batch_fn(arrays, start + i))
+                    batch = self._weighted(mode, batch_fn.jitted(arrays, np.int32(start + i)))
                     result, state = step(state, _data(batch))
                     results.append(result)
                 if mode != "predict":

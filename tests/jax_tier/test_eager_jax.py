@@ -7,7 +7,6 @@ from __future__ import annotations
 import jax
 import keras
 import numpy as np
-import pytest
 from _helpers_fit import assert_history_close, max_weight_diff, regression_data, replicas
 
 from shardfeed import FitOptions, ShardedResidentDataset, evaluate, fit, predict
@@ -37,10 +36,6 @@ def _model(run_eagerly: bool = False) -> tuple[keras.Model, _Seen]:
     return model, seen
 
 
-# Slow: JAX dispatches (and the first time compiles) every op of an un-jitted
-# step on its own: 175 s for this test and 136 s for the next on the shared,
-# loaded 2-core machine.
-@pytest.mark.slow
 def test_jit_compile_false_on_2_replicas_equals_the_compiled_loop():
     x, y = regression_data(203)  # global batch 16: 12 full steps and a partial one of 11 rows
     options = FitOptions(jit_compile=False, steps_per_execution=5)
@@ -64,7 +59,6 @@ def test_jit_compile_false_on_2_replicas_equals_the_compiled_loop():
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_run_eagerly_equals_keras_fit():
     x, y = regression_data(100)  # batch 16: 6 full steps and a partial one of 4 rows
     with replicas(1):
