@@ -8,8 +8,9 @@ CPU:0.
 
 With `KERAS_BACKEND=jax` (the JAX tier, in a venv without TensorFlow) this
 file imports no TensorFlow and collects only `tests/jax_tier` (set up by its own
-conftest) and the backend-neutral files below; a test there marked
-`tensorflow` is skipped, saying why.
+conftest), Keras' adapted tests in `tests/keras_contract` and the
+backend-neutral files below; a test there marked `tensorflow` is skipped,
+saying why.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
 )
 
 if ON_JAX:
+    # Keras' adapted tests run here too (tests/keras_contract/conftest.py
+    # skips, saying why, the two files that import TensorFlow).
     collect_ignore = [
-        "keras_contract",
         *(
             path.name
             for path in Path(__file__).parent.glob("test_*.py")

@@ -37,11 +37,13 @@ def loop_for(
 ) -> Loop:
     """The loop for `model` on `dataset`'s world with `options`' steps per call
     (the model's `compile(steps_per_execution=k)` applied) and `fit`'s
-    `class_weights`, kept across calls (`_jax/loop.py`'s `loop_for`)."""
-    _inputs.check_not_eager(model)
+    `class_weights`, kept across calls (`_jax/loop.py`'s `loop_for`).
+    `FitOptions(jit_compile=False)` or a model compiled with
+    `run_eagerly=True` runs the steps un-jitted (`Loop`'s `jit`), as Keras'
+    JAX trainer does."""
     options = with_model_steps(options, model)
-    _inputs.check_jax_options(options)
-    return _loop.loop_for(model, dataset.world, options.steps_per_execution, class_weights)
+    jit = options.jit_compile is not False and not getattr(model, "run_eagerly", False)
+    return _loop.loop_for(model, dataset.world, options.steps_per_execution, class_weights, jit=jit)
 
 
 def evaluate_loop(
@@ -64,9 +66,12 @@ def evaluate_loop(
         logs: dict[str, Any] = {}
         stop = min(max_steps, epoch.steps) if max_steps else None
         for call in loop.calls(epoch, 0, stop):
-            cbs.on_test_batch_begin(call.begin_step)
+            if call.hook_begin is not None:
+                cbs.on_test_batch_begin(call.hook_begin)
             logs = python_logs(loop.run("test", epoch, call))
-            cbs.on_test_batch_end(call.end_step, logs)
+            if call.hook_end is None:
+                continue  # the partial step next is this Keras call's too
+            cbs.on_test_batch_end(call.hook_end, logs)
             if model.stop_evaluating:
                 break
     finally:

@@ -2,9 +2,8 @@
 
 Owns wrapping arrays in an unshuffled JAX `ShardedResidentDataset` (for
 `evaluate`, `predict` and `fit`'s `validation_data`), the shared checks of
-`_training/arguments.py` bound to the JAX dataset class, and what only the
-JAX backend refuses (`jit_compile=False`, `run_eagerly=True`; listed in
-docs/keras.md with the fix).
+`_training/arguments.py` bound to the JAX dataset class, and the checks only
+the JAX backend needs (the sparse labels' ranges gathered across processes).
 """
 
 from __future__ import annotations
@@ -16,13 +15,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from keras.src.backend.jax.trainer import JAXTrainer
 
-from shardfeed._common import errors as _errors
 from shardfeed._data import sources as _sources
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.world import current_world
 from shardfeed._training import arguments as _arguments
 from shardfeed._training import sparse_labels as _sparse_labels
-from shardfeed._training.options import FitOptions
 
 
 def check_dataset(
@@ -93,37 +90,6 @@ def as_dataset(
         transform=template.transform if template is not None else transform,
         load_options=template.load_options if template is not None else None,
     )
-
-
-def _refusal(constraint: str, received: str, fix: str) -> ValueError:
-    return ValueError(_errors.message(constraint, received, fix))
-
-
-def check_jax_options(options: FitOptions) -> None:
-    """Refuses `FitOptions` the JAX loop cannot honour.
-
-    Raises:
-        ValueError: For `jit_compile=False`: every call is one `jax.jit`.
-    """
-    if options.jit_compile is False:
-        raise _refusal(
-            "On the JAX backend every compiled call is one `jax.jit` of many steps "
-            "(the steps are traced once, so there is no eager mode to switch to).",
-            "FitOptions(jit_compile=False)",
-            'Leave `jit_compile="auto"` (or True); to debug a step, run it under '
-            "`jax.disable_jit()` or use Keras' `model.fit`.",
-        )
-
-
-def check_not_eager(model: keras.Model) -> None:
-    """Refuses `run_eagerly=True` with the JAX words (see `check_jax_options`)."""
-    if getattr(model, "run_eagerly", False):
-        raise _refusal(
-            "shardfeed runs the model's steps inside one `jax.jit` call per many steps; "
-            "`run_eagerly=True` is not supported.",
-            "model.run_eagerly=True",
-            "Compile without `run_eagerly`; to debug a step, run it under `jax.disable_jit()`.",
-        )
 
 
 def overrides(model: keras.Model, step: str) -> bool:

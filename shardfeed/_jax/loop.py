@@ -45,20 +45,21 @@ Mode = Literal["train", "test", "predict"]
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One compiled call: steps `[start, stop)` of the epoch; `partial` for
-    the epoch's partial last step (its own call, on the real rows only)."""
+    the epoch's partial last step (its own call, on the real rows only).
+
+    Its batch hooks follow Keras' `steps_per_execution` numbering: a call
+    begins at `hook_begin` and ends at `hook_end`, `hook_begin + k - 1` also
+    when the epoch's last call has fewer steps. The partial step joins the
+    hooks of the call before it when that call had room for it (Keras runs
+    them as one call): then that call fires no end hook (`hook_end` None) and
+    the partial step no begin hook (`hook_begin` None).
+    """
 
     start: int
     stop: int
     partial: bool = False
-
-    @property
-    def begin_step(self) -> int:
-        return self.start
-
-    @property
-    def end_step(self) -> int:
-        """The last step this call ran, as Keras' `on_*_batch_end` index."""
-        return self.stop - 1
+    hook_begin: int | None = None
+    hook_end: int | None = None
 
 
 def schedule(epoch: Any, k: int, start: int = 0, stop: int | None = None) -> list[Call]:
@@ -72,10 +73,20 @@ def schedule(epoch: Any, k: int, start: int = 0, stop: int | None = None) -> lis
     s = start
     while s < full:
         end = min(full, s + k, (s // chunk + 1) * chunk)
-        calls.append(Call(s, end))
+        # Cut short by the end of the full steps (not by a chunk): Keras'
+        # shorter last call, whose end hook still says `begin + k - 1`.
+        last_end = s + k - 1 if end == full and end - s < k else end - 1
+        calls.append(Call(s, end, hook_begin=s, hook_end=last_end))
         s = end
     if epoch.has_partial_step and start <= epoch.full_steps < stop:
-        calls.append(Call(epoch.full_steps, epoch.full_steps + 1, partial=True))
+        step = epoch.full_steps
+        before = calls[-1] if calls else None
+        if before is not None and before.stop == step and before.hook_end != step - 1:
+            # The call before had room: one Keras call, hooks around both.
+            calls[-1] = dataclasses.replace(before, hook_end=None)
+            calls.append(Call(step, step + 1, True, None, before.hook_end))
+        else:
+            calls.append(Call(step, step + 1, True, step, step + k - 1))
     return calls
 
 
@@ -103,9 +114,15 @@ def to_host(value: Any) -> np.ndarray:
 
 
 def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
-    """Logs as Keras' callbacks get them: floats, arrays kept as arrays."""
+    """Logs as Keras' callbacks get them (its `pythonify_logs`): nested dicts
+    flattened into one (a step returning `{m.name: m.result() for m in
+    self.metrics}` gives the compiled metrics' dict of results), scalars as
+    floats, arrays kept as arrays."""
     out: dict[str, Any] = {}
     for name, value in logs.items():
+        if isinstance(value, dict):
+            out.update(python_logs(value))
+            continue
         array = to_host(value)
         out[name] = float(array) if array.ndim == 0 else array
     return out
@@ -138,10 +155,11 @@ def loop_for(
     world: World,
     steps_per_execution: int | Literal["auto"],
     class_weights: ClassWeights | None = None,
+    jit: bool = True,
 ) -> Loop:
     """The loop of `model` on `world` with `steps_per_execution` (and `fit`'s
-    `class_weights`): the one made by an earlier call for the model's current
-    compile, else a new one."""
+    `class_weights`; `jit`: see `Loop`): the one made by an earlier call for
+    the model's current compile, else a new one."""
     compiled = _compiled_parts(model)
     cached = _LOOPS.get(model)
     if cached is None or cached[0] != compiled:
@@ -149,10 +167,10 @@ def loop_for(
         # traces would run the old ones, so they go.
         cached = (compiled, {})
         _LOOPS[model] = cached
-    key = (world.mesh, world.world_size, steps_per_execution, class_weights)
+    key = (world.mesh, world.world_size, steps_per_execution, class_weights, jit)
     loop = cached[1].get(key)
     if loop is None:
-        loop = cached[1][key] = Loop(model, world, steps_per_execution, class_weights)
+        loop = cached[1][key] = Loop(model, world, steps_per_execution, class_weights, jit)
     return loop
 
 
@@ -195,6 +213,11 @@ class Loop:
             CPU devices: `unrolls_steps`).
         class_weights: `fit`'s `class_weight`: training batches get weights
             by class (in place of the dataset's none), as in Keras.
+        jit: False runs each step un-jitted, op by op, one step after
+            another from Python, as Keras' JAX trainer runs a model compiled
+            with `run_eagerly=True` or `jit_compile=False`: for debugging (a
+            `print` or breakpoint in a step sees values); the steps per call
+            and the hooks are those of the compiled loop.
     """
 
     def __init__(
@@ -203,12 +226,14 @@ class Loop:
         world: World,
         steps_per_execution: int | Literal["auto"],
         class_weights: ClassWeights | None = None,
+        jit: bool = True,
     ) -> None:
         # Weakly: `_LOOPS` keeps loops for as long as their model lives.
         self._model = weakref.ref(model)
         self.world = world
         self.steps_per_execution = steps_per_execution
         self.class_weights = class_weights
+        self.jit = jit
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
         self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
@@ -336,7 +361,23 @@ class Loop:
             def one(state: Any, batch: Any) -> Any:
                 return self._step(mode)(state, _data(self._weighted(mode, batch)))
 
-            fn = jax.jit(one, donate_argnums=donate, out_shardings=out)
+            fn = jax.jit(one, donate_argnums=donate, out_shardings=out) if self.jit else one
+        elif not self.jit:
+
+            def stepwise(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
+                # Un-jitted: each step's ops run as JAX dispatches them (the
+                # batch is sliced by its own `jax.jit`, as in eager iteration).
+                step = self._step(mode)
+                results = []
+                for i in range(num_steps):
+                    batch = self._weighted(mode, batch_fn.jitted(arrays, np.int32(start + i)))
+                    result, state = step(state, _data(batch))
+                    results.append(result)
+                if mode != "predict":
+                    return results[-1], state  # logs after the last step
+                return jax.tree.map(lambda *r: jnp.stack(r), *results), state
+
+            fn = stepwise
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:

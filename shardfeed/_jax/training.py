@@ -58,10 +58,11 @@ def fit(
 
     The same arguments, results and errors as the TensorFlow backend's
     `shardfeed.fit` (see its documentation), `class_weight` and
-    `BackupAndRestore` (mid-epoch) included, but for what docs/keras.md lists
-    as not on JAX (`FitOptions(jit_compile=False)`). Each compiled call runs
-    `steps_per_execution` of the model's own `train_step` in one `jax.jit`;
-    batch hooks fire once per call, with the weights already in the model.
+    `BackupAndRestore` (mid-epoch) included. Each compiled call runs
+    `steps_per_execution` of the model's own `train_step` in one `jax.jit`
+    (un-jitted, step by step, with `FitOptions(jit_compile=False)` or
+    `run_eagerly=True`); batch hooks fire once per call, with the weights
+    already in the model.
     """
     fit_args.refuse(unsupported, dataset)
     fit_args.check_positional(dataset, positional, ShardedResidentDataset)
@@ -123,7 +124,7 @@ def fit(
         "steps_per_execution": loop.steps_per_call(plan.full_steps_per_epoch)
         if plan.full_steps_per_epoch
         else 1,
-        "jit_compile": True,
+        "jit_compile": loop.jit,
     }
     cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
@@ -277,11 +278,14 @@ class _Run(_resume.FitPosition):
                     logs = python_logs(model.get_metrics_result())
                 self.state = None
                 for call in loop.calls(data, start + self.cursor.step, stop):
-                    cbs.on_train_batch_begin(call.begin_step - start)
+                    if call.hook_begin is not None:
+                        cbs.on_train_batch_begin(call.hook_begin - start)
                     logs = python_logs(loop.run("train", data, call))
                     self.steps_run += call.stop - call.start
                     self.cursor = Cursor(epoch, call.stop - start, number, call.stop)
-                    cbs.on_train_batch_end(call.end_step - start, logs)
+                    if call.hook_end is None:
+                        continue  # the partial step next is this Keras call's too
+                    cbs.on_train_batch_end(call.hook_end - start, logs)
                     if model.stop_training:
                         break
                 if (

@@ -13,6 +13,7 @@ fit, and logs it; the device holds the ring, not the rows
 from __future__ import annotations
 
 import logging
+import types
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,28 @@ def test_calls_never_cross_a_chunk(replicas):
     assert [(c.start, c.stop) for c in calls[:4]] == [(0, 2), (2, 3), (3, 5), (5, 6)]
     assert all(c.start // 3 == (c.stop - 1) // 3 for c in calls if not c.partial)
     assert calls[-1].partial and epoch.call_bounds == list(range(0, 25, 3))
+
+
+@pytest.mark.parametrize(
+    ("full_steps", "partial", "k", "chunk", "hooks"),
+    [
+        (6, True, 3, None, [(0, 2), (3, 5), (6, 8)]),  # 100 rows, batch 16: Keras' 2, 5, 8
+        (6, True, 101, None, [(0, 100)]),  # the partial step joins the one short call
+        (7, True, 3, None, [(0, 2), (3, 5), (6, 8)]),  # 1 full step + the partial: one call
+        (6, False, 4, None, [(0, 3), (4, 7)]),  # a shorter last full call
+        (5, False, 2, 3, [(0, 1), (2, 2), (3, 4)]),  # a chunk cuts a call: its own hooks
+    ],
+)
+def test_batch_hooks_number_the_calls_as_keras(full_steps, partial, k, chunk, hooks):
+    epoch = types.SimpleNamespace(
+        steps=full_steps + partial, full_steps=full_steps, has_partial_step=partial,
+        chunk_steps=chunk,
+    )
+    calls = schedule(epoch, k)
+    begins = [c.hook_begin for c in calls if c.hook_begin is not None]
+    ends = [c.hook_end for c in calls if c.hook_end is not None]
+    assert list(zip(begins, ends, strict=True)) == hooks
+    assert sum(c.stop - c.start for c in calls) == full_steps + partial
 
 
 def _model(seed=0):

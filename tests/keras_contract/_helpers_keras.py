@@ -32,6 +32,12 @@ import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 
 CONTROL = os.environ.get("SHARDFEED_KERAS_CONTROL") == "1"
+# Why a file is skipped in the JAX tier (a venv without TensorFlow): Keras'
+# TensorBoard and SwapEMAWeights tests read TensorFlow's event files / contexts.
+NEEDS_TENSORFLOW = (
+    "imports TensorFlow (Keras' test reads TensorFlow's summaries or contexts); the JAX "
+    "tier's venv has none, so it runs on the TensorFlow tier only"
+)
 KERAS_DEFAULT_BATCH_SIZE = 32
 
 

@@ -12,8 +12,11 @@ import os.path
 import tempfile
 
 import pytest
+from _helpers_keras import NEEDS_TENSORFLOW, evaluate, fit
+
+pytest.importorskip("tensorflow", reason=NEEDS_TENSORFLOW)
+
 import tensorflow as tf
-from _helpers_keras import evaluate, fit
 from keras.src import backend, callbacks, layers, losses, metrics, optimizers, saving, testing
 from keras.src.models import Sequential
 from keras.src.testing import test_utils

@@ -15,10 +15,13 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow.summary as summary
-from _helpers_keras import fit
+from _helpers_keras import NEEDS_TENSORFLOW, fit
 from keras.src import backend, callbacks, layers, losses, models, ops, optimizers, testing
 from keras.src.optimizers import schedules
+
+pytest.importorskip("tensorflow", reason=NEEDS_TENSORFLOW)
+
+import tensorflow.summary as summary
 from tensorflow.compat.v1 import SummaryMetadata
 from tensorflow.core.util import event_pb2
 from tensorflow.python.lib.io import tf_record

@@ -50,6 +50,26 @@ class CustomTrainTestStepModel(ExampleModel):
         return logs
 
 
+# Keras' JAX fixture: on JAX a step takes and returns the state.
+class JaxCustomTrainTestStepModel(ExampleModel):
+    def train_step(self, state, data):
+        logs, state = super().train_step(state, data)
+        logs["my_custom_metric"] = 10.0
+        return logs, state
+
+    def test_step(self, state, data):
+        logs, state = super().test_step(state, data)
+        logs["my_custom_metric"] = 5.0
+        return logs, state
+
+
+def custom_train_test_step_model(units):
+    """Keras' choice of fixture: its JAX one on the JAX backend."""
+    if backend.backend() == "jax":
+        return JaxCustomTrainTestStepModel(units=units)
+    return CustomTrainTestStepModel(units=units)
+
+
 class StructModel(keras.Model):
     def __init__(self, units):
         super().__init__()
@@ -362,7 +382,7 @@ class TestTrainer(testing.TestCase):
         self.assertIn("val_loss", history)
 
     def test_fit_with_custom_train_step(self):
-        model = CustomTrainTestStepModel(units=3)
+        model = custom_train_test_step_model(units=3)
         x = np.ones((100, 4))
         y = np.zeros((100, 3))
         batch_size = 16
@@ -408,7 +428,7 @@ class TestTrainer(testing.TestCase):
 
     @parameterized.named_parameters([("flat", False), ("dict", True)])
     def test_evaluate_with_custom_test_step(self, return_dict):
-        model = CustomTrainTestStepModel(units=3)
+        model = custom_train_test_step_model(units=3)
         x = np.ones((100, 4))
         y = np.zeros((100, 3))
         batch_size = 16
