@@ -163,7 +163,7 @@ def _validation(
     )
     epoch = val_ds.epoch(0, training=False)
     try:
-        _inputs.check_sparse_labels(model, val_ds, "validation_data", loop.build(epoch))
+        _inputs.check_sparse_labels(model, val_ds, "validation_data", loop.build(epoch, "test"))
     finally:
         epoch.close()
     cap = fit_args.max_steps(None)

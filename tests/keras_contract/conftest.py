@@ -94,29 +94,8 @@ EXPECTED["TestTrainer::test_validation_data_infinite_generator"] = (
 )
 
 # The JAX tier only (`KERAS_BACKEND=jax`, .ci/test runs this directory there
-# too): `shardfeed.predict` as the first call on a model (never fitted or
-# evaluated in this process) fails on JAX; helper i26-predict fixes it (issue
-# 26 item 4), and the fix must delete these entries (strict).
+# too): what differs on JAX alone (nothing at present).
 EXPECTED_JAX: dict[str, tuple[str, str]] = {}
-for _case_name in (
-    "ModelTest::test_functional_deeply_nested_outputs_struct_losses",
-    "ModelTest::test_functional_dict_outputs_dict_losses",
-    "ModelTest::test_functional_dict_outputs_dict_losses_with_undefined_loss",
-    "ModelTest::test_functional_list_outputs_dict_losses_metrics",
-    "ModelTest::test_functional_struct_outputs_dict_struct_losses_not_weighted",
-    "ModelTest::test_functional_struct_outputs_dict_struct_losses_weighted",
-    "ModelTest::test_functional_struct_outputs_namedtuple_struct_losses",
-    "ModelTest::test_functional_struct_outputs_struct_losses0",
-    "ModelTest::test_functional_struct_outputs_struct_losses1",
-    "ModelTest::test_functional_struct_outputs_struct_losses6",
-    "ModelTest::test_functional_struct_outputs_struct_losses7",
-    "TestTrainer::test_nested_input_predict",
-    "TestTrainer::test_predict_dropout",
-    "TestTrainer::test_predict_flow_graph_fn",
-    "TestTrainer::test_predict_flow_struct_graph_fn",
-    "TestTrainer::test_rng_updated_during_predict",
-):
-    EXPECTED_JAX[_case_name] = ("xfail", "predict as first call: i26-predict")
 
 
 def _case(item: pytest.Item) -> str:
