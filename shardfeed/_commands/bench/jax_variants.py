@@ -140,9 +140,18 @@ class _JaxShardfeed(Variant):
         return timer.seconds[-1], timer.losses[-1]
 
 
-def _fixed_batch(batch: Any, step: Any) -> Any:
-    """The floor's `batch_fn`: the same batch at every step (no input work)."""
-    return batch
+class _FixedBatch:
+    """The floor's `batch_fn`: the same batch at every step (no input work),
+    with the entry points the loop calls on a `BatchFn` (`unchecked` in the
+    compiled calls, `jitted` in un-jitted steps)."""
+
+    def __call__(self, batch: Any, step: Any) -> Any:
+        return batch
+
+    unchecked = jitted = __call__
+
+
+_fixed_batch = _FixedBatch()
 
 
 class _JaxFloor(Variant):
