@@ -30,6 +30,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from keras.src import backend as keras_backend
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
@@ -277,7 +278,7 @@ class Loop:
                 lambda v: keras.KerasTensor(v.shape, keras.backend.standardize_dtype(v.dtype)),
                 spec.x,
             )
-            keras.backend.compute_output_spec(model, x, training=False)
+            keras_backend.compute_output_spec(model, x, training=False)
         return spec
 
     # -- state ------------------------------------------------------------------
