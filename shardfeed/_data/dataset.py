@@ -181,6 +181,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         needed = _memory.device_bytes(
             self.eval_plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
             staged + _memory.call_rows_bytes(self.eval_plan, row_bytes),
+            _memory.index_bytes_per_row(self.world.local_devices, opts.device_memory_bytes),
         )
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes

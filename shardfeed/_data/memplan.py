@@ -243,6 +243,7 @@ class _Setup:
         on_device = _memory.device_bytes(
             plan, replicas, [str(r) for r in replicas], row_bytes,
             staged + _memory.call_rows_bytes(plan, row_bytes),
+            _memory.HOST_INDEX_BYTES_PER_ROW if shared_host else 0,
         )
         host_bytes: dict[int, int] = {}
         for replica in replicas:

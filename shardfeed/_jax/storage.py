@@ -88,7 +88,8 @@ def memory_reports(
     replica: an epoch's copy or positions, and staging) against its usable bytes."""
     names = {device_name(d): d for d in world.local_devices}
     needed = _memory.device_bytes(
-        plan, world.global_replica_ids, list(names), row_bytes, extra_bytes
+        plan, world.global_replica_ids, list(names), row_bytes, extra_bytes,
+        _memory.index_bytes_per_row(list(names), options.device_memory_bytes),
     )
     return _memory.memory_reports(
         needed,

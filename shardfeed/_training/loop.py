@@ -337,7 +337,9 @@ class Loop:
 
     def _train_rows(self, rows, where, replicas):
         # The XLA step loop of `_train_gathered`: step i reads rows[i].
-        steps, batch = keras.tree.flatten(rows.x)[0].shape[:2]
+        # An optional input may be None; any other leaf gives the shape.
+        leaf = next(t for t in keras.tree.flatten(rows.x) if t is not None)
+        steps, batch = leaf.shape[:2]
         epoch = self._open_epoch()
         for i in tf.range(steps):
             x, y, sw = _map_leaves(lambda t, i=i: t[i], rows)
