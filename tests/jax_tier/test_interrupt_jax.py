@@ -19,22 +19,62 @@ from shardfeed import FitOptions, ShardedResidentDataset, fit, predict
 ONE_STEP = FitOptions(steps_per_execution=1)  # the most calls, so the most windows
 
 
+class _CtrlC(threading.Thread):
+    """Sends this process SIGINT `delay_s` from now, then every 50 ms until
+    `stop()`, as a user presses Ctrl-C again. One SIGINT alone can be lost
+    under any Python program: a handler that runs inside a finalizer (a
+    weakref callback, as JAX's caches have) raises into the unraisable hook,
+    with Keras' own `fit` too; under CI's load one interrupt in a run was."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(daemon=True)
+        self.delay_s = delay_s
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # `stop()` returns with no send under way
+
+    def run(self) -> None:
+        wait_s = self.delay_s
+        while not self._stopped.wait(wait_s):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                os.kill(os.getpid(), signal.SIGINT)
+            wait_s = 0.05
+
+    def stop(self) -> None:
+        """Stops sending; a SIGINT sent before lands here, and is dropped."""
+        while True:
+            try:
+                with self._lock:
+                    self._stopped.set()
+                self.join()
+                _check_signals()  # the last one's handler runs here, if still pending
+                return
+            except KeyboardInterrupt:
+                continue
+
+
+def _check_signals() -> None:
+    # Pending Python signal handlers run when a Python function is entered.
+    pass
+
+
 class _Snapshots(keras.callbacks.Callback):
-    """The model's weights after each call; with `interrupt_after`, sends
-    this process a SIGINT `delay_s` after that many calls (from a thread, so
-    it lands wherever the loop is then, as a real Ctrl-C does)."""
+    """The model's weights after each call; with `interrupt_after`, starts
+    a `_CtrlC` `delay_s` after that many calls (from a thread, so it lands
+    wherever the loop is then, as a real Ctrl-C does)."""
 
     def __init__(self, interrupt_after: int | None = None, delay_s: float = 0.0) -> None:
         super().__init__()
         self.seen: list[list[np.ndarray]] = []
         self.interrupt_after, self.delay_s = interrupt_after, delay_s
-        self.timer: threading.Timer | None = None
+        self.ctrl_c: _CtrlC | None = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.seen.append(self.model.get_weights())
         if len(self.seen) == self.interrupt_after:
-            self.timer = threading.Timer(self.delay_s, os.kill, (os.getpid(), signal.SIGINT))
-            self.timer.start()
+            self.ctrl_c = _CtrlC(self.delay_s)
+            self.ctrl_c.start()
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -52,10 +92,14 @@ def test_a_ctrl_c_during_fit_leaves_the_state_of_the_last_call():
         for after, delay_s in [(1, 0.0), (2, 0.0005), (4, 0.001), (7, 0.003)]:
             model, snapshots = mlp(), _Snapshots(after, delay_s)
             with pytest.raises(KeyboardInterrupt):
-                # Far more epochs than the signal takes to arrive.
-                fit(model, ds, epochs=1000, verbose=0, callbacks=[snapshots], options=ONE_STEP)
-            assert snapshots.timer is not None
-            snapshots.timer.join()
+                try:
+                    # Far more epochs than the signal takes to arrive.
+                    fit(model, ds, epochs=1000, verbose=0, callbacks=[snapshots],
+                        options=ONE_STEP)
+                finally:
+                    if snapshots.ctrl_c is not None:
+                        snapshots.ctrl_c.stop()
+            assert snapshots.ctrl_c is not None
             weights = model.get_weights()
             ran = len(snapshots.seen)  # calls whose `on_train_batch_end` finished
             # The interrupt came before the next call or during it (then the
