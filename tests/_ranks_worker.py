@@ -34,16 +34,19 @@ def _arrays(mode: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
 # One fit argument other on rank 1 per case; "same" last: after refusing
 # together the ranks are still in step.
 FIT_CASES = ["epochs", "steps_per_epoch", "validation_data", "steps_per_execution", "same"]
-# Then one `evaluate` each: other steps per call, arrays on rank 1 only, the same.
+# Then one `evaluate` each: other steps per call, arrays on rank 1 only, the same;
+# then one `predict` each (before it compared nothing: the ranks ran other calls).
 EVALUATE_CASES = ["steps_per_execution", "arrays", "same"]
+PREDICT_CASES = ["steps_per_execution", "arrays", "same"]
 
 
 _CALL_REFUSAL = (
     "ValueError: Every worker must call `fit` with the same arguments: they decide how "
     "many steps and collectives each rank runs. Received: ranks disagree on fit's "
 )
-# What each of `FIT_CASES`, then `EVALUATE_CASES`, raises on every rank (before: a rank with
-# other epochs or validation data hung in a collective the other never joined).
+# What each of `FIT_CASES`, then `EVALUATE_CASES` and `PREDICT_CASES`, raises on
+# every rank (before: a rank with other epochs or validation data hung in a
+# collective the other never joined).
 FIT_CASE_REFUSALS = [
     _CALL_REFUSAL + "`epochs`: rank 0 has 1, rank 1 has 2. Pass the same arguments",
     _CALL_REFUSAL + "`steps_per_epoch`: rank 0 has None, rank 1 has 3. Pass the same",
@@ -54,6 +57,11 @@ FIT_CASE_REFUSALS = [
     _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
     + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
     _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
+    + "`data`: rank 0 has 'ShardedResidentDataset', rank 1 has 'arrays'. Pass",
+    "ok",
+    _CALL_REFUSAL.replace("`fit`", "`predict`").replace("fit's", "predict's")
+    + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    _CALL_REFUSAL.replace("`fit`", "`predict`").replace("fit's", "predict's")
     + "`data`: rank 0 has 'ShardedResidentDataset', rank 1 has 'arrays'. Pass",
     "ok",
 ]
@@ -71,7 +79,8 @@ def assert_fit_case_outcomes(outcomes: list[str]) -> None:
 
 def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str]:
     """What `fit` raised (or "ok") for each of `FIT_CASES`, then `evaluate`
-    for each of `EVALUATE_CASES`, on this rank."""
+    for each of `EVALUATE_CASES` and `predict` for each of `PREDICT_CASES`,
+    on this rank."""
     outcomes = []
     for case in FIT_CASES:
         kwargs = {}
@@ -96,6 +105,17 @@ def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str
             args = (x, y)
         try:
             shardfeed.evaluate(model, *args, **kwargs)
+            outcomes.append("ok")
+        except Exception as err:  # recorded for the test, whatever it is
+            outcomes.append(f"{type(err).__name__}: {err}")
+    for case in PREDICT_CASES:
+        args, kwargs = (dataset,), {}
+        if rank == 1 and case == "steps_per_execution":
+            kwargs["options"] = shardfeed.FitOptions(steps_per_execution=2)
+        elif rank == 1 and case == "arrays":
+            args = (x,)
+        try:
+            shardfeed.predict(model, *args, **kwargs)
             outcomes.append("ok")
         except Exception as err:  # recorded for the test, whatever it is
             outcomes.append(f"{type(err).__name__}: {err}")

@@ -155,6 +155,11 @@ def predict(
     """
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
+    # Before any other collective, as `evaluate`'s.
+    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
+    check_settings(
+        world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(

@@ -125,7 +125,7 @@ def _is_zero(value: Any) -> bool:
 
 def settings(model: Any, data: Any, options: Any, dataset_type: type[Any]) -> dict[str, Any]:
     """What decides how many calls and collectives this rank's `evaluate`
-    runs, as the ranks compare it: arrays are built into a dataset (a
+    (or `predict`) runs, as the ranks compare it: arrays are built into a dataset (a
     collective: the rows' agreement) where a dataset is not, and a dataset's
     steps and the steps per call give the number of calls. The arrays' rows
     and batch are compared when their dataset is built."""

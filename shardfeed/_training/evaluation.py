@@ -195,6 +195,15 @@ def predict(
     """
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
+    # Before any other collective, as `evaluate`'s.
+    world = (
+        data.world
+        if isinstance(data, ShardedResidentDataset)
+        else current_world(model.distribute_strategy)
+    )
+    check_settings(
+        world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
