@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -17,6 +20,29 @@ from _helpers_fit import mlp, regression_data, replicas
 from shardfeed import FitOptions, ShardedResidentDataset, fit, predict
 
 ONE_STEP = FitOptions(steps_per_execution=1)  # the most calls, so the most windows
+
+# A real Ctrl-C hits a script's own process, so the tests below run in a fresh
+# interpreter (`test_ctrl_c_in_a_fresh_process`). In CI's single JAX-tier
+# process, after 238 other tests, the first saw no KeyboardInterrupt in 2 of 3
+# runs although SIGINT came every 50 ms for a minute; alone, or after any one
+# group of those files, it passed every time (open: issue 26's note).
+_CHILD = os.environ.get("SHARDFEED_CTRL_C_CHILD") == "1"
+in_the_child = pytest.mark.skipif(
+    not _CHILD, reason="runs in a fresh process: test_ctrl_c_in_a_fresh_process"
+)
+
+
+def test_ctrl_c_in_a_fresh_process():
+    if _CHILD:
+        pytest.skip("this is the fresh process")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "not fresh_process"],
+        cwd=Path(__file__).resolve().parents[2], env={**os.environ, "SHARDFEED_CTRL_C_CHILD": "1"},
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert "2 passed" in result.stdout, result.stdout[-3000:]
 
 
 class _CtrlC(threading.Thread):
@@ -81,6 +107,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
 
 
+@in_the_child
 def test_a_ctrl_c_during_fit_leaves_the_state_of_the_last_call():
     # Used to fail: `model.get_weights()` raised `Array has been deleted`
     # after most interrupts (the donated state was not written back).
@@ -109,6 +136,7 @@ def test_a_ctrl_c_during_fit_leaves_the_state_of_the_last_call():
             np.testing.assert_allclose(outputs, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
+@in_the_child
 def test_a_users_sigint_handler_still_gets_every_signal():
     x, y = regression_data(400)
     received: list[int] = []
