@@ -21,11 +21,11 @@ ONE_STEP = FitOptions(steps_per_execution=1)  # the most calls, so the most wind
 
 @pytest.fixture(autouse=True)
 def pythons_own_sigint_handler():
-    """Python's own handler, as a script started from a terminal has. CI's
-    second lane is a background job of a non-interactive shell, so every
-    process in it starts with SIGINT ignored (POSIX), and `fit` rightly
-    leaves an ignored SIGINT ignored: there these tests saw no
-    KeyboardInterrupt (issue 26's note; `test_an_ignored_sigint_stays_ignored`)."""
+    """Python's own handler, as a script started from a terminal has. A run
+    started as a background job of a non-interactive shell (`.ci/run &`)
+    starts every process with SIGINT ignored (POSIX), and `fit` rightly
+    leaves an ignored SIGINT ignored: in such runs these tests saw no
+    KeyboardInterrupt (`test_an_ignored_sigint_stays_ignored`)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
