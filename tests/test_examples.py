@@ -183,11 +183,6 @@ def _check_tutorial(out, num_workers=1):
     return epochs
 
 
-def test_horovod_tf2_port_on_one_device(tmp_path):
-    out = _run(*_hvd_port_args(tmp_path, 40))
-    _check_hvd_port(out, tmp_path, 40)
-
-
 @pytest.mark.multi_device
 def test_horovod_tf2_port_on_two_logical_devices(tmp_path):
     out = _run(*_hvd_port_args(tmp_path, 60), "--cpu-devices", "2")

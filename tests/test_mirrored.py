@@ -57,8 +57,12 @@ def _assert_same_weights(a, b, rtol=1e-4, atol=1e-6):
         np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-@pytest.mark.parametrize("rows", [1024, 1001])  # even, and a partial last global step
+@pytest.mark.parametrize(
+    ("rows", "replicas"),
+    # Even, and a partial last global step. CI time: 1024 over 4 and 1001 over 2
+    # (shapes these and the uneven-shard cases cover) were dropped.
+    [(1024, 2), (1001, 4)],
+)
 def test_replicas_equal_one_replica_with_the_global_batch(replicas, rows):
     x, y, w = _data(rows)
     b = 32

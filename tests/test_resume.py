@@ -163,8 +163,12 @@ def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path):
 
 
 @pytest.mark.multi_device
-@pytest.mark.parametrize("replicas", [4, 2, 1])
-@pytest.mark.parametrize("placement", ["replicate", "shard"])  # shard: the global exchange
+@pytest.mark.parametrize(
+    ("placement", "replicas"),
+    # shard: the global exchange. CI time: replicate on 4 and 2 (shapes the
+    # sharded cases and replicate on 1 cover) were dropped.
+    [("replicate", 1), ("shard", 4), ("shard", 2), ("shard", 1)],
+)
 def test_resume_on_another_number_of_replicas_keeps_the_global_batch(
     tmp_path, replicas, placement
 ):
