@@ -284,10 +284,12 @@ def init(
             worker to join the coordinator (default:
             `SHARDFEED_STARTUP_TIMEOUT_S`, else 300; `math.inf` waits a day).
         shutdown_timeout_s: Several workers only: seconds an exiting worker
-            waits at `jax.distributed`'s exit barrier for the others (after
-            `sys.exit(n)`, or a normal end long before its peers'); then it
-            exits anyway (default: `SHARDFEED_SHUTDOWN_TIMEOUT_S`, else 60;
-            JAX's own is 300). An uncaught exception does not wait at all.
+            waits for the others to exit too (after `sys.exit(n)`, or a
+            normal end long before its peers'); then it exits anyway, with
+            its own exit status, and says so on stderr (default:
+            `SHARDFEED_SHUTDOWN_TIMEOUT_S`, else 60; JAX's own exit barrier
+            waits 300 s, then aborts: SIGABRT). An uncaught exception does
+            not wait at all.
         heartbeat_timeout_s: Several workers only: seconds a worker may send
             the coordinator no heartbeat (its host or process gone) before
             every worker stops (default: `SHARDFEED_HEARTBEAT_TIMEOUT_S`,
@@ -359,7 +361,7 @@ def init(
                 shutdown_timeout_seconds=_whole_seconds(shutdown_s),
                 heartbeat_timeout_seconds=_whole_seconds(heartbeat_s),
             )
-            _exit_at_once_on_error()
+            _exit_at_once_on_error(shutdown_s)
         binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)
         with _gloo_bound(binding):
             devices = jax.devices()  # starts the backends (and, in a job, Gloo)
@@ -392,32 +394,59 @@ def _whole_seconds(timeout_s: float) -> int:
     return _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
 
 
-def _exit_at_once_on_error() -> None:
-    """In a `jax.distributed` job, an uncaught exception ends its process at once.
+def _exit_at_once_on_error(shutdown_s: float) -> None:
+    """In a `jax.distributed` job, a process ends with its own exit status.
 
     JAX's exit handler waits at a barrier for every process to exit too, up to
-    `shutdown_timeout_seconds` (300 s): measured, a rank whose script raised
-    stayed alive that long while the others waited in a collective, so neither
-    the launcher nor mpirun saw a failure. After the traceback is printed, the
-    user's exit handlers run, then not JAX's: the process exits with 1 (130 for
-    Ctrl-C), and the launcher stops the other ranks, naming this one.
+    `shutdown_timeout_seconds`, then aborts (SIGABRT, exit status 134):
+    measured, a rank whose script raised stayed alive 300 s while the others
+    waited in a collective, and a rank's `sys.exit(3)` ended as 134. Now:
+    - an uncaught exception: after the traceback is printed, the user's exit
+      handlers run, then not JAX's: the process exits with 1 (130 for
+      Ctrl-C), and the launcher stops the other ranks, naming this one;
+    - any other exit (`sys.exit(n)`, the script's end): a barrier of our own
+      first, bounded by `shutdown_s`, whose timeout Python can catch; when the
+      others do not reach theirs, JAX's waits are skipped and the process
+      exits with its own status. When they do, JAX's own barrier follows at
+      once (every rank is exiting).
     """
     import atexit
 
     from jax._src import api as jax_api
     from jax._src import dispatch as jax_dispatch
+    from jax._src import distributed as jax_distributed
 
     # Both wait on the other ranks: the shutdown barrier, and the tokens of
     # collectives they may never join (JAX 0.10-0.12's names; if a JAX moves
-    # them, the exit handlers are skipped rather than waited on).
-    waiting = [getattr(jax_api, "clean_up", None), getattr(jax_dispatch, "wait_for_tokens", None)]
+    # them, an exception skips every exit handler rather than wait, and other
+    # exits keep JAX's waits).
+    found = [getattr(jax_api, "clean_up", None), getattr(jax_dispatch, "wait_for_tokens", None)]
+    waiting = [handler for handler in found if handler is not None]
+    known = len(waiting) == len(found)
     previous = sys.excepthook
+
+    def wait_for_peers() -> None:
+        client = jax_distributed.global_state.client
+        if client is None:  # `jax.distributed.shutdown()` already ran
+            return
+        try:
+            client.wait_at_barrier(_EXIT_BARRIER, _whole_seconds(shutdown_s) * 1000)
+        except jax.errors.JaxRuntimeError:  # DEADLINE_EXCEEDED: the others still run
+            for handler in waiting:
+                atexit.unregister(handler)
+            print(
+                f"shardfeed: rank {jax_distributed.global_state.process_id} is exiting, but "
+                f"the other ranks did not reach their exit within {shutdown_s:g} s "
+                "(shutdown_timeout_s); it exits now, with its own exit status, without "
+                "waiting for them.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         previous(kind, value, tb)
-        handlers = [handler for handler in waiting if handler is not None]
-        if len(handlers) == len(waiting):
-            for handler in handlers:
+        if known:
+            for handler in [*waiting, wait_for_peers]:
                 atexit.unregister(handler)
             atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
@@ -426,6 +455,11 @@ def _exit_at_once_on_error() -> None:
         os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     sys.excepthook = hook
+    if known:
+        atexit.register(wait_for_peers)  # after JAX's: runs before them
+
+
+_EXIT_BARRIER = "shardfeed_exit"
 
 
 def _split_cpu(num_devices: int) -> None:
