@@ -42,7 +42,8 @@ WAIT_S = 100.0  # every wait ends before the grace period would
 LAUNCH_TIMEOUT_S = 400.0
 
 # argv: out_dir, then one mode per rank: "train" (train until stopped),
-# "hang" (never reach shardfeed.init()) or "stuck" (sleep in a callback after step 1).
+# "hang" (never reach shardfeed.init()), "stuck" (sleep in a callback after step 1) or
+# "before-fit" (sleep after building the dataset, while the others enter `fit`).
 WORKER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -74,6 +75,8 @@ class Stuck(keras.callbacks.Callback):
         if modes[rank] == "stuck" and batch == 1:  # alive, outside the next call's collective
             time.sleep(3600)
 
+if modes[rank] == "before-fit":  # alive, outside fit's first collective (its arguments')
+    time.sleep(3600)
 shardfeed.fit(model, train, epochs=100000, callbacks=[Mark(), Stuck()], verbose=0,
               options=shardfeed.FitOptions(steps_per_execution=1))
 """
@@ -255,13 +258,22 @@ def test_busy_port_without_isolation_is_named_at_once(worker, tmp_path, monkeypa
     _assert_all_gone(tmp_path)
 
 
-def test_a_worker_stuck_in_a_callback_is_named_by_the_progress_watch(worker, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "calls"),
+    [
+        ("stuck", (4, 5)),
+        # Used to run into the launch's timeout: the ranks' agreement on fit's
+        # arguments is a collective but counted no call, so both stood at 0.
+        ("before-fit", (1, 2)),
+    ],
+)
+def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, calls):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
         worker,
         num_workers=2,
-        args=[tmp_path, "train", "stuck"],
+        args=[tmp_path, "train", mode],
         grace_s=GRACE_S,
         timeout_s=WAIT_S,  # fires only if the progress watch does not
         progress_timeout_s=5.0,
@@ -271,8 +283,8 @@ def test_a_worker_stuck_in_a_callback_is_named_by_the_progress_watch(worker, tmp
     text = err.getvalue().decode()
     assert code == 124, text[-3000:]
     assert (
-        "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 2 while "
-        "rank(s) 0 wait for them in call 3" in text
+        f"worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call {calls[0]} "
+        f"while rank(s) 0 wait for them in call {calls[1]}" in text
     ), text[-3000:]
     assert "timed out after" not in text
     assert "still running" not in text  # SIGTERM ended both, rank 0 inside a collective

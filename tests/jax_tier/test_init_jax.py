@@ -365,8 +365,9 @@ def test_sys_exit_on_one_jax_worker_ends_with_its_status_within_the_shutdown_tim
     assert [pid for pid in pids if not _gone(pid)] == []
 
 
-# Rank 1 sleeps in a callback (alive, stuck outside the collective) while rank 0
-# waits for it in the next call of `fit`.
+# Rank 1 sleeps (alive, stuck outside the collective) in a callback, while rank 0
+# waits for it in the next call of `fit`, or before `fit`, while rank 0 waits in
+# the ranks' agreement on fit's arguments.
 STUCK_JOB = r"""
 import os, sys, time
 import shardfeed
@@ -386,13 +387,25 @@ class Stuck(keras.callbacks.Callback):
             print("stuck", flush=True)
             time.sleep(10**6)
 
+if world.rank == 1 and sys.argv[2] == "before-fit":
+    print("stuck", flush=True)
+    time.sleep(10**6)
 shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[Stuck()],
               options=shardfeed.FitOptions(steps_per_execution=1))
 """
 
 
 @pytest.mark.multi_process
-def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("where", "calls"),
+    [
+        ("callback", (5, 6)),
+        # Used to run into the launch's timeout: the agreement on fit's arguments
+        # is a collective but counted no call, so both ranks stood at 0.
+        ("before-fit", (1, 2)),
+    ],
+)
+def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch, where, calls):
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_JOB)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -400,16 +413,15 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script, num_workers=2, args=[tmp_path], timeout_s=150, grace_s=5,
+        script, num_workers=2, args=[tmp_path, where], timeout_s=150, grace_s=5,
         progress_timeout_s=5, system=System(stdout=out, stderr=err),
     )
     elapsed, err_text = time.monotonic() - start, err.getvalue().decode()
     assert code == 124, err_text[-3000:]
     assert "[rank 1] stuck" in out.getvalue().decode()
-    # Rank 1 reported call 3 and stopped in its callback; rank 0 entered call 4.
     assert (
         "shardfeed launch: worker rank(s) 1 made no progress for 5 s: they stand at shardfeed "
-        "call 3 while rank(s) 0 wait for them in call 4" in err_text
+        f"call {calls[0]} while rank(s) 0 wait for them in call {calls[1]}" in err_text
     ), err_text[-3000:]
     assert elapsed < 120
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
