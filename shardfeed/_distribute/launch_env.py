@@ -344,11 +344,10 @@ _progress: list[int | None] = [None, 0]
 def report_progress(environ: Mapping[str, str] | None = None) -> None:
     """Tells `shardfeed launch` that this worker starts one more shardfeed call.
 
-    Every call of a compiled step loop (`fit`, `evaluate`, `predict`),
-    every batch a custom loop takes and every other collective of shardfeed's
-    (the worlds' `all_gather_bytes` and `barrier`, the sync check) reports
-    here; the count goes to the file `progress<rank>` in the launcher's
-    `SHARDFEED_READY_DIR`. Each such call
+    The start of each `fit`, `evaluate` and `predict` (before the ranks'
+    agreement on its arguments), each of their compiled calls, the sync
+    check and every batch a custom loop takes report here; the count goes to
+    the file `progress<rank>` in the launcher's `SHARDFEED_READY_DIR`. Each such call
     is a collective across the ranks, so in a healthy job the counts move
     together: ranks whose count stays behind the others' for the launcher's
     `--progress-timeout-s` are stuck outside the collective the others wait

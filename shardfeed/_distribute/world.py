@@ -20,8 +20,6 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._distribute import launch_env as _launch_env
-
 
 @dataclasses.dataclass(frozen=True)
 class World:
@@ -81,7 +79,6 @@ class World:
         """
         if self.world_size == 1:
             return
-        _launch_env.report_progress()  # a collective: `shardfeed launch`'s progress watch
         if self.backend == "horovod":
             import horovod.tensorflow as hvd  # only reached once Horovod runs
 
@@ -108,7 +105,6 @@ class World:
         """
         if self.world_size == 1:
             return [payload]
-        _launch_env.report_progress()  # a collective: `shardfeed launch`'s progress watch
         length = self._gather_row(np.array([len(payload)], np.int64))[:, 0]
         if not length.any():  # every rank knows: nothing more to send
             return [b""] * self.world_size

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from shardfeed._common.agreement import check_settings
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax import loop as _loop
@@ -111,6 +112,8 @@ def evaluate(
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
     # Before any other collective (arrays become a dataset, which compares rows).
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
     )
@@ -157,6 +160,8 @@ def predict(
     check_model(model, needs_compile=False)
     # Before any other collective, as `evaluate`'s.
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
     )

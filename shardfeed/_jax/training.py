@@ -21,6 +21,7 @@ import keras
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import check_settings
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
@@ -70,6 +71,8 @@ def fit(
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
     # Before any other collective (a split or validation data builds datasets).
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         dataset.world,
         "fit",

@@ -18,8 +18,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from shardfeed._distribute import launch_env as _launch_env
-
 REPLICA_AXIS = "replica"
 
 
@@ -89,7 +87,6 @@ class World:
         if self.world_size > 1:
             from jax.experimental import multihost_utils
 
-            _launch_env.report_progress()  # a collective: `shardfeed launch`'s progress watch
             multihost_utils.sync_global_devices("shardfeed_barrier")
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
@@ -99,7 +96,6 @@ class World:
             return [payload]
         from jax.experimental import multihost_utils
 
-        _launch_env.report_progress()  # a collective: `shardfeed launch`'s progress watch
         lengths = np.asarray(
             multihost_utils.process_allgather(np.array([len(payload)], np.int32))
         ).reshape(self.world_size)

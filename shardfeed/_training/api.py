@@ -17,6 +17,7 @@ import keras
 
 from shardfeed._common.agreement import check_settings
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
@@ -120,6 +121,8 @@ def fit(
     steps = ModelSteps.of(model)
     dataset = check_dataset(dataset, needs_targets=not steps.train)
     # Before any other collective (a split or validation data builds datasets).
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         dataset.world,
         "fit",

@@ -15,6 +15,7 @@ import numpy as np
 
 from shardfeed._common.agreement import check_settings
 from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute.peers import naming_lost_peers
 from shardfeed._distribute.world import current_world
 from shardfeed._training import eval_args
@@ -123,6 +124,8 @@ def evaluate(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
     )
@@ -201,6 +204,8 @@ def predict(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
+    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
+    _launch_env.report_progress()
     check_settings(
         world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
     )
