@@ -361,7 +361,7 @@ def init(
                 shutdown_timeout_seconds=_whole_seconds(shutdown_s),
                 heartbeat_timeout_seconds=_whole_seconds(heartbeat_s),
             )
-            _exit_at_once_on_error(shutdown_s)
+            _exit_with_own_status(shutdown_s)
         binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)
         with _gloo_bound(binding):
             devices = jax.devices()  # starts the backends (and, in a job, Gloo)
@@ -394,7 +394,7 @@ def _whole_seconds(timeout_s: float) -> int:
     return _UNBOUNDED_TIMEOUT_S if math.isinf(timeout_s) else max(1, math.ceil(timeout_s))
 
 
-def _exit_at_once_on_error(shutdown_s: float) -> None:
+def _exit_with_own_status(shutdown_s: float) -> None:
     """In a `jax.distributed` job, a process ends with its own exit status.
 
     JAX's exit handler waits at a barrier for every process to exit too, up to
