@@ -53,6 +53,7 @@ class FakeProcess:
         out=b"",
         stages=(),
         progress=None,
+        exit_began_ns=None,
     ):
         self.pid = pid
         self.argv = argv
@@ -69,6 +70,10 @@ class FakeProcess:
         for stage in stages:
             rank = self.env["SHARDFEED_RANK"]
             Path(self.env["SHARDFEED_READY_DIR"], f"{stage}{rank}").touch()
+        # When its exit began (`launch_env.record_exit_start`), if it wrote that.
+        if exit_began_ns is not None:
+            rank = self.env["SHARDFEED_RANK"]
+            Path(self.env["SHARDFEED_READY_DIR"], f"exiting{rank}").write_text(str(exit_began_ns))
         # How many shardfeed calls the worker reported before it stopped moving.
         if progress is not None:
             launch_env._progress[:] = [None, 0]  # as a fresh worker process
@@ -663,16 +668,63 @@ def test_first_failure_wins(script):
     assert fake.messages().count("exited with code") == 1
 
 
-def test_failures_seen_in_one_poll_are_all_named(script):
+@pytest.mark.parametrize(
+    "behaviors, code, text",
+    [
+        # Rank 1's exit began first (it raised); rank 0 lost its connection to
+        # it. Before, the lowest rank's status (1) was reported.
+        (
+            {0: {"code": 1, "exit_began_ns": 2_000}, 1: {"code": 3, "exit_began_ns": 1_000}},
+            3,
+            "worker rank 1 exited with code 3 and worker rank 0 exited with code 1.",
+        ),
+        # Rank 0 wrote nothing: killed from outside (the OOM killer), first.
+        (
+            {0: {"code": 1, "exit_began_ns": 1_000}, 1: {"code": -signal.SIGKILL}},
+            128 + signal.SIGKILL,
+            "worker rank 1 was killed by SIGKILL and worker rank 0 exited with code 1.",
+        ),
+        # A native abort (JAX, Gloo: a peer is gone) is a consequence: last.
+        (
+            {0: {"code": -signal.SIGABRT}, 1: {"code": 3, "exit_began_ns": 1_000}},
+            3,
+            "worker rank 1 exited with code 3 and worker rank 0 was killed by SIGABRT.",
+        ),
+        # Nothing written (ended before shardfeed.init()): rank order.
+        ({0: {"code": 1}, 1: {"code": 3}}, 1, "worker rank 0 exited with code 1 and worker "
+         "rank 1 exited with code 3."),
+    ],
+)  # fmt: skip
+def test_failures_seen_in_one_poll_report_the_first_to_fail(script, behaviors, code, text):
     # A failed rank and the peer that lost its connection to it exit within
-    # milliseconds; the launcher cannot know which was first, so it names both
-    # (it used to name only the lowest rank: the peer, not the cause).
-    fake = FakeSystem({0: {"code": 1}, 1: {"code": 3}})
-    assert _launch.run(script, num_workers=2, system=fake.system) == 1
-    assert (
-        "shardfeed launch: worker rank 0 exited with code 1 and worker rank 1 exited "
-        "with code 3." in fake.messages()
+    # milliseconds, often in one poll: each names every one, in the order
+    # their exits began, and the status is the first's.
+    for behavior in behaviors.values():
+        behavior["stages"] = ("arrived", "initialized")
+    fake = FakeSystem(behaviors)
+    assert _launch.run(script, num_workers=2, system=fake.system) == code
+    assert f"shardfeed launch: {text}" in fake.messages()
+
+
+@pytest.mark.parametrize("ending", ["raise ValueError('x')", "sys.exit(3)", "pass"])
+def test_a_worker_writes_when_its_exit_began_only_under_the_launcher(tmp_path, ending):
+    script = (
+        "import sys, time\n"
+        "from shardfeed._distribute import launch_env\n"
+        "launch_env.record_exit_start()\n"
+        "launch_env.record_exit_start()  # a second init(): one recorder\n"
+        f"print(time.monotonic_ns(), flush=True)\n{ending}\n"
     )
+    env = {**os.environ, "SHARDFEED_READY_DIR": str(tmp_path), "SHARDFEED_RANK": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    began = launch_env.read_exit_start(str(tmp_path / "exiting1"))
+    assert began is not None and int(result.stdout) <= began <= time.monotonic_ns()
+    assert ("ValueError: x" in result.stderr) == ending.startswith("raise")
+    del env["SHARDFEED_READY_DIR"]
+    subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["exiting1"]
 
 
 def test_timeout_stops_everything_with_124(script):

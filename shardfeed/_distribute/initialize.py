@@ -158,6 +158,7 @@ def init(
 
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
+    _launch_env.record_exit_start()
     return world
 
 

@@ -33,10 +33,14 @@ Which launcher `detect_launch_env` reports, first match wins:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import sys
+import time
 from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import Literal
 
 from shardfeed._common import errors as _errors
@@ -384,6 +388,63 @@ def read_progress(path: str) -> int | None:
     try:
         with open(path, "rb") as progress_file:
             return int(progress_file.read(20))
+    except (OSError, ValueError):
+        return None
+
+
+EXITING = "exiting"
+_exit_recorded: list[bool] = []  # [True] once this process's recorder is installed
+
+
+def record_exit_start(environ: Mapping[str, str] | None = None) -> None:
+    """Under `shardfeed launch`, writes when this worker's exit begins.
+
+    When one rank fails, its peers fail a few milliseconds later in the
+    collective they shared with it; the launcher often reaps both in one poll.
+    The time written here (`time.monotonic_ns()` to the file `exiting<rank>`,
+    one clock for every process on a host) tells it which began to exit first,
+    so it reports that rank's exit status. Written once: before an uncaught
+    exception's traceback (a wrapper around `sys.excepthook`) or as the first
+    exit handler (`atexit` runs handlers last-registered first, and this is
+    installed at the end of `shardfeed.init()`, after the backends' own).
+    Nothing outside `shardfeed launch`.
+
+    Args:
+        environ: Environment to read (default: `os.environ`).
+    """
+    environ = os.environ if environ is None else environ
+    ready_dir, rank = environ.get(READY_DIR_VARIABLE), environ.get("SHARDFEED_RANK", "")
+    if not ready_dir or not rank.isdigit() or _exit_recorded:
+        return
+    _exit_recorded.append(True)
+    path = os.path.join(ready_dir, f"{EXITING}{int(rank)}")
+    written: list[bool] = []
+
+    def record() -> None:
+        if written:
+            return
+        written.append(True)
+        try:
+            with open(path, "wb") as exiting_file:
+                exiting_file.write(b"%d" % time.monotonic_ns())
+        except OSError:
+            pass  # not our launch's directory any more: nobody reads it
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        record()
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+    atexit.register(record)
+
+
+def read_exit_start(path: str) -> int | None:
+    """The time in an `exiting<rank>` file (`record_exit_start`), or None."""
+    try:
+        with open(path, "rb") as exiting_file:
+            return int(exiting_file.read(32))
     except (OSError, ValueError):
         return None
 

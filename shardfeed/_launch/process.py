@@ -261,6 +261,32 @@ class _Supervisor:
 
     # -- watching -------------------------------------------------------------
 
+    def first_to_fail(self, failed: list[_Worker]) -> list[_Worker]:
+        """The failed workers of one poll, the one that failed first first.
+
+        Workers write when their exit begins (`StartupWatch.exit_start`); the
+        earliest is the cause, the others lost their connection to it. A
+        worker that wrote nothing was ended by a signal or `os._exit`, or
+        ended before `shardfeed.init()` returned: it goes first (SIGKILL from
+        the OOM killer, a segfault), except for SIGABRT, which is how JAX's
+        and Gloo's native code end a process whose peer is gone.
+        """
+        watch = self.startup
+        if watch is None or len(failed) < 2:
+            return failed
+
+        def order(index: int) -> tuple[int, int]:
+            began = watch.exit_start(index)
+            if began is not None:
+                return (1, began)
+            return (2, 0) if self.workers[index].returncode == -signal.SIGABRT else (0, 0)
+
+        indexes = sorted(
+            (self.workers.index(w) for w in failed),
+            key=lambda i: (order(i), i),
+        )
+        return [self.workers[i] for i in indexes]
+
     def reap_exited(self) -> list[_Worker]:
         exited = []
         for worker in self.workers:
@@ -283,9 +309,10 @@ class _Supervisor:
         while True:
             failed = [w for w in self.reap_exited() if w.returncode != 0]
             if exit_code is None and failed:
-                # Exits seen in one poll have no order we can know: a rank that
-                # failed and the peer that lost its connection to it exit within
-                # milliseconds, so name every one rather than guess the first.
+                # A rank that failed and the peer that lost its connection to
+                # it often exit within one poll: report the first to fail, and
+                # name every one.
+                failed = self.first_to_fail(failed)
                 exit_code = exit_code_of(failed[0].returncode)  # type: ignore[arg-type]
                 others = sum(w.running for w in self.workers)
                 text = " and ".join(

@@ -125,6 +125,15 @@ class StartupWatch:
             return set()
         return {i for i in range(count) if f"{stage}{self.first_rank + i}" in names}
 
+    def exit_start(self, index: int) -> int | None:
+        """When the spec at `index` began to exit (`time.monotonic_ns()`, file
+        `exiting<rank>`, `launch_env.record_exit_start`), or None: it wrote
+        none (it never finished `shardfeed.init()`, or a signal or a native
+        abort ended it)."""
+        return launch_env.read_exit_start(
+            os.path.join(self.ready_dir, f"{launch_env.EXITING}{self.first_rank + index}")
+        )
+
     def progress(self, indexes: Iterable[int]) -> dict[int, int]:
         """The progress count of the specs at `indexes` (0 before their first
         report; None-free: an unreadable file counts as 0)."""
