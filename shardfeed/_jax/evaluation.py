@@ -27,6 +27,7 @@ from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.fit_args import max_steps
+from shardfeed._training.model_sync import check_in_sync
 from shardfeed._training.options import FitOptions, with_model_steps
 
 
@@ -53,14 +54,18 @@ def evaluate_loop(
     cbs: keras.callbacks.CallbackList,
     max_steps: int | None = None,
     name: str = "data",
+    check_weights: bool = False,
 ) -> dict[str, Any]:
     """One evaluation pass, as Keras' `evaluate`: test hooks per call, the
     model's `stop_evaluating` checked after each, at most `max_steps` steps
-    (`name`: the argument that held `dataset`, for the label check)."""
+    (`name`: the argument that held `dataset`, for the label check;
+    `check_weights`: `check_same_weights` once the model is built)."""
     model = loop.model
     epoch = dataset.epoch(0, training=False)
     try:
         _inputs.check_sparse_labels(model, dataset, name, loop.build(epoch, "test"))
+        if check_weights:
+            check_same_weights(loop, "evaluate")
         model.reset_metrics()
         model.stop_evaluating = False
         cbs.on_test_begin()
@@ -82,6 +87,20 @@ def evaluate_loop(
     logs = python_logs(model._get_metrics_result_or_logs(logs))
     cbs.on_test_end(logs)
     return logs
+
+
+def check_same_weights(loop: Loop, action: str) -> None:
+    """Refuses, on every process, a model whose weights differ between the
+    processes (one small all-gather of fingerprints; nothing with one).
+
+    A loop of the user's that never called `sync_model` on an unseeded model
+    leaves each process its own weights, and a compiled call takes each
+    process's copy as its part of one replicated value: the results would
+    blend them. `fit` gives every process rank 0's weights first, so its
+    validation needs no check. Optimizer, metric and seed states may differ:
+    `evaluate` and `predict` read none of them.
+    """
+    check_in_sync(loop.world, loop.model.weights, action)
 
 
 def evaluate(
@@ -134,7 +153,7 @@ def evaluate(
         steps=dataset.eval_plan.steps_per_epoch,
     )
     with _interrupts.handled():  # a Ctrl-C leaves the model valid
-        logs = evaluate_loop(loop, dataset, cbs, cap)
+        logs = evaluate_loop(loop, dataset, cbs, cap, check_weights=True)
     if return_dict:
         return logs
     values = list(logs.values())
@@ -176,6 +195,7 @@ def predict(
     epoch = dataset.epoch(0, training=False)
     try:
         loop.build(epoch, "predict")
+        check_same_weights(loop, "predict")
         with _interrupts.handled():  # a Ctrl-C leaves the model valid
             results = list(loop.iterate("predict", epoch))
         outputs = gather_outputs(results, epoch.slot_rows())

@@ -8,8 +8,9 @@ a collective the other never joined.
 
 A user's own loop (Keras' JAX guide's, on the resident batches): an unseeded
 model trains to other weights on each process; after `shardfeed.sync_model`
-both end with the same (`_training/model_sync.py`); `save_model` refuses the
-first (its processes hold other weights) and saves the second.
+both end with the same (`_training/model_sync.py`); `save_model`, `predict`
+and `evaluate` refuse the first (its processes hold other weights) and take
+the second.
 """
 
 from __future__ import annotations
@@ -119,6 +120,14 @@ for sync in (False, True):
         weights[f"save {sync}"] = "ok"
     except ValueError as err:
         weights[f"save {sync}"] = str(err)
+    # predict and evaluate read the weights too: refused alike when they differ.
+    model.compile(loss="mse")
+    for name, call in (("predict", lambda: shardfeed.predict(model, x).sum().item()),
+                       ("evaluate", lambda: shardfeed.evaluate(model, x, y))):
+        try:
+            weights[f"{name} {sync}"] = call()
+        except ValueError as err:
+            weights[f"{name} {sync}"] = str(err)
 print("RESULT " + json.dumps(weights))
 """
 
@@ -140,7 +149,20 @@ def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_pa
             "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
             "this itself."
         )  # the kernels; the biases start at zeros
-    # After `sync_model`, both processes step one model, and it saves.
+    # `predict` and `evaluate` refuse them too (before: a blend of the two
+    # processes' weights, returned without a word).
+    for result in results:
+        for name in ("predict", "evaluate"):
+            assert result[f"{name} False"].startswith(
+                f"Every worker must hold the same weights to {name}: the workers trained one "
+                "model only if they started from the same values. Received: variable "
+                "dense/kernel differs between ranks 0 and 1 (3 of 6 variables differ)."
+            )
+    # After `sync_model`, both processes step one model: it saves, predicts
+    # and evaluates, with the same results on both.
     assert synced[0] == synced[1]
     assert [r["save True"] for r in results] == ["ok", "ok"]
+    for name in ("predict", "evaluate"):
+        assert results[0][f"{name} True"] == results[1][f"{name} True"]
+        assert isinstance(results[0][f"{name} True"], float)
     assert [w.tolist() for w in keras.models.load_model(saved).get_weights()] == synced[0]
