@@ -8,6 +8,8 @@ ones; each replica holds only its rows, on its own device.
 
 from __future__ import annotations
 
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -179,3 +181,22 @@ def test_predict_and_evaluate_fewer_rows_than_replicas():
     np.testing.assert_allclose(
         shardfeed.evaluate(model, x, y), plain.evaluate(x, y, verbose=0), rtol=1e-5
     )
+
+
+def test_arrays_evaluated_on_replicas_say_nothing_of_training_drops(caplog):
+    # 333 rows on 2 replicas: a training epoch of batch 166 would leave one
+    # out, and the dataset says so; predict and evaluate cover every row, so
+    # they said it without cause.
+    x, y, _ = _data(333)
+    strategy = _strategy(2)
+    with strategy.scope():
+        model = _model()
+    with caplog.at_level(logging.WARNING, logger="shardfeed"):
+        shardfeed.predict(model, x)
+        shardfeed.evaluate(model, x, y)
+        assert [r.getMessage() for r in caplog.records] == []
+        ShardedResidentDataset(x, y, per_replica_batch_size=166, seed=0, strategy=strategy)
+    assert [r.getMessage() for r in caplog.records] == [
+        "shardfeed: 1 of 333 rows are left out of each training epoch so every replica "
+        "runs 1 equal steps (a replica would have no row in the last step)."
+    ]

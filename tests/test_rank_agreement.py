@@ -117,11 +117,21 @@ def _assert_both_refuse(outcomes, difference):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-@pytest.mark.parametrize("call", ["predict", "evaluate", "fit"])
+@pytest.mark.parametrize("call", ["predict", "fit"])
 def test_two_workers_with_other_row_counts_both_raise(call, tmp_path):
-    _assert_both_refuse(
-        _outcomes(tmp_path, "data", "rows", call), "rank 1 has 1037 rows, rank 0 has 1000"
-    )
+    outcomes = _outcomes(tmp_path, "data", "rows", call)
+    if call == "fit":  # a dataset of each rank's rows: the rows' agreement
+        _assert_both_refuse(outcomes, "rank 1 has 1037 rows, rank 0 has 1000")
+        return
+    # Arrays: their rows are compared with the call's other arguments, before
+    # the batch derived from them (1,000 against 500 rows named a batch of 250
+    # against 256, a size nobody passed).
+    for outcome in outcomes:
+        assert outcome.startswith(
+            "ValueError: Every worker must call `predict` with the same arguments: they "
+            "decide how many steps and collectives each rank runs. Received: ranks disagree "
+            "on predict's `data rows`: rank 0 has 1000, rank 1 has 1037."
+        ), outcome
 
 
 @pytest.mark.multi_process
@@ -223,6 +233,18 @@ def test_call_settings_name_the_setting_and_each_differing_rank():
     # Values as JSON: NumPy scalars as numbers, mappings by sorted keys, objects by type.
     assert call_agreement.plain({1: np.float32(0.5), 0: np.int64(2)}) == {"0": 2, "1": 0.5}
     assert call_agreement.plain((object(), [True])) == ["object", [True]]
+
+
+def test_evaluate_settings_count_the_rows_of_arrays():
+    from shardfeed._training import eval_args
+
+    x = np.zeros((1000, 4), "float32")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    settings = eval_args.settings(model, {"a": x, "b": x}, None, ShardedResidentDataset)
+    assert (settings["data"], settings["data rows"]) == ("arrays", 1000)
+    ds = ShardedResidentDataset(x, x[:, :1], per_replica_batch_size=50, shuffle=False)
+    settings = eval_args.settings(model, ds, None, ShardedResidentDataset)
+    assert "data rows" not in settings and settings["data steps"] == 20
 
 
 def test_fit_settings_describe_what_decides_the_steps():

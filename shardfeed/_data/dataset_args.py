@@ -11,10 +11,12 @@ its own way.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import numpy as np
@@ -162,9 +164,28 @@ def plans(
     return Plans(eval_plan, train_plan, None)
 
 
+# True while `evaluate`, `predict` or `validation_data` wraps arrays in a
+# dataset that never trains (`for_evaluation`).
+_evaluation_only = contextvars.ContextVar("evaluation_only", default=False)
+
+
+@contextlib.contextmanager
+def for_evaluation() -> Iterator[None]:
+    """Datasets built inside only evaluate or predict: `log_dropped` stays
+    silent (their every row is evaluated; a training epoch's drop would be
+    news about an epoch that never runs)."""
+    token = _evaluation_only.set(True)
+    try:
+        yield
+    finally:
+        _evaluation_only.reset(token)
+
+
 def log_dropped(train_plan: _plan.ShardPlan | None, is_chief: bool) -> None:
     """Says, once (on the chief), how many rows each training epoch leaves out."""
     if train_plan is None or not train_plan.dropped_rows_per_epoch or not is_chief:
+        return
+    if _evaluation_only.get():
         return
     logger.warning(
         "shardfeed: %d of %d rows are left out of each training epoch so "

@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from keras.src.backend.jax.trainer import JAXTrainer
 
+from shardfeed._data import dataset_args as _dataset_args
 from shardfeed._data import sources as _sources
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.world import current_world
@@ -80,16 +81,18 @@ def as_dataset(
             None if v is None else keras.tree.map_structure(lambda a: a[:keep], v)
             for v in (data, y, sample_weight)
         )
-    return ShardedResidentDataset(
-        data,
-        y,
-        sample_weight,
-        per_replica_batch_size=batch,
-        shuffle=False,
-        placement=template.plan.placement if template is not None else "shard",
-        transform=template.transform if template is not None else transform,
-        load_options=template.load_options if template is not None else None,
-    )
+    # Every row is evaluated: no word about rows a training epoch would drop.
+    with _dataset_args.for_evaluation():
+        return ShardedResidentDataset(
+            data,
+            y,
+            sample_weight,
+            per_replica_batch_size=batch,
+            shuffle=False,
+            placement=template.plan.placement if template is not None else "shard",
+            transform=template.transform if template is not None else transform,
+            load_options=template.load_options if template is not None else None,
+        )
 
 
 def overrides(model: keras.Model, step: str) -> bool:

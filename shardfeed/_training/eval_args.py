@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import optree
+
 from shardfeed._common import errors as _errors
 from shardfeed._training.fit_args import REFUSED as _FIT_REFUSED
 from shardfeed._training.fit_args import _short, options_settings
@@ -127,9 +129,12 @@ def settings(model: Any, data: Any, options: Any, dataset_type: type[Any]) -> di
     """What decides how many calls and collectives this rank's `evaluate`
     (or `predict`) runs, as the ranks compare it: arrays are built into a dataset (a
     collective: the rows' agreement) where a dataset is not, and a dataset's
-    steps and the steps per call give the number of calls. The arrays' rows
-    and batch are compared when their dataset is built."""
-    given: dict[str, Any] = {"data": "arrays"}
+    steps and the steps per call give the number of calls. Arrays' rows are
+    compared here too: their batch is derived from them, so a difference
+    would surface as one in a batch size nobody passed."""
+    leaves = [leaf for leaf in optree.tree_leaves(data) if hasattr(leaf, "shape")]
+    rows = int(leaves[0].shape[0]) if leaves and len(leaves[0].shape) else None
+    given: dict[str, Any] = {"data": "arrays", "data rows": rows}
     if isinstance(data, dataset_type):
         given = {"data": dataset_type.__name__, "data steps": data.eval_plan.steps_per_epoch}
     return {**given, **options_settings(model, options)}

@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from shardfeed._data import dataset_args as _dataset_args
 from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
 from shardfeed._distribute.world import current_world
 from shardfeed._training import arguments as _arguments
@@ -87,14 +88,16 @@ def as_dataset(
     # Small arrays: shrink the batch so a step holds a real row on most replicas
     # (evaluation pads the rest).
     batch = max(1, min(batch, rows // world.num_replicas_in_sync))
-    return ShardedResidentDataset(
-        data,
-        y,
-        sample_weight,
-        per_replica_batch_size=batch,
-        shuffle=False,
-        placement=template.plan.placement if template is not None else "shard",
-        transform=template.transform if template is not None else transform,
-        load_options=template.load_options if template is not None else None,
-        strategy=world.strategy,
-    )
+    # Every row is evaluated: no word about rows a training epoch would drop.
+    with _dataset_args.for_evaluation():
+        return ShardedResidentDataset(
+            data,
+            y,
+            sample_weight,
+            per_replica_batch_size=batch,
+            shuffle=False,
+            placement=template.plan.placement if template is not None else "shard",
+            transform=template.transform if template is not None else transform,
+            load_options=template.load_options if template is not None else None,
+            strategy=world.strategy,
+        )
