@@ -13,22 +13,36 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def main(folder: Path, top: int = 15) -> None:
+def main(folder: Path, setup_s: str | None = None, top: int = 8) -> None:
     files: collections.Counter[str] = collections.Counter()
-    print("CI time by tier (pytest's seconds; the two lanes run at once):")
+    tiers: dict[str, float] = {}
     for path in sorted(folder.glob("*.xml")):
-        tier_s = 0.0
+        tiers[path.stem] = 0.0
         for case in ET.parse(path).iter("testcase"):
             seconds = float(case.get("time") or 0.0)
-            tier_s += seconds
+            tiers[path.stem] += seconds
             parts = (case.get("classname") or "").split(".")
             module = next((p for p in parts if p.startswith("test_")), parts[-1])
             files[f"{path.stem}: {module}"] += seconds
-        print(f"  {path.stem:<12} {tier_s:8.0f} s")
+    # The tiers last: fresh-ci and CI summaries show a log's last lines.
     print(f"The {top} slowest test files:")
     for name, seconds in files.most_common(top):
         print(f"  {seconds:8.0f} s  {name}")
+    print("CI time by tier (pytest's seconds; the two lanes run at once):")
+    if setup_s:
+        print(f"  {'setup':<12} {float(setup_s):8.0f} s  (before both lanes)")
+    for lane, names in LANES.items():
+        parts = "  ".join(f"{n} {tiers[n]:.0f} s" for n in names if n in tiers)
+        total = sum(tiers.get(n, 0.0) for n in names)
+        print(f"  {lane:<12} {total:8.0f} s  ({parts})")
+
+
+# Which pytest runs share a lane (`.ci/test`): they run one after another.
+LANES = {
+    "lane 1": ("main", "keras"),
+    "lane 2": ("jax-pinned", "jax-newest", "horovod", "beside"),
+}
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

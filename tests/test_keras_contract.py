@@ -787,7 +787,7 @@ def test_evaluate_returns_a_value_per_metric_when_names_are_shared_as_keras():
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
 
-def _tracing_model(strategy):
+def _tracing_model(strategy, steps_per_execution):
     traced = []
 
     class TracingModel(keras.Model):
@@ -798,21 +798,30 @@ def _tracing_model(strategy):
     with strategy.scope():
         inputs = keras.Input((4,))
         model = TracingModel(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(loss="mse", optimizer="adam", steps_per_execution=20)
+        model.compile(loss="mse", optimizer="adam", steps_per_execution=steps_per_execution)
     return model, traced
 
 
-def test_own_train_step_traces_under_a_strategy_as_documented():
-    # docs/keras.md, "Tracing": one replica traces it twice, as Keras'
-    # `test_retracing` allows (tests/keras_contract); under a strategy each
-    # replica traces it to find its optimizers, and twice per call length.
-    strategy = mirrored_strategy(2)
-    x, y = np.ones((200, 4), "float32"), np.ones((200, 1), "float32")
-    model, traced = _tracing_model(strategy)
+@pytest.mark.parametrize(
+    "replicas, rows, batch, steps_per_execution, traces",
+    [
+        (1, 200, 20, 5, 2),  # equal calls: optimizers + calls, as Keras' test allows
+        (1, 210, 20, 5, 3),  # + the partial last step, a shape of its own
+        (2, 200, 1, 20, 6),  # (optimizers + loop body + last step) x 2 replicas
+        (2, 20, 1, 4, 10),  # calls of 4, 4 and 2 steps: 2 lengths
+    ],
+)
+def test_own_train_step_traces_as_documented(replicas, rows, batch, steps_per_execution, traces):
+    # docs/keras.md, "Tracing": Keras traces it once (batches of unknown
+    # size); shardfeed's steps take static shapes, so each shape and call
+    # length traces it, once per fit (no retracing across epochs or calls).
+    strategy = mirrored_strategy(2) if replicas == 2 else tf.distribute.get_strategy()
+    x, y = np.ones((rows, 4), "float32"), np.ones((rows, 1), "float32")
+    model, traced = _tracing_model(strategy, steps_per_execution)
     with strategy.scope():
-        ds = ShardedResidentDataset(x, y, per_replica_batch_size=1, shuffle=False)
-    shardfeed.fit(model, ds, epochs=1, verbose=0)
-    assert len(traced) == 6  # (optimizers + loop body + last step) x 2 replicas
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=batch, shuffle=False)
+    shardfeed.fit(model, ds, epochs=2, verbose=0)
+    assert len(traced) == traces
 
 
 def test_run_eagerly_on_two_replicas_gives_the_compiled_results():
