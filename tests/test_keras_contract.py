@@ -774,6 +774,34 @@ def test_per_output_losses_with_sample_weights_are_keras_own(run_eagerly):
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5)
 
 
+def test_per_output_losses_on_replicas_with_a_partial_step_follow_each_batchs_rows():
+    # docs/keras.md: each batch's per-output loss counts once (as Keras), so
+    # with a partial step the rows in each replica's batches matter. Sharded
+    # rows give each replica its shard in order, where Keras slices each
+    # global batch: `a_loss` differs; `placement="replicate"` takes Keras'
+    # slices and equals it. The total `loss` weighs rows and is equal both ways.
+    strategy = mirrored_strategy(2)
+    x, y1 = _regression(rows=20)
+    y2 = np.random.default_rng(1).normal(size=(20, 1)).astype("float32")
+    weights = np.random.default_rng(2).uniform(size=(20,)).astype("float32")
+    with strategy.scope():
+        model = _two_outputs()
+        replicated = ShardedResidentDataset(
+            x, (y1, y2), weights, per_replica_batch_size=4, shuffle=False, placement="replicate"
+        )
+    theirs = model.evaluate(
+        x, (y1, y2), sample_weight=weights, batch_size=8, verbose=0, return_dict=True
+    )
+    ours = shardfeed.evaluate(model, replicated, return_dict=True)
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5)
+    sharded = shardfeed.evaluate(
+        model, x, (y1, y2), weights, per_replica_batch_size=4, return_dict=True
+    )
+    np.testing.assert_allclose(sharded["loss"], theirs["loss"], rtol=1e-5)
+    assert not np.isclose(sharded["a_loss"], theirs["a_loss"], rtol=1e-3)
+
+
 def test_evaluate_returns_a_value_per_metric_when_names_are_shared_as_keras():
     # `mae` and the weighted `mae` are one log each but Keras returns a value
     # per metric of `model.metrics` (4); shardfeed returned the 3 log values.
