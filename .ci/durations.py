@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def main(folder: Path, setup_s: str | None = None, top: int = 8) -> None:
+def main(folder: Path, setup_s: str | None = None, horovod: str = "", top: int = 7) -> None:
     files: collections.Counter[str] = collections.Counter()
     tiers: dict[str, float] = {}
     for path in sorted(folder.glob("*.xml")):
@@ -31,6 +31,12 @@ def main(folder: Path, setup_s: str | None = None, top: int = 8) -> None:
     print("CI time by tier (pytest's seconds; the two lanes run at once):")
     if setup_s:
         print(f"  {'setup':<12} {float(setup_s):8.0f} s  (before both lanes)")
+    if horovod.strip():
+        ready_s, built = horovod.split()
+        print(
+            f"  {'horovod venv':<12} {float(ready_s):8.0f} s  (beside the lanes from the "
+            f"start; wheel built: {built})"
+        )
     for lane, names in LANES.items():
         parts = "  ".join(f"{n} {tiers[n]:.0f} s" for n in names if n in tiers)
         total = sum(tiers.get(n, 0.0) for n in names)
@@ -45,4 +51,4 @@ LANES = {
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    main(Path(sys.argv[1]), *sys.argv[2:4])

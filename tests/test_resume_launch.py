@@ -193,7 +193,8 @@ def _assert_every_row_once(history):
         )
 
 
-@pytest.mark.parametrize("workers", [2, 1, 3])
+# CI time: 2 -> 1 workers dropped (2 -> 3 takes the same other-count path).
+@pytest.mark.parametrize("workers", [2, 3])
 def test_relaunch_after_sigkill_resumes_exactly_once(reference, killed, workers, tmp_path):
     out = tmp_path / "relaunch"
     out.mkdir()
