@@ -79,7 +79,9 @@ def _resumed(world, restore):
     """Trains to epoch 1, step 2 (mid-epoch), 'preempts', rebuilds model,
     dataset and iterator as a new process would, restores, finishes."""
     m = cl.model(world)
-    it = cl.dataset(world).iterator()
+    # `model=`: the workers' check before the first step (one worker here:
+    # nothing to compare; two JAX processes: tests/jax_tier/test_rank_agreement_jax.py).
+    it = cl.dataset(world).iterator(model=m)
     cl.train_eagerly(world, m, it.epochs(cl.EPOCHS), stop=(1, 2))
     state, saved = it.get_state(), [w.copy() for w in m.get_weights()]
     assert state == {"epoch": 1, "step": 3, "seed": cl.SEED, "num_rows": cl.ROWS,

@@ -25,9 +25,10 @@ from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
 from shardfeed._common import agreement as call_agreement
+from shardfeed._common import model_sync
 from shardfeed._data import agreement
 from shardfeed._data.sources import columns_from_arrays
-from shardfeed._training import fit_args, model_sync
+from shardfeed._training import fit_args
 
 WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
 # Set-up (two TensorFlow workers) takes ~15 s here; a hang would take TIMEOUT_S.

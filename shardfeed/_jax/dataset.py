@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from shardfeed._common import errors as _errors
+from shardfeed._common import model_sync as _model_sync
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
@@ -398,9 +399,27 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             )
         return _epoch.ResidentEpoch(self, plan, epoch, training, first_step, augment)
 
-    def iterator(self, *, augment: bool = False) -> _iterator.ResidentIterator:
+    def iterator(
+        self, *, augment: bool = False, model: Any = None
+    ) -> _iterator.ResidentIterator:
         """A resumable position over training epochs (`get_state`/`set_state`,
-        plain ints to save beside the weights); see `ResidentIterator`."""
+        plain ints to save beside the weights); see `ResidentIterator`.
+
+        Args:
+            augment: Apply the dataset's `augment` to training batches.
+            model: The Keras model a loop of your own steps on these batches.
+                With several workers its variables (and its compiled
+                optimizer's) are compared across them here, before the loop's
+                first step, and refused on every worker when they differ,
+                naming `shardfeed.sync_model` (an unseeded model starts from
+                other values on each). A collective: every worker calls it.
+        """
+        if model is not None:
+            _model_sync.check_in_sync(
+                self.world,
+                _model_sync.model_variables(model),
+                "start a training loop of your own",
+            )
         return _iterator.ResidentIterator(self, augment=augment)
 
     def epoch_data(

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from shardfeed._common.agreement import check_settings
+from shardfeed._common.model_sync import check_in_sync
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
@@ -27,7 +28,6 @@ from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.fit_args import max_steps
-from shardfeed._training.model_sync import check_in_sync
 from shardfeed._training.options import FitOptions, with_model_steps
 
 

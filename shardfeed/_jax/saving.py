@@ -5,7 +5,7 @@ write (`_training/model_file.py`), run through `write_on_chief` with the JAX
 `World` (its `all_gather_bytes` is the barrier), so after it returns the
 file is complete on every process, and a failed write raises
 `ChiefWriteError` on every process. Before writing, the processes check
-that they hold the same weights (`_training/model_sync.check_in_sync`): a
+that they hold the same weights (`_common/model_sync.check_in_sync`): a
 loop of the user's that never synced an unseeded model has trained other
 weights on each, and the file would hold rank 0's alone.
 """
@@ -18,9 +18,9 @@ from typing import Any
 import keras
 
 from shardfeed._common.chief_write import write_on_chief
+from shardfeed._common.model_sync import check_in_sync, model_variables
 from shardfeed._jax.world import current_world
 from shardfeed._training import model_file as _model_file
-from shardfeed._training.model_sync import check_in_sync, model_variables
 
 
 def save_model(model: keras.Model, filepath: str | os.PathLike[str], **kwargs: Any) -> None:

@@ -1,6 +1,6 @@
 """`sync_model` on JAX: every process's model starts from rank 0's values.
 
-The JAX entry of `_training/model_sync.py` (the neutral fingerprint and copy),
+The JAX entry of `_common/model_sync.py` (the neutral fingerprint and copy),
 with the JAX `World`: the one `shardfeed.init()` started, or the job's.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import keras
 
+from shardfeed._common.model_sync import model_variables, sync_variables
 from shardfeed._jax.world import current_world
-from shardfeed._training.model_sync import model_variables, sync_variables
 
 
 def sync_model(model: keras.Model) -> int:

@@ -126,8 +126,8 @@ def sync_model(model: keras.Model) -> int:
         >>> shardfeed.sync_model(model)  # before `state = model.trainable_variables, ...`
         0
     """
+    from shardfeed._common.model_sync import model_variables, sync_variables
     from shardfeed._distribute.world import current_world, initialized_world
-    from shardfeed._training.model_sync import model_variables, sync_variables
 
     world = initialized_world() or current_world()
     return sync_variables(world, model_variables(model))

@@ -8,9 +8,9 @@ a collective the other never joined.
 
 A user's own loop (Keras' JAX guide's, on the resident batches): an unseeded
 model trains to other weights on each process; after `shardfeed.sync_model`
-both end with the same (`_training/model_sync.py`); `save_model`, `predict`
-and `evaluate` refuse the first (its processes hold other weights) and take
-the second.
+both end with the same (`_common/model_sync.py`); `iterator(model=)`,
+`save_model`, `predict` and `evaluate` refuse the first (its processes hold
+other weights) and take the second.
 """
 
 from __future__ import annotations
@@ -101,6 +101,11 @@ for sync in (False, True):
     optimizer.build(model.trainable_variables)
     if sync:
         shardfeed.sync_model(model)                               # shardfeed: rank 0's start
+    try:  # the opt-in check before the first step
+        dataset.iterator(model=model)
+        weights[f"iterator {sync}"] = "ok"
+    except ValueError as err:
+        weights[f"iterator {sync}"] = str(err)
     # JAX 0.10 no longer takes a Keras Variable as a jit argument (`__jax_array__`): values.
     trainable_variables = [v.value for v in model.trainable_variables]
     non_trainable_variables = [v.value for v in model.non_trainable_variables]
@@ -149,6 +154,15 @@ def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_pa
             "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
             "this itself."
         )  # the kernels; the biases start at zeros
+    # `dataset.iterator(model=model)` refuses them before the loop's first step.
+    for result in results:
+        assert result["iterator False"].startswith(
+            "Every worker must hold the same weights to start a training loop of your own: "
+            "the workers trained one model only if they started from the same values. "
+            "Received: variable dense/kernel differs between ranks 0 and 1 (3 of 6 variables "
+            "differ). Call `shardfeed.sync_model(model)`"
+        )
+        assert result["iterator True"] == "ok"
     # `predict` and `evaluate` refuse them too (before: a blend of the two
     # processes' weights, returned without a word).
     for result in results:

@@ -1,8 +1,10 @@
 """Every rank's model starts from rank 0's values: `sync_model`'s neutral part.
 
 Owns making a model's variables identical across workers for a user's own
-loop, on both backends (the world is anything with `rank`, `world_size` and
-`all_gather_bytes`). `shardfeed.fit` does this itself (TensorFlow's engines
+loop, and checking that they are, on both backends (the world is anything
+with `rank`, `world_size` and `all_gather_bytes`; the model is read by
+duck typing, so no Keras import: the data layer's `iterator(model=)` checks
+too). `shardfeed.fit` does this itself (TensorFlow's engines
 at the start of `fit`, JAX's `Loop.broadcast_from_chief`); a loop of the
 user's never hands the model to shardfeed, and on JAX an unseeded model
 starts from other random values on each process, which a jitted step over
@@ -18,7 +20,6 @@ import hashlib
 import json
 from typing import Any, Protocol
 
-import keras
 import numpy as np
 
 from shardfeed._common import errors as _errors
@@ -34,12 +35,15 @@ class _World(Protocol):
     def all_gather_bytes(self, payload: bytes, /) -> list[bytes]: ...
 
 
-def model_variables(model: keras.Model) -> list[Any]:
-    """What a loop steps: the trainable and non-trainable variables (seed
-    generators' states among them), and the compiled optimizer's once built."""
+def model_variables(model: Any) -> list[Any]:
+    """What a loop steps: a Keras model's trainable and non-trainable
+    variables (seed generators' states among them), and the compiled
+    optimizer's once built."""
     variables = [*model.trainable_variables, *model.non_trainable_variables]
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
+    optimizer: Any = getattr(model, "optimizer", None)
+    # A compiled Keras optimizer (`model.optimizer` may be None or a string
+    # before `compile`).
+    if getattr(optimizer, "built", False) and hasattr(optimizer, "variables"):
         variables += optimizer.variables
     return variables
 
