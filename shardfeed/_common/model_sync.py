@@ -6,7 +6,7 @@ with `rank`, `world_size` and `all_gather_bytes`; the model is read by
 duck typing, so no Keras import: the data layer's `iterator(model=)` checks
 too). `shardfeed.fit` does this itself (TensorFlow's engines
 at the start of `fit`, JAX's `Loop.broadcast_from_chief`); a loop of the
-user's never hands the model to shardfeed, and on JAX an unseeded model
+user's hands the model over only through `iterator(model=)`, and on JAX an unseeded model
 starts from other random values on each process, which a jitted step over
 the global batch does not reconcile (each process steps its own copy), so
 the ranks end with other weights. Each rank sends a fingerprint (each
