@@ -23,6 +23,7 @@ import numpy as np
 import optree
 
 from shardfeed._common import errors as _errors
+from shardfeed._common import model_sync as _model_sync
 from shardfeed._data import plan as _plan
 from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
@@ -364,6 +365,17 @@ class DatasetBase(Generic[WorldT]):
     # A subclass's constructor sets its backend's `initialized_world` here
     # when the dataset took its world before `shardfeed.init()` was called.
     _world_before_init: Callable[[], Any] | None = None
+
+    def check_loop_model(self, model: Any) -> None:
+        """`iterator(model=)`'s check on both backends: with several workers,
+        `model`'s variables (and its compiled optimizer's) compared across
+        them, refused on every worker when they differ (a collective)."""
+        if model is not None:
+            _model_sync.check_in_sync(
+                self.world,  # type: ignore[arg-type]
+                _model_sync.model_variables(model),
+                "start a training loop of your own",
+            )
 
     @property
     def world(self) -> WorldT:

@@ -21,7 +21,6 @@ from typing import Any, Literal
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._common import model_sync as _model_sync
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
@@ -414,12 +413,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 naming `shardfeed.sync_model` (an unseeded model starts from
                 other values on each). A collective: every worker calls it.
         """
-        if model is not None:
-            _model_sync.check_in_sync(
-                self.world,
-                _model_sync.model_variables(model),
-                "start a training loop of your own",
-            )
+        self.check_loop_model(model)
         return _iterator.ResidentIterator(self, augment=augment)
 
     def epoch_data(
