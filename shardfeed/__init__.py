@@ -24,20 +24,20 @@ _EXPORTS = {
     "FitOptions": "shardfeed._training.options",
     "LoadOptions": "shardfeed._data.options",
     "MemoryPlan": "shardfeed._data.memplan",
-    "ResidentEpoch": "shardfeed._data.epoch",
-    "ResidentIterator": "shardfeed._data.iterator",
+    "ResidentEpoch": "shardfeed._tf.epoch",
+    "ResidentIterator": "shardfeed._tf.iterator",
     "ShardPlan": "shardfeed._data.plan",
-    "ShardedResidentDataset": "shardfeed._data.dataset",
-    "World": "shardfeed._distribute.world",
-    "evaluate": "shardfeed._training.evaluation",
-    "fit": "shardfeed._training.api",
-    "init": "shardfeed._distribute.initialize",
+    "ShardedResidentDataset": "shardfeed._tf.dataset",
+    "World": "shardfeed._tf.world",
+    "evaluate": "shardfeed._tf.evaluation",
+    "fit": "shardfeed._tf.training",
+    "init": "shardfeed._tf.initialize",
     "memory_plan": "shardfeed._data.memplan",
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
-    "predict": "shardfeed._training.evaluation",
-    "save_model": "shardfeed._training.saving",
-    "sync_model": "shardfeed._training.sync",
+    "predict": "shardfeed._tf.evaluation",
+    "save_model": "shardfeed._tf.saving",
+    "sync_model": "shardfeed._tf.sync",
 }
 
 # On the JAX backend: public name -> its module there, or None where there is
@@ -75,23 +75,23 @@ __all__ = sorted(_EXPORTS)
 
 if _typing.TYPE_CHECKING:
     from shardfeed._data.batch import Batch as Batch
-    from shardfeed._data.dataset import ShardedResidentDataset as ShardedResidentDataset
-    from shardfeed._data.epoch import ResidentEpoch as ResidentEpoch
-    from shardfeed._data.iterator import ResidentIterator as ResidentIterator
     from shardfeed._data.memplan import MemoryPlan as MemoryPlan
     from shardfeed._data.memplan import memory_plan as memory_plan
     from shardfeed._data.options import LoadOptions as LoadOptions
     from shardfeed._data.plan import ShardPlan as ShardPlan
     from shardfeed._data.plan import plan_shards as plan_shards
-    from shardfeed._distribute.initialize import init as init
-    from shardfeed._distribute.world import World as World
-    from shardfeed._training.api import fit as fit
+    from shardfeed._tf.dataset import ShardedResidentDataset as ShardedResidentDataset
+    from shardfeed._tf.epoch import ResidentEpoch as ResidentEpoch
+    from shardfeed._tf.evaluation import evaluate as evaluate
+    from shardfeed._tf.evaluation import predict as predict
+    from shardfeed._tf.initialize import init as init
+    from shardfeed._tf.iterator import ResidentIterator as ResidentIterator
+    from shardfeed._tf.saving import save_model as save_model
+    from shardfeed._tf.sync import sync_model as sync_model
+    from shardfeed._tf.training import fit as fit
+    from shardfeed._tf.world import World as World
     from shardfeed._training.callbacks import on_chief as on_chief
-    from shardfeed._training.evaluation import evaluate as evaluate
-    from shardfeed._training.evaluation import predict as predict
     from shardfeed._training.options import FitOptions as FitOptions
-    from shardfeed._training.saving import save_model as save_model
-    from shardfeed._training.sync import sync_model as sync_model
 
 
 def __getattr__(name: str) -> _typing.Any:

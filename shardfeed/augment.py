@@ -21,7 +21,7 @@ import keras as _keras
 if _keras.backend.backend() == "jax":
     from shardfeed._jax import augment as _jax_draws  # noqa: F401
 elif _keras.backend.backend() == "tensorflow":
-    from shardfeed._data import augment as _tf_draws  # noqa: F401
+    from shardfeed._tf import augment as _tf_draws  # noqa: F401
 
 from shardfeed._data.augment_blocks import brightness as brightness
 from shardfeed._data.augment_blocks import compose as compose

@@ -23,7 +23,7 @@ from shardfeed._data.formats.npz import npz as npz
 from shardfeed._data.formats.parquet import parquet as parquet
 from shardfeed._data.formats.parquet import parquet_columns as parquet_columns
 from shardfeed._data.split import split as split
-from shardfeed._data.tfrecord import tfrecord as tfrecord
+from shardfeed._tf.tfrecord import tfrecord as tfrecord
 
 __all__ = [
     "FileArray",

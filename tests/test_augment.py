@@ -20,7 +20,7 @@ from keras import layers
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 from shardfeed import augment as aug
-from shardfeed._data.augment import step_seed
+from shardfeed._tf.augment import step_seed
 
 SEED = tf.constant([3, 4])
 H = W = 6

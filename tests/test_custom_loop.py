@@ -24,7 +24,7 @@ from test_mirrored import _strategy
 from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
 
 from shardfeed import LoadOptions, ResidentEpoch, ShardedResidentDataset
-from shardfeed._distribute.world import current_world
+from shardfeed._tf.world import current_world
 
 RTOL, ATOL = 1e-5, 1e-6
 

@@ -13,8 +13,8 @@ import types
 import pytest
 
 from shardfeed._data import memory as _memory
-from shardfeed._distribute import initialize as _init
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._tf import initialize as _init
 
 
 def _env(launcher="single", rank=0, world_size=1, local_rank=None):
@@ -142,7 +142,7 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
 @pytest.fixture
 def no_init():
     """No world from `shardfeed.init()` during the test, and the previous one after."""
-    from shardfeed._distribute import world as _world
+    from shardfeed._tf import world as _world
 
     saved = list(_world._initialized)
     _world._initialized.clear()

@@ -33,8 +33,8 @@ from _helpers import mirrored_strategy
 
 import shardfeed
 from shardfeed import ShardedResidentDataset
-from shardfeed._distribute import initialize
-from shardfeed._distribute import world as _world
+from shardfeed._tf import initialize
+from shardfeed._tf import world as _world
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300

@@ -17,7 +17,7 @@ from keras import layers
 
 import shardfeed
 from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset
-from shardfeed._data import labels as _data_labels
+from shardfeed._tf import labels as _data_labels
 from shardfeed._training import sparse_labels as _label_check
 
 ROWS = 120

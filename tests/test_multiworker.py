@@ -196,7 +196,7 @@ def test_a_dying_worker_stops_the_job_with_its_rank_and_code(tmp_path):
         "    def on_epoch_end(self, epoch, logs=None):\n"
         "        if os.environ['SHARDFEED_RANK'] == '1':\n"
         "            os._exit(3)\n"
-        "import shardfeed._training.api as t\n"
+        "import shardfeed._tf.training as t\n"
         "_fit = t.fit\n"
         "def fit(*a, callbacks=None, **k):\n"
         "    return _fit(*a, callbacks=[*(callbacks or []), Die()], **k)\n"

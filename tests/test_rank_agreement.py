@@ -7,7 +7,7 @@ rows on rank 0 and 1,037 on rank 1, or the same rows permuted per rank (an
 unseeded shuffle before the split), raise the same error on both ranks, in
 `fit`, `evaluate` and `predict`; the same rows pass. A chief that cannot
 write (`save_model`, `BackupAndRestore`) raises "rank 0 could not write ..."
-on both ranks (`_training/saving.py` `write_on_chief`). Every run is bounded
+on both ranks (`_tf/saving.py` `write_on_chief`). Every run is bounded
 by the launcher's and the test's timeouts: no rank may hang.
 """
 

@@ -18,7 +18,7 @@ from _helpers_saving import (
 
 import shardfeed
 from shardfeed import ShardedResidentDataset
-from shardfeed._distribute.world import current_world
+from shardfeed._tf.world import current_world
 
 
 def _data(rows=200):

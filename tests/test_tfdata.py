@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from shardfeed import LoadOptions, ShardedResidentDataset, files
-from shardfeed._data import tfdata
+from shardfeed._tf import tfdata
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 37

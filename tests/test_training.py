@@ -574,7 +574,7 @@ def test_a_model_with_its_own_rescaling_needs_no_transform():
 def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS, steps=3):
     """Two epochs under XLA on one replica, the call's rows gathered at once
     (`per_call`, the default) or step by step inside XLA (the former path)."""
-    from shardfeed._training.compiled import loop_for
+    from shardfeed._tf.compiled import loop_for
 
     x, y = _data(rows)
     if class_weight is not None:
@@ -608,7 +608,7 @@ def test_gathering_a_calls_rows_at_once_changes_no_bit(case, monkeypatch):
     if case == "pieces_of_3_steps":
         kwargs["steps"] = 10  # one call of 10 steps: pieces of 3, 3, 3 and 1 steps
         kwargs["augment"] = _jitter
-        from shardfeed._training import calls
+        from shardfeed._tf import calls
 
         monkeypatch.setattr(calls, "GATHER_PIECES", 4)
     if case in ("augment", "one_step_per_gather"):
@@ -639,8 +639,8 @@ def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordere
     # (one back with room for one step only): without that, TensorFlow may
     # run every gather of the call at once, holding more rows than counted.
     from shardfeed._data import memory
-    from shardfeed._training import calls as calls_module
-    from shardfeed._training.compiled import loop_for
+    from shardfeed._tf import calls as calls_module
+    from shardfeed._tf.compiled import loop_for
 
     # Four pieces per call (the default is one: then only a budget below a
     # call's rows cuts it, as in the second case).
@@ -688,6 +688,6 @@ def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordere
 def test_a_calls_gather_pieces_cover_its_steps_and_two_fit_the_counted_rows(
     steps, steps_per_gather, count, pieces
 ):
-    from shardfeed._training.calls import gather_pieces
+    from shardfeed._tf.calls import gather_pieces
 
     assert gather_pieces(steps, steps_per_gather, count) == pieces

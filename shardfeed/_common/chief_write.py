@@ -2,7 +2,7 @@
 
 Owns `write_on_chief` and `ChiefWriteError`, for both backends: the world
 is anything with `world_size`, `is_chief` and `all_gather_bytes` (the
-TensorFlow `World` and the JAX one). `save_model` (`_training/saving.py`) and
+TensorFlow `World` and the JAX one). `save_model` (`_tf/saving.py`) and
 `BackupAndRestore` under `fit` (`_training/backup.py`) write through it.
 """
 

@@ -1,8 +1,7 @@
-"""Data: sources, files, split manifests, the shard plan, memory checks, storage,
-streaming, the dataset, `LoadOptions`.
+"""Data: sources, files, split manifests, the shard plan, memory checks, `LoadOptions`.
 
-May import `_common` and `_distribute`; never `_training`, `_launch` or `_commands`.
-Importing this package imports nothing; `plan`, `memplan`, `memadvice`, `memnumbers`,
-`described`, `memory`, `exchange`, `split`, `formats` and `options` stay free of TensorFlow
-so the CLI can use them.
+May import `_common` and `_distribute`; never `_training`, `_tf`, `_jax`, `_launch`
+or `_commands`. Importing this package imports nothing, and every module here is
+free of TensorFlow (the storage, streaming and the dataset on TensorFlow are
+`_tf/`), so the CLI and the JAX backend can use them.
 """

@@ -36,7 +36,7 @@ from shardfeed._common.agreement import plain
 from shardfeed._data.sources import Columns
 
 if TYPE_CHECKING:  # either backend's World (only its size and all-gather are used)
-    from shardfeed._distribute.world import World
+    from shardfeed._tf.world import World
 
 # Rows hashed per column: 16 rows of 1,000 are enough to see a permutation
 # (the chance that all 16 land on fixed points is negligible), and reading

@@ -1,7 +1,7 @@
 """The augmentation blocks, written once in `keras.ops` for both backends.
 
 Owns *what* an augmentation does to a batch; not where its seed comes from
-(the loops: `_data/augment.py` for TensorFlow, `_jax/augment.py` for JAX).
+(the loops: `_tf/augment.py` for TensorFlow, `_jax/augment.py` for JAX).
 
 Every block is a function `(x, seed) -> x` of a batch `x` (`[batch, height,
 width, channels]` for images) and the backend's stateless seed: on
@@ -56,7 +56,7 @@ _RANDOM: dict[str, Random] = {}
 
 def register_random(backend: str, random: Random) -> None:
     """Makes `random` the draws of the blocks on Keras backend `backend`
-    (called by `_data/augment.py` and `_jax/augment.py` when imported)."""
+    (called by `_tf/augment.py` and `_jax/augment.py` when imported)."""
     _RANDOM[backend] = random
 
 

@@ -1,7 +1,7 @@
 """`Batch`: one step's `(x, y, sample_weight)`, the same type on every backend.
 
 Backend-neutral (no TensorFlow, no JAX): the TensorFlow epoch
-(`_data/epoch.py`) and the JAX epoch (`_jax/epoch.py`) both return it.
+(`_tf/epoch.py`) and the JAX epoch (`_jax/epoch.py`) both return it.
 """
 
 from __future__ import annotations

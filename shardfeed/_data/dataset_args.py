@@ -1,7 +1,7 @@
 """A dataset's arguments and plans, for both backends.
 
 Owns what `ShardedResidentDataset` checks and computes before it touches a
-device, on TensorFlow (`_data/dataset.py`) and on JAX (`_jax/dataset.py`)
+device, on TensorFlow (`_tf/dataset.py`) and on JAX (`_jax/dataset.py`)
 alike: the argument checks and their messages, the training and evaluation
 plans, the log line for dropped rows, `split`'s arithmetic, and the
 properties both datasets read them back by (`DatasetBase`). No

@@ -4,8 +4,8 @@ Separation of concerns: this module is pure arithmetic on NumPy arrays of row
 ids. It reads no data, touches no device and talks to no rank: every rank
 computes the same moves from numbers every rank knows (the epoch's
 permutation, the current layout of rows on replicas, the plan), so nothing
-is negotiated at run time. `global_order.py` runs the moves through the
-engine's all-to-all (`_distribute/alltoall.py`).
+is negotiated at run time. `_tf/exchange.py` runs the moves through the
+engine's all-to-all (`_tf/alltoall.py`).
 
 The layout: replica r's variables have `plan.shard_rows(r)` slots; `held[r]`
 says which global row sits in each slot. It starts contiguous (the rows

@@ -5,7 +5,7 @@ it is a position in (seed, rows, global batch) -- as plain integers
 (`get_state`/`set_state`, Grain-style) with their checks, and `epochs()`'s
 semantics: each step handed out advances the position, moving on to the next
 epoch moves it to that epoch's start. Where the position is stored and how
-an epoch is opened and left are the backend's (`iterator.py`: variables a
+an epoch is opened and left are the backend's (`_tf/iterator.py`: variables a
 `tf.train.Checkpoint` saves; `_jax/iterator.py`: Python ints). No
 TensorFlow, no JAX.
 """

@@ -1,5 +1,6 @@
-"""Who this process is and how replicas run: world, cluster detection, `init`, engines.
+"""Who this process is and how replicas run: launch variables, TF_CONFIG, start-up.
 
-May import only `_common`; never `_data`, `_training`, `_launch` or `_commands`.
-Importing this package imports nothing; its modules import TensorFlow as they need.
+May import only `_common`; never `_data`, `_training`, `_tf`, `_jax`, `_launch` or
+`_commands`. Importing this package imports nothing; no module here imports
+TensorFlow or Horovod; the runtime (world, init, engines) is `_tf/`.
 """

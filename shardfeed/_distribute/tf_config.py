@@ -6,7 +6,7 @@ of addresses (what `shardfeed launch` gives its workers),
 `tf_config_from_mpi` (addresses exchanged among MPI ranks; mpi4py imported on
 use), and reads a worker's own server address back (`own_server_address`,
 `check_port_free`). SLURM's job step goes through TensorFlow's resolver, so
-it and `ensure_tf_config` live in `resolver.py`: the launcher imports this
+it and `ensure_tf_config` live in `_tf/resolver.py`: the launcher imports this
 module and stays free of TensorFlow (a contract in pyproject.toml).
 """
 

@@ -71,7 +71,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     """A dataset held in device memory, sharded across replicas, on JAX.
 
     The same arguments, checks and messages as the TensorFlow backend's (see
-    `shardfeed._data.dataset.ShardedResidentDataset`), with these differences:
+    `shardfeed._tf.dataset.ShardedResidentDataset`), with these differences:
 
     - `strategy` must be None: the replicas are `current_world()`'s devices.
     - `transform` and `augment` see the global batch (`[global_batch_size, ...]`,

@@ -1,6 +1,6 @@
 """`shardfeed.init` on JAX: one process, or a `jax.distributed` job from the launcher's variables.
 
-The JAX counterpart of `_distribute/initialize.py`, with the same signature:
+The JAX counterpart of `_tf/initialize.py`, with the same signature:
 the launcher (`shardfeed launch`, mpirun, srun, a hand-written TF_CONFIG)
 starts processes and sets variables, `launch_env` reads them, and this module
 turns them into `jax.distributed.initialize(...)` -- process 0 runs the

@@ -1,7 +1,7 @@
 """A label column's range on JAX, reduced on the devices (the sparse-label check).
 
 Owns `(min, max, fractional)` of one column over each local replica's rows,
-as `_data/labels.py` does on TensorFlow: each device reduces the real rows of
+as `_tf/labels.py` does on TensorFlow: each device reduces the real rows of
 its buffer (padding excluded) and only three scalars come back to the host.
 """
 

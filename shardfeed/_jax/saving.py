@@ -1,6 +1,6 @@
 """`save_model` on JAX: the chief writes the model file, every process waits.
 
-The JAX counterpart of `_training/saving.py`: the same checks and atomic
+The JAX counterpart of `_tf/saving.py`: the same checks and atomic
 write (`_training/model_file.py`), run through `write_on_chief` with the JAX
 `World` (its `all_gather_bytes` is the barrier), so after it returns the
 file is complete on every process, and a failed write raises

@@ -2,7 +2,7 @@
 
 Owns what a Keras user sees of `fit` on the JAX backend -- the same arguments,
 checks, callbacks, progress bar and `History` as on TensorFlow
-(`_training/api.py`, sharing `fit_args`, `callbacks`, `progress` and
+(`_tf/training.py`, sharing `fit_args`, `callbacks`, `progress` and
 `arguments`) -- and the plain loop over epochs and calls, as Keras' `fit`
 is, with the cursor a `BackupAndRestore` saves and resumes at (the backup
 and the state's checks are the neutral `_training/backup.py` and

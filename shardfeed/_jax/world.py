@@ -1,6 +1,6 @@
 """The world on JAX: who this process is and which devices its replicas use.
 
-The JAX counterpart of `_distribute/world.py` (same fields, same two tiny
+The JAX counterpart of `_tf/world.py` (same fields, same two tiny
 collectives): replicas are JAX devices, ordered by process and then local
 device, so global replica `g = rank * replicas_in_process + i` as on
 TensorFlow. The `mesh` (one axis, `REPLICA_AXIS`) over those devices is what

@@ -7,7 +7,7 @@ checks what this host can check before anything starts, and builds this
 host's `WorkerSpec`s with the TF_CONFIG of the whole cluster (`local.py`'s
 `cluster_worker_specs`). `process.py` starts, tags, watches and stops them as
 for local workers; failures on other hosts reach these workers through
-TensorFlow's collectives (a lost peer is named, `_distribute/peers.py`).
+TensorFlow's collectives (a lost peer is named, `_tf/peers.py`).
 
 Network: workers that must reach other hosts cannot live in a private
 namespace, so they run on the host's network and their TensorFlow servers
@@ -31,7 +31,7 @@ from shardfeed._distribute.tf_config import unresolvable_hosts
 from shardfeed._launch.local import cluster_worker_specs
 from shardfeed._launch.process import StartupWatch, System, run_workers
 
-DEFAULT_PORT_BASE = 8888  # as SLURM's SHARDFEED_PORT_BASE (`_distribute/resolver.py`)
+DEFAULT_PORT_BASE = 8888  # as SLURM's SHARDFEED_PORT_BASE (`_tf/resolver.py`)
 
 _HOSTS_FIX = (
     "Pass every host once, in the same order on every host: `--hosts 10.0.0.1,10.0.0.2` (the "

@@ -2,7 +2,7 @@
 
 Separation of concerns: this module owns the backup directory -- what is
 written, by whom, and what a restarted `fit` reads back. What the state holds
-and how a resume continues the order is `resume.py`'s; `epochs.py` moves the
+and how a resume continues the order is `resume.py`'s; `_tf/epochs.py` moves the
 cursor.
 
 `fit` runs each `BackupAndRestore` it is given through a `ResumableBackup`

@@ -4,7 +4,7 @@ Owns what both backends' `save_model` share: the argument checks (a Keras
 model, a `.keras` / `.h5` path) and `model_file_write`, which writes a
 temporary file next to the path and renames it into place, so a reader never
 sees half a file. Each backend's `save_model` runs that write through
-`write_on_chief` with its own world (`_training/saving.py`, `_jax/saving.py`).
+`write_on_chief` with its own world (`_tf/saving.py`, `_jax/saving.py`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ shape, the running loss and the metric variables' values -- never rows), and
 what resuming may change: a different number of replicas keeps the global
 batch and the global order, or is refused when the order is not global. The
 backup callback (`backup.py`) writes and reads the state; the loop runs the
-steps it names. Backend-neutral: both backends' `fit` (`epochs.py`,
+steps it names. Backend-neutral: both backends' `fit` (`_tf/epochs.py`,
 `_jax/training.py`) check and capture states here (`dataset` is either
 backend's `ShardedResidentDataset`).
 

@@ -5,7 +5,7 @@ with its label column and output size, and refusing out-of-range or
 fractional labels before the first step (under XLA they would give NaN, not
 Keras' error). The ranges come from the dataset (`ShardedResidentDataset.label_stats`),
 reduced where the rows live; the backend passes one batch's spec and how to
-gather every replica's ranges (`labels.py` on TensorFlow, `_jax/inputs.py`).
+gather every replica's ranges (`_tf/label_check.py` on TensorFlow, `_jax/inputs.py`).
 """
 
 from __future__ import annotations

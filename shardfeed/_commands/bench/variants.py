@@ -448,7 +448,7 @@ def _fit_step(model: Any, dataset: Any, full_steps: int) -> tuple[Callable[..., 
         runs one optimizer step on a batch and returns its loss.
     """
     from shardfeed import FitOptions
-    from shardfeed._training.compiled import loop_for
+    from shardfeed._tf.compiled import loop_for
 
     loop = loop_for(model, dataset, FitOptions())  # what shardfeed.fit builds (and caches)
     k = loop.steps_per_call(full_steps) if full_steps else 1
@@ -470,7 +470,7 @@ class _Floor(Variant):
         import tensorflow as tf
 
         from shardfeed import ShardedResidentDataset
-        from shardfeed._data.augment import step_seed
+        from shardfeed._tf.augment import step_seed
 
         self.model = new_model(self.workload, self.reference, False, self.args.seed)
         # Only the first batch is needed: the loop is built for it, then the

@@ -54,18 +54,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._data.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._data.plan import ShardPlan
-from shardfeed._distribute.engine import Engine
-from shardfeed._training import augmenting as _augmenting
-from shardfeed._training import model_steps as _model_steps
-from shardfeed._training import predictions as _predictions
-from shardfeed._training import step_optimizers as _step_optimizers
-from shardfeed._training.calls import EpochCalls, gather_pieces
+from shardfeed._tf import augmenting as _augmenting
+from shardfeed._tf import model_steps as _model_steps
+from shardfeed._tf import predictions as _predictions
+from shardfeed._tf import step_optimizers as _step_optimizers
+from shardfeed._tf.calls import EpochCalls, gather_pieces
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engine import Engine
+from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
+from shardfeed._tf.traces import Traces
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
-from shardfeed._training.traces import Traces
 
 _CONV_LAYERS = (
     keras.layers.Conv1D,

@@ -38,7 +38,7 @@ import tensorflow as tf
 from shardfeed._common import errors as _errors
 from shardfeed._data.drain import Cursor
 from shardfeed._data.formats.base import FileArray
-from shardfeed._distribute.world import current_world
+from shardfeed._tf.world import current_world
 
 
 class _ShardedColumn(FileArray):

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data import sources as _sources
-from shardfeed._data import storage as _storage
+from shardfeed._tf import storage as _storage
 
 
 def store_label_stats(

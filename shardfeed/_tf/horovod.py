@@ -27,9 +27,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._distribute import gradients as _gradients
 from shardfeed._distribute.metrics import metric_results, reported_metrics
-from shardfeed._distribute.world import World
+from shardfeed._tf import gradients as _gradients
+from shardfeed._tf.world import World
 
 
 class HorovodEngine:

@@ -28,21 +28,21 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
-from shardfeed._data import epoch as _epoch
-from shardfeed._data import global_order as _global_order
-from shardfeed._data import iterator as _iterator
-from shardfeed._data import labels as _labels
 from shardfeed._data import memory as _memory
-from shardfeed._data import order as _order
 from shardfeed._data import plan as _plan
 from shardfeed._data import sources as _sources
-from shardfeed._data import storage as _storage
-from shardfeed._data import streaming as _streaming
-from shardfeed._data import tfdata as _tfdata
-from shardfeed._data.epoch import Batch
 from shardfeed._data.options import LoadOptions
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._distribute.world import World, current_world, initialized_world
+from shardfeed._tf import epoch as _epoch
+from shardfeed._tf import exchange as _global_order
+from shardfeed._tf import iterator as _iterator
+from shardfeed._tf import labels as _labels
+from shardfeed._tf import order as _order
+from shardfeed._tf import storage as _storage
+from shardfeed._tf import streaming as _streaming
+from shardfeed._tf import tfdata as _tfdata
+from shardfeed._tf.epoch import Batch
+from shardfeed._tf.world import World, current_world, initialized_world
 
 logger = logging.getLogger("shardfeed")
 
@@ -216,7 +216,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     @classmethod
     def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
         """Builds a resident dataset from a finite `tf.data.Dataset`; each
-        worker drains only its shard. See `shardfeed._data.tfdata.from_tf_dataset`
+        worker drains only its shard. See `shardfeed._tf.tfdata.from_tf_dataset`
         for the arguments.
 
         Example:

@@ -1,15 +1,15 @@
 """The sparse-label check on TensorFlow: the dataset's spec and the engine's gather.
 
 The check itself (which losses, which labels, the messages) is backend-neutral,
-in `sparse_labels.py`.
+in `_training/sparse_labels.py`.
 """
 
 from __future__ import annotations
 
 import keras
 
-from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._distribute.engine import engine_for
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engine import engine_for
 from shardfeed._training import sparse_labels as _sparse_labels
 
 

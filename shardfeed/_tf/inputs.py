@@ -2,7 +2,7 @@
 
 Owns wrapping arrays in an unshuffled `ShardedResidentDataset` on the model's
 strategy; the checks every entry point shares live in the backend-neutral
-`arguments.py` (re-exported here with TensorFlow's dataset class).
+`_training/arguments.py` (re-exported here with TensorFlow's dataset class).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 import keras
 
 from shardfeed._data import dataset_args as _dataset_args
-from shardfeed._data.dataset import ShardedResidentDataset, num_rows_of
-from shardfeed._distribute.world import current_world
+from shardfeed._tf.compiled import check_model_scope
+from shardfeed._tf.dataset import ShardedResidentDataset, num_rows_of
+from shardfeed._tf.world import current_world
 from shardfeed._training import arguments as _arguments
 from shardfeed._training.arguments import (
     DEFAULT_EVAL_BATCH_SIZE,
@@ -23,7 +24,6 @@ from shardfeed._training.arguments import (
     check_model,
     resolve_verbose,
 )
-from shardfeed._training.compiled import check_model_scope
 
 __all__ = [
     "DEFAULT_EVAL_BATCH_SIZE",

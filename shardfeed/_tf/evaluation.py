@@ -14,14 +14,10 @@ import keras
 import numpy as np
 
 from shardfeed._common.agreement import check_settings
-from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._distribute.peers import naming_lost_peers
-from shardfeed._distribute.world import current_world
-from shardfeed._training import eval_args
-from shardfeed._training.compiled import loop_for
-from shardfeed._training.fit_args import max_steps
-from shardfeed._training.inputs import (
+from shardfeed._tf.compiled import loop_for
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.inputs import (
     Transform,
     as_dataset,
     check_dataset,
@@ -30,9 +26,13 @@ from shardfeed._training.inputs import (
     resolve_transform,
     resolve_verbose,
 )
-from shardfeed._training.labels import check_sparse_labels
-from shardfeed._training.loop import Loop
-from shardfeed._training.model_steps import ModelSteps
+from shardfeed._tf.label_check import check_sparse_labels
+from shardfeed._tf.loop import Loop
+from shardfeed._tf.model_steps import ModelSteps
+from shardfeed._tf.peers import naming_lost_peers
+from shardfeed._tf.world import current_world
+from shardfeed._training import eval_args
+from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions, with_model_steps
 
 

@@ -20,12 +20,12 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import memory as _memory
-from shardfeed._data.augment import step_seed
 from shardfeed._data.batch import Batch as Batch
-from shardfeed._data.order import Order
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.position import check_int
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._tf.augment import step_seed
+from shardfeed._tf.order import Order
 
 # A tensor step's range is checked in the graph, which prints the step
 # between these two (Assert's data: "[constraint... step=] [6] [, full_steps...]").
@@ -41,7 +41,7 @@ _PAST_FULL_STEPS_FIX = (
 )
 
 if TYPE_CHECKING:
-    from shardfeed._data.dataset import ShardedResidentDataset
+    from shardfeed._tf.dataset import ShardedResidentDataset
 
 
 def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, replica: Any) -> Any:
@@ -230,7 +230,7 @@ class ResidentEpoch(EpochSizes):
             self._matrices = None
             self._weak_finalizer()
 
-    # -- for the compiled multi-step loop (`_training/loop.py`) -----------------
+    # -- for the compiled multi-step loop (`_tf/loop.py`) -----------------
 
     @property
     def call_bounds(self) -> list[int] | None:
@@ -241,7 +241,7 @@ class ResidentEpoch(EpochSizes):
     def handles(self) -> list[tuple[tf.Tensor, ...]]:
         """Per local replica, the columns' resource handles, for compiled
         functions: a trace keeps the variables passed to it alive, never
-        the handles' rows (see `_training/loop.py`)."""
+        the handles' rows (see `_tf/loop.py`)."""
         self._check_open()
         return [store.handles for store in self._dataset.stores]
 

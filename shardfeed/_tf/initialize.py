@@ -25,11 +25,11 @@ from typing import Literal
 from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._distribute import resolver as _resolver
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
 from shardfeed._distribute.startup import CPU_DEVICES_ENV as CPU_DEVICES_ENV
 from shardfeed._distribute.startup import cpu_devices_wanted as cpu_devices_wanted
+from shardfeed._tf import resolver as _resolver
 
 logger = logging.getLogger("shardfeed")
 
@@ -154,7 +154,7 @@ def init(
     _launch_env.announce(_launch_env.ARRIVED)
     timeout_s = _startup.startup_timeout_s(startup_timeout_s, os.environ)
     world = _init(engine, cpu_devices_wanted(cpu_devices, os.environ), timeout_s)
-    from shardfeed._distribute import world as _world
+    from shardfeed._tf import world as _world
 
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
@@ -165,7 +165,7 @@ def init(
 def _init(engine: str, split_cpu_into: int | None, startup_timeout_s: float):
     import tensorflow as tf
 
-    from shardfeed._distribute import world as _world
+    from shardfeed._tf import world as _world
 
     launch_env = _launch_env.detect_launch_env(os.environ)
     physical_gpus = tf.config.list_physical_devices("GPU")
@@ -257,7 +257,7 @@ def _init_horovod(tf, physical_gpus):
                 "tf.distribute engines (`shardfeed launch --engine multiworker`).",
             )
         ) from err
-    from shardfeed._distribute import world as _world
+    from shardfeed._tf import world as _world
 
     hvd.init()
     if physical_gpus:

@@ -1,10 +1,10 @@
 """`fit`'s epochs: a plain loop over epochs and calls, as Keras' `fit` is.
 
-Separation of concerns: `api.fit` checks arguments and builds the callbacks;
+Separation of concerns: `training.fit` checks arguments and builds the callbacks;
 this module runs the epochs -- which steps of which pass over the data each
 fit epoch takes (`resume.epoch_span`), where a resumed fit starts, the running
 loss and metric state, and the replica sync check. The loop (`loop.py`) runs
-the calls it is asked for; the backup callback (`backup.py`) saves what
+the calls it is asked for; the backup callback (`_training/backup.py`) saves what
 `capture` returns.
 """
 
@@ -18,11 +18,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._data.dataset import ShardedResidentDataset
+from shardfeed._tf import sync as _sync
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.loop import Loop
 from shardfeed._training import resume as _resume
-from shardfeed._training import sync as _sync
 from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
-from shardfeed._training.loop import Loop
 
 __all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
 

@@ -3,9 +3,9 @@
 Separation of concerns: the dataset owns shuffling; this module owns the
 global order of `placement="shard"` data (`shuffle=True`). It keeps the
 layout (which global row sits in each slot of each replica's variables, the
-same on every rank), computes each epoch's moves with `exchange.py` (pure
+same on every rank), computes each epoch's moves with `_data/exchange.py` (pure
 arithmetic), moves the rows device to device through the engine's
-`all_to_all` (`_distribute/alltoall.py`, Horovod's `hvd.alltoall`), and
+`all_to_all` (`_tf/alltoall.py`, Horovod's `hvd.alltoall`), and
 hands the loop index matrices that point at the slots where each replica's
 epoch rows now sit. The step gather stays local; nothing is re-read from the
 source and nothing goes through files.
@@ -27,13 +27,13 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import exchange as _exchange
-from shardfeed._data import order as _order
-from shardfeed._data import storage as _storage
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
-from shardfeed._distribute import alltoall as _alltoall
-from shardfeed._distribute.engine import Engine, engine_for
-from shardfeed._distribute.world import World
+from shardfeed._tf import alltoall as _alltoall
+from shardfeed._tf import order as _order
+from shardfeed._tf import storage as _storage
+from shardfeed._tf.engine import Engine, engine_for
+from shardfeed._tf.world import World
 
 logger = logging.getLogger("shardfeed")
 

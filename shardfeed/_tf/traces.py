@@ -19,11 +19,11 @@ from tensorflow.python.framework import ops as _tf_ops  # the gradient registry
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from shardfeed._common import errors as _errors
-from shardfeed._distribute.engine import Engine
+from shardfeed._tf.engine import Engine
 from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
-    from shardfeed._training.loop import Loop
+    from shardfeed._tf.loop import Loop
 
 
 class Traces:

@@ -4,12 +4,12 @@ Owns the permutations and the per-replica `[steps, per_replica_batch_size]`
 index matrices built from a `ShardPlan`, and the `Residency` protocol: the
 three ways rows are held (resident here, `ResidentRows`; streamed,
 `streaming.StreamedRows`; sharded with a per-epoch exchange,
-`global_order.GlobalShuffle`), one of which the dataset chooses once, in its
+`exchange.GlobalShuffle`), one of which the dataset chooses once, in its
 constructor. Each hands out an epoch's `Order` (`EpochOrder` here,
 `streaming.StreamingOrder`), which `epoch.ResidentEpoch` wraps.
 
 Shuffling (`shuffle=True` with `placement="shard"` -- the global order of
-sharded rows -- is `global_order.py`'s: it moves rows, then indexes slots):
+sharded rows -- is `exchange.py`'s: it moves rows, then indexes slots):
 - `shuffle="local"`, `placement="shard"`: each replica reshuffles its own
   rows every epoch from `(seed, epoch, replica)`.
 - `placement="replicate"`: every replica holds all rows; all draw the same
@@ -28,8 +28,8 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._data import storage as _storage
 from shardfeed._data.plan import ShardPlan
+from shardfeed._tf import storage as _storage
 
 
 class Order(Protocol):
@@ -116,7 +116,7 @@ class EpochOrder:
         self._indices = indices
         self._stores = stores
         # Per local replica, the global row in each slot, once an exchange
-        # (`global_order.py`) has moved rows; None: the uploaded rows in order.
+        # (`exchange.py`) has moved rows; None: the uploaded rows in order.
         self._held = held
 
     def prepare(self, start: int, stop: int) -> None:

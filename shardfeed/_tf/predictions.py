@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from shardfeed._data.epoch import ResidentEpoch
+from shardfeed._tf.epoch import ResidentEpoch
 
 
 def in_row_order(

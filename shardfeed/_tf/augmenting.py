@@ -1,7 +1,7 @@
 """Where a training step's augmentation seed comes from.
 
 Separation of concerns: the dataset holds the user's `augment` function and
-`shardfeed._data.epoch.augmented` applies it with its step's seed (as a
+`shardfeed._tf.epoch.augmented` applies it with its step's seed (as a
 `ResidentEpoch` does); this module gives the compiled
 training calls what they need to draw one -- the epoch and the call's first
 step as a tensor (a Python int would be baked into the trace and retrace, or
@@ -15,9 +15,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from shardfeed._data import epoch as _epoch
-from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._distribute.engine import Engine
+from shardfeed._tf import epoch as _epoch
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engine import Engine
 
 
 def position(epoch: int, start: int) -> tf.Tensor:

@@ -1,6 +1,6 @@
 """TensorFlow's half of augmentation: the blocks' draws and the per-step seed.
 
-The blocks themselves are backend-neutral (`augment_blocks.py`); this module
+The blocks themselves are backend-neutral (`_data/augment_blocks.py`); this module
 gives them TensorFlow's stateless random ops (`tf.random.stateless_*` on a
 `[2]` seed), registered for the TensorFlow backend when it is imported, and
 gives the TensorFlow loop (`epoch.augmented`) the seed of each step.

@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-from shardfeed._data.epoch import ResidentEpoch
-from shardfeed._training import augmenting as _augmenting
-from shardfeed._training import step_optimizers as _step_optimizers
+from shardfeed._tf import augmenting as _augmenting
+from shardfeed._tf import step_optimizers as _step_optimizers
+from shardfeed._tf.epoch import ResidentEpoch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ optimizers the step would update (so they are built before the multi-step
 loop); under Horovod, averaging the gradients over ranks first (Keras'
 step calls `self.optimizer.apply`, which knows no Horovod); under a
 strategy with several replicas, summing them in one exchange per step that
-keeps `IndexedSlices` sparse (`_distribute/gradients.py`) instead of Keras'
+keeps `IndexedSlices` sparse (`_tf/gradients.py`) instead of Keras'
 `all_reduce` of each; and, where XLA is on but the step loop cannot be one
 XLA cluster (several replicas, Horovod), compiling each variable's update
 with XLA. Keras' optimizer classes are patched only for the duration of a
@@ -25,7 +25,7 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from shardfeed._common import errors as _errors
-from shardfeed._distribute import gradients as _gradients
+from shardfeed._tf import gradients as _gradients
 
 _NO_OPTIMIZER_UPDATE = (
     "Under Horovod, a `train_step` must update the weights through a Keras "

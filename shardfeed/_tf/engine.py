@@ -4,7 +4,7 @@ Separation of concerns: an engine owns the distribution mechanics -- placing
 per-replica values, running a function on every local replica, summing values
 across all replicas, making gradients global before the optimizer applies
 them, reading metrics as global values, and gathering rows from every
-replica. The compiled loop (`_training/loop.py`) is written once against this small
+replica. The compiled loop (`_tf/loop.py`) is written once against this small
 interface and runs unchanged under every engine.
 
 `StrategyEngine` covers the default (single device) strategy,
@@ -22,9 +22,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._distribute import alltoall as _alltoall
 from shardfeed._distribute.metrics import metric_results
-from shardfeed._distribute.world import World, is_default_strategy
+from shardfeed._tf import alltoall as _alltoall
+from shardfeed._tf.world import World, is_default_strategy
 
 
 class Engine(Protocol):
@@ -57,7 +57,7 @@ class Engine(Protocol):
 def engine_for(world: World) -> Engine:
     """The engine for `world`: Horovod's when Horovod runs, else the strategy's."""
     if world.backend == "horovod":
-        from shardfeed._distribute.horovod import HorovodEngine
+        from shardfeed._tf.horovod import HorovodEngine
 
         return HorovodEngine(world)
     return StrategyEngine(world)

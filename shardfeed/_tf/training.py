@@ -16,25 +16,25 @@ from typing import Any
 import keras
 
 from shardfeed._common.agreement import check_settings
-from shardfeed._data.dataset import ShardedResidentDataset
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._distribute.peers import naming_lost_peers
-from shardfeed._training import backup as _backup
-from shardfeed._training import fit_args
-from shardfeed._training.callbacks import callback_list
-from shardfeed._training.class_weights import class_weights
-from shardfeed._training.compiled import loop_for
-from shardfeed._training.epochs import FitRun
-from shardfeed._training.evaluation import evaluate_loop
-from shardfeed._training.inputs import (
+from shardfeed._tf.compiled import loop_for
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.epochs import FitRun
+from shardfeed._tf.evaluation import evaluate_loop
+from shardfeed._tf.inputs import (
     FIT_TRANSFORMS,
     as_dataset,
     check_dataset,
     check_model,
     resolve_verbose,
 )
-from shardfeed._training.labels import check_sparse_labels
-from shardfeed._training.model_steps import ModelSteps
+from shardfeed._tf.label_check import check_sparse_labels
+from shardfeed._tf.model_steps import ModelSteps
+from shardfeed._tf.peers import naming_lost_peers
+from shardfeed._training import backup as _backup
+from shardfeed._training import fit_args
+from shardfeed._training.callbacks import callback_list
+from shardfeed._training.class_weights import class_weights
 from shardfeed._training.options import FitOptions, with_model_steps
 
 

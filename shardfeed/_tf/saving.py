@@ -1,7 +1,7 @@
 """Saving a model with several workers: the chief writes, the others wait.
 
 Owns TensorFlow's `save_model` (the checks and the write are
-`model_file.py`'s, shared with `_jax/saving.py`). Every worker holds the
+`_training/model_file.py`'s, shared with `_jax/saving.py`). Every worker holds the
 same weights, so one file is enough; when every rank calls `model.save(path)` on a shared path, the
 writes interleave and the file is corrupt (`BadZipFile: Bad CRC-32`). Here
 the chief writes a temporary file next to `path` and renames it into place
@@ -20,7 +20,7 @@ from typing import Any
 import keras
 
 from shardfeed._common.chief_write import ChiefWriteError, write_on_chief
-from shardfeed._distribute.world import current_world
+from shardfeed._tf.world import current_world
 from shardfeed._training import model_file as _model_file
 
 __all__ = ["ChiefWriteError", "save_model", "write_on_chief"]

@@ -127,7 +127,7 @@ def sync_model(model: keras.Model) -> int:
         0
     """
     from shardfeed._common.model_sync import model_variables, sync_variables
-    from shardfeed._distribute.world import current_world, initialized_world
+    from shardfeed._tf.world import current_world, initialized_world
 
     world = initialized_world() or current_world()
     return sync_variables(world, model_variables(model))

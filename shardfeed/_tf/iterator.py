@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._data.position import EpochPosition
+from shardfeed._tf.epoch import ResidentEpoch
 
 if TYPE_CHECKING:
-    from shardfeed._data.dataset import ShardedResidentDataset
+    from shardfeed._tf.dataset import ShardedResidentDataset
 
 
 class ResidentIterator(tf.Module, EpochPosition[ResidentEpoch]):

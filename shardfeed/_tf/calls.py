@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from shardfeed._data.epoch import ResidentEpoch
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._training import augmenting as _augmenting
+from shardfeed._tf import augmenting as _augmenting
+from shardfeed._tf.epoch import ResidentEpoch
 
 if TYPE_CHECKING:
-    from shardfeed._training.loop import Loop
+    from shardfeed._tf.loop import Loop
 
 
 @dataclasses.dataclass(frozen=True)

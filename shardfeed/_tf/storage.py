@@ -29,7 +29,7 @@ from tensorflow.python.ops import resource_variable_ops
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
 from shardfeed._data.sources import Columns
-from shardfeed._distribute.world import World
+from shardfeed._tf.world import World
 
 
 @dataclasses.dataclass(frozen=True)

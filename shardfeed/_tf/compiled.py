@@ -14,14 +14,14 @@ import keras
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.dataset import ShardedResidentDataset
-from shardfeed._distribute.engine import Engine, engine_for
-from shardfeed._distribute.world import initialized_world, is_default_strategy
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engine import Engine, engine_for
+from shardfeed._tf.loop import Loop, run_eagerly
+from shardfeed._tf.model_steps import ModelSteps
+from shardfeed._tf.traces import Traces
+from shardfeed._tf.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop import Loop, run_eagerly
-from shardfeed._training.model_steps import ModelSteps
 from shardfeed._training.options import FitOptions
-from shardfeed._training.traces import Traces
 
 # Compiled loops per dataset, keyed per model and options so repeated
 # fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its

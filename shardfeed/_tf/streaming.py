@@ -32,7 +32,7 @@ from shardfeed._data.memory import stream_chunk_steps
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
 from shardfeed._data.sources import Columns
-from shardfeed._data.storage import ReplicaStore, allocate, write_rows
+from shardfeed._tf.storage import ReplicaStore, allocate, write_rows
 
 
 @dataclasses.dataclass(frozen=True)
