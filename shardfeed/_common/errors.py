@@ -1,8 +1,9 @@
 """Error text in one shape: the constraint, then `Received: ...`, then the fix.
 
 Every user-facing error in shardfeed is built here so tests can pin the text
-and the three parts never drift apart. `is_integer` is the one test every
-count argument (batch sizes, epochs, byte counts, seeds) shares.
+and the three parts never drift apart (`require` raises one when a check
+fails). `is_integer` is the one test every count argument (batch sizes,
+epochs, byte counts, seeds) shares.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def message(constraint: str, received: str, fix: str) -> str:
         `"<constraint> Received: <received>. <fix>"`.
     """
     return f"{constraint} Received: {received}. {fix}"
+
+
+def require(ok: bool, constraint: str, received: str, fix: str) -> None:
+    """Raises `ValueError(message(constraint, received, fix))` unless `ok`:
+    the check every option dataclass runs on each field."""
+    if not ok:
+        raise ValueError(message(constraint, received, fix))
 
 
 def is_integer(value: object) -> bool:

@@ -16,11 +16,6 @@ from shardfeed._common.units import MIB
 from shardfeed._data.memory import check_memory_fraction
 
 
-def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
-    if not ok:
-        raise ValueError(_errors.message(constraint, received, fix))
-
-
 def _as_int(options: object, name: str) -> None:
     """Stores a validated NumPy integer field as a Python int (options are
     hashed and compared as cache keys, and printed in errors)."""
@@ -88,39 +83,39 @@ class LoadOptions:
     epoch_copy_bytes: int = 256 * MIB
 
     def __post_init__(self) -> None:
-        _require(
+        _errors.require(
             _errors.is_integer(self.chunk_bytes) and self.chunk_bytes >= 1,
             "`chunk_bytes` must be a positive integer.",
             f"chunk_bytes={self.chunk_bytes!r}",
             "Use e.g. 64 * 1024**2 (64 MiB).",
         )
         check_memory_fraction(self.memory_fraction)
-        _require(
+        _errors.require(
             self.device_memory_bytes is None
             or (_errors.is_integer(self.device_memory_bytes) and self.device_memory_bytes > 0),
             "`device_memory_bytes` must be None or a positive integer.",
             f"device_memory_bytes={self.device_memory_bytes!r}",
             "Pass the free bytes per device, e.g. 80 * 1024**3.",
         )
-        _require(
+        _errors.require(
             self.streaming in (True, False, "auto"),
             '`streaming` must be True, False or "auto".',
             f"streaming={self.streaming!r}",
             'Use "auto" to stream only shards that do not fit.',
         )
-        _require(
+        _errors.require(
             _errors.is_integer(self.stream_chunk_bytes) and self.stream_chunk_bytes >= 1,
             "`stream_chunk_bytes` must be a positive integer.",
             f"stream_chunk_bytes={self.stream_chunk_bytes!r}",
             "Use e.g. 256 * 1024**2 (256 MiB per slot).",
         )
-        _require(
+        _errors.require(
             _errors.is_integer(self.exchange_buffer_bytes) and self.exchange_buffer_bytes >= 1,
             "`exchange_buffer_bytes` must be a positive integer.",
             f"exchange_buffer_bytes={self.exchange_buffer_bytes!r}",
             "Use e.g. 256 * 1024**2 (256 MiB of staging per replica).",
         )
-        _require(
+        _errors.require(
             isinstance(self.exchange_fraction, int | float)
             and not isinstance(self.exchange_fraction, bool)
             and 0 < self.exchange_fraction <= 1,
@@ -128,20 +123,20 @@ class LoadOptions:
             f"exchange_fraction={self.exchange_fraction!r}",
             "Use 1 for the exact global order, or e.g. 0.25 to mix a quarter of the rows.",
         )
-        _require(
+        _errors.require(
             isinstance(self.check_agreement, bool),
             "`check_agreement` must be True or False.",
             f"check_agreement={self.check_agreement!r}",
             "Leave it True (the default) to check that every worker passed the same "
             "rows, or pass False to skip the check.",
         )
-        _require(
+        _errors.require(
             self.epoch_copy in (True, False, "auto"),
             '`epoch_copy` must be True, False or "auto".',
             f"epoch_copy={self.epoch_copy!r}",
             'Use "auto" to copy an epoch\'s rows only where it is faster and fits.',
         )
-        _require(
+        _errors.require(
             _errors.is_integer(self.epoch_copy_bytes) and self.epoch_copy_bytes >= 0,
             "`epoch_copy_bytes` must be a non-negative integer.",
             f"epoch_copy_bytes={self.epoch_copy_bytes!r}",

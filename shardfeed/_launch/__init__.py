@@ -46,11 +46,6 @@ _NONE_MEANS = {
 ENGINES: tuple[str, ...] = ("multiworker", "horovod", "mpi")
 
 
-def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
-    if not ok:
-        raise ValueError(_errors.message(constraint, received, fix))
-
-
 def _is_seconds(value: object, *, zero_ok: bool = False) -> bool:
     """Whether `value` is a finite number of seconds, > 0 (or >= 0 with `zero_ok`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -120,7 +115,7 @@ class LaunchOptions:
     progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        _require(
+        _errors.require(
             isinstance(self.num_workers, int)
             and not isinstance(self.num_workers, bool)
             and self.num_workers >= 1,
@@ -128,25 +123,25 @@ class LaunchOptions:
             f"num_workers={self.num_workers!r}",
             "Pass the number of worker processes, e.g. `--num-workers 2`.",
         )
-        _require(
+        _errors.require(
             self.engine in ENGINES,
             f"`engine` must be one of {', '.join(ENGINES)}.",
             f"engine={self.engine!r}",
             "Use `multiworker` for local TF_CONFIG workers, `horovod` or `mpi` to delegate.",
         )
-        _require(
+        _errors.require(
             self.timeout_s is None or _is_seconds(self.timeout_s),
             "`timeout_s` must be a finite positive number of seconds, or None for no limit.",
             f"timeout_s={self.timeout_s!r}",
             "Pass the longest the whole launch may take, in seconds.",
         )
-        _require(
+        _errors.require(
             _is_seconds(self.grace_s, zero_ok=True),
             "`grace_s` must be a finite number of seconds, zero or positive.",
             f"grace_s={self.grace_s!r}",
             "Pass how many seconds stopping workers get before SIGKILL, e.g. 60.",
         )
-        _require(
+        _errors.require(
             self.startup_timeout_s is None or _is_seconds(self.startup_timeout_s),
             "`startup_timeout_s` must be a finite positive number of seconds, or None to "
             "wait forever.",
@@ -155,13 +150,13 @@ class LaunchOptions:
         )
         for name in ("shutdown_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
             value = getattr(self, name)
-            _require(
+            _errors.require(
                 value is None or _is_seconds(value),
                 f"`{name}` must be a finite positive number of seconds, or None.",
                 f"{name}={value!r}",
                 f"Pass e.g. {name}=60, or None for {_NONE_MEANS[name]}.",
             )
-        _require(
+        _errors.require(
             self.isolate_network in ("auto", True, False),
             '`isolate_network` must be "auto", True or False.',
             f"isolate_network={self.isolate_network!r}",
@@ -169,7 +164,7 @@ class LaunchOptions:
             "where the system permits it, False to run them on the host's network.",
         )
         if self.hosts is None:
-            _require(
+            _errors.require(
                 self.host_index is None and self.port_base is None,
                 "`host_index` and `port_base` belong to a multi-host job, which `hosts` names.",
                 f"host_index={self.host_index!r}, port_base={self.port_base!r}, hosts=None",
@@ -177,7 +172,7 @@ class LaunchOptions:
                 "them to run every worker on this host.",
             )
             return
-        _require(
+        _errors.require(
             self.engine == "multiworker",
             "`hosts` lays out `multiworker` workers (TF_CONFIG); horovodrun and mpirun take "
             "their own host lists.",
@@ -185,7 +180,7 @@ class LaunchOptions:
             "Use launch/horovodrun-multihost.sh (horovodrun -H) or launch/mpirun-hostfile.sh "
             "(mpirun --hostfile), or `--engine multiworker`.",
         )
-        _require(
+        _errors.require(
             self.isolate_network is not True,
             "A multi-host job's workers must reach the other hosts, which a private network "
             "namespace (holding only loopback) cannot.",
@@ -194,7 +189,7 @@ class LaunchOptions:
             "launcher names the ports they expose (firewall them; docs/engines.md, Security).",
         )
         layout = multihost.parse_hosts(self.hosts, self.num_workers, self.port_base)
-        _require(
+        _errors.require(
             _errors.is_integer(self.host_index)
             and 0 <= self.host_index < len(layout.hosts),  # type: ignore[operator]
             "A multi-host job needs `host_index`: this host's position in `hosts`, from 0.",

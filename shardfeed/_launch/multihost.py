@@ -40,11 +40,6 @@ _HOSTS_FIX = (
 )
 
 
-def _require(ok: bool, constraint: str, received: str, fix: str) -> None:
-    if not ok:
-        raise ValueError(_errors.message(constraint, received, fix))
-
-
 @dataclasses.dataclass(frozen=True)
 class HostLayout:
     """Which host runs which ranks, and on which ports.
@@ -109,7 +104,7 @@ def parse_hosts(
     text = hosts if isinstance(hosts, str) else ",".join(hosts)
     entries = [entry.strip() for entry in text.split(",")]
     received = f"hosts={text!r}, num_workers={num_workers}"
-    _require(
+    _errors.require(
         all(entries) and all(entry.count(":") <= 1 for entry in entries),
         "Each `--hosts` entry is `host` or `host:workers` (IPv6 literals are not accepted: "
         "name the host).",
@@ -119,14 +114,14 @@ def parse_hosts(
     names = [entry.partition(":")[0].strip() for entry in entries]
     counts = [entry.partition(":")[2].strip() for entry in entries]
     repeated = sorted({name for name in names if names.count(name) > 1})
-    _require(
+    _errors.require(
         not repeated,
         "Each host appears once in `--hosts` (its workers get consecutive ranks and ports).",
         f"{received} (repeated: {', '.join(repeated)})",
         _HOSTS_FIX,
     )
     if any(counts):
-        _require(
+        _errors.require(
             all(count.isdigit() and int(count) > 0 for count in counts)
             and sum(map(int, counts)) == num_workers,
             "With worker counts in `--hosts`, every host has a positive count and they add up "
@@ -136,7 +131,7 @@ def parse_hosts(
         )
         per_host = tuple(map(int, counts))
     else:
-        _require(
+        _errors.require(
             num_workers % len(names) == 0,
             "Without worker counts in `--hosts`, `--num-workers` must split evenly over the "
             "hosts.",
@@ -146,7 +141,7 @@ def parse_hosts(
         )
         per_host = (num_workers // len(names),) * len(names)
     port_base = DEFAULT_PORT_BASE if port_base is None else port_base
-    _require(
+    _errors.require(
         _errors.is_integer(port_base) and 0 < port_base and port_base + max(per_host) <= 65536,
         "`port_base` must leave a port in [1, 65535] for every worker of a host "
         "(port_base + workers on the host - 1).",
@@ -194,7 +189,7 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
     """
     received = f"hosts={','.join(layout.hosts)}, host_index={host_index}"
     loopback = [host for host in layout.hosts if _is_loopback(host)]
-    _require(
+    _errors.require(
         len(layout.hosts) == 1 or not loopback,
         "A multi-host job names each host as the others reach it, never by a loopback address.",
         f"{received} (loopback: {', '.join(loopback)})",
@@ -202,7 +197,7 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
     )
     own = layout.hosts[host_index]
     problems = unresolvable_hosts(layout.addresses(), own)
-    _require(
+    _errors.require(
         not problems,
         "Every host in `--hosts` must resolve on every host, to an address the workers reach.",
         f"{received}; seen from {socket.gethostname()}: {'; '.join(problems)}",
@@ -210,7 +205,7 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
     )
     mine = [i for i, host in enumerate(layout.hosts) if _is_this_machine(host)]
     if mine and host_index not in mine:
-        _require(
+        _errors.require(
             False,
             "`--host-index` is this host's position in `--hosts`.",
             f"{received}: entry {host_index} ({own}) is not an address of this host; entry "

@@ -11,7 +11,7 @@ import math
 from typing import Any, Literal
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.options import _as_int, _require
+from shardfeed._data.options import _as_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,26 +55,26 @@ class FitOptions:
 
     def __post_init__(self) -> None:
         spe = self.steps_per_execution
-        _require(
+        _errors.require(
             (isinstance(spe, str) and spe == "auto") or (_errors.is_integer(spe) and spe >= 1),
             '`steps_per_execution` must be "auto" or an integer >= 1.',
             f"steps_per_execution={spe!r}",
             'Use "auto" or e.g. 64.',
         )
-        _require(
+        _errors.require(
             self.jit_compile in (True, False, "auto"),
             '`jit_compile` must be True, False or "auto".',
             f"jit_compile={self.jit_compile!r}",
             'Use "auto" unless you measured otherwise.',
         )
-        _require(
+        _errors.require(
             isinstance(self.sync_check, bool)
             or (_errors.is_integer(self.sync_check) and self.sync_check >= 1),
             "`sync_check` must be True, False or an integer >= 1 (every k calls).",
             f"sync_check={self.sync_check!r}",
             "Use True (each epoch), False (off) or e.g. 10.",
         )
-        _require(
+        _errors.require(
             isinstance(self.sparse_as_dense, bool),
             "`sparse_as_dense` must be True or False.",
             f"sparse_as_dense={self.sparse_as_dense!r}",
