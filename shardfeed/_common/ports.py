@@ -23,6 +23,7 @@ socket.
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from shardfeed._common import errors as _errors
@@ -104,3 +105,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     with PortReservation(1, host) as reservation:
         return reservation.ports[0]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket holds `port` on `host` ("" for every interface).
+
+    Binds the port with SO_REUSEADDR, as gRPC does, so that a closed
+    connection's TIME_WAIT does not count; the port is free again when this
+    returns. False also when the bind fails for another reason (e.g. no IPv4
+    here): the runtime that binds it next reports that itself.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as err:
+        return err.errno == errno.EADDRINUSE
+    finally:
+        probe.close()
+    return False

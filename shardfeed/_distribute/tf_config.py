@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.ports import port_in_use
 from shardfeed._distribute.launch_env import (
     _parse_tf_config,
 )
@@ -233,13 +234,7 @@ def check_port_free(rank: int, address: str) -> None:
     port_text = address.rsplit(":", 1)[-1]
     if not port_text.isdigit():
         return  # TensorFlow reports a malformed address itself
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("", int(port_text)))
-    except OSError as err:
-        if err.errno != errno.EADDRINUSE:
-            return  # e.g. no IPv4 here: leave the verdict to TensorFlow
+    if port_in_use("", int(port_text)):
         raise OSError(
             errno.EADDRINUSE,
             _errors.message(
@@ -249,6 +244,26 @@ def check_port_free(rank: int, address: str) -> None:
                 f"Stop the program that holds the port (`ss -ltnp 'sport = :{port_text}'` "
                 "names it) and rerun; `shardfeed launch` picks free ports on each run.",
             ),
-        ) from None
-    finally:
-        probe.close()
+        )
+
+
+DEFAULT_SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default
+
+
+def slurm_port_base(environ: Mapping[str, str]) -> int:
+    """The first port of a SLURM job's workers: SHARDFEED_PORT_BASE, or 8888
+    (the port TensorFlow's `SlurmClusterResolver` starts from).
+
+    Raises:
+        ValueError: If SHARDFEED_PORT_BASE is not a port number.
+    """
+    text = environ.get("SHARDFEED_PORT_BASE", str(DEFAULT_SLURM_PORT_BASE))
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(
+            _errors.message(
+                "SHARDFEED_PORT_BASE must be a port number in [1, 65535].",
+                f"SHARDFEED_PORT_BASE={text!r}",
+                "Set it to a port that is free on every node, or unset it for 8888.",
+            )
+        )
+    return int(text)

@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import re
-import socket
 import sys
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -44,6 +43,7 @@ from typing import Literal
 import jax
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.ports import port_in_use
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
@@ -54,7 +54,6 @@ logger = logging.getLogger("shardfeed")
 EngineName = Literal["auto", "single", "jax"]
 ENGINES = ("auto", "single", "jax")
 TENSORFLOW_ENGINES = ("mirrored", "multiworker", "horovod")
-DEFAULT_SLURM_PORT = 8888  # the TensorFlow SLURM recipe's port base
 
 # jax.distributed.initialize takes whole seconds; "no bound" is a day.
 _UNBOUNDED_TIMEOUT_S = 86_400
@@ -178,17 +177,9 @@ def coordinator_for(
         address = tasks[0][1]
         loopback = all(_is_loopback(a.rsplit(":", 1)[0]) for _, a in tasks)
     elif launch_env.launcher == "slurm":
-        text = environ.get("SHARDFEED_PORT_BASE", str(DEFAULT_SLURM_PORT))
-        if not text.isdigit() or not 0 < int(text) < 65536:
-            raise ValueError(
-                _errors.message(
-                    "SHARDFEED_PORT_BASE must be a port number in [1, 65535].",
-                    f"SHARDFEED_PORT_BASE={text!r}",
-                    "Set it to a port that is free on every node, or unset it for 8888.",
-                )
-            )
+        port = _tf_config.slurm_port_base(environ)
         nodelist = environ.get("SLURM_STEP_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
-        address, loopback = f"{first_slurm_host(nodelist)}:{int(text)}", False
+        address, loopback = f"{first_slurm_host(nodelist)}:{port}", False
     else:
         raise ValueError(
             _errors.message(
@@ -237,13 +228,7 @@ def check_coordinator_port_free(coordinator: Coordinator) -> None:
         OSError: (errno EADDRINUSE) If another socket holds the port.
     """
     port = int(coordinator.address.rsplit(":", 1)[1])
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
-        probe.bind(("127.0.0.1" if coordinator.loopback else "", port))
-    except OSError as err:
-        if err.errno != errno.EADDRINUSE:
-            return  # e.g. no IPv4 here: leave the verdict to JAX
+    if port_in_use("127.0.0.1" if coordinator.loopback else "", port):
         raise OSError(
             errno.EADDRINUSE,
             _errors.message(
@@ -253,9 +238,7 @@ def check_coordinator_port_free(coordinator: Coordinator) -> None:
                 f"Stop the program that holds the port (`ss -ltnp 'sport = :{port}'` names "
                 "it) and rerun; `shardfeed launch` picks free ports on each run.",
             ),
-        ) from None
-    finally:
-        probe.close()
+        )
 
 
 def init(

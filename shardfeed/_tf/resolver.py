@@ -20,8 +20,6 @@ from shardfeed._common import errors as _errors
 from shardfeed._distribute import tf_config as _tf_config
 from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env, read_int, received
 
-_DEFAULT_PORT_BASE = 8888  # SlurmClusterResolver's default
-
 _SLURM_STEP_VARIABLES = (
     "SLURM_PROCID",
     "SLURM_STEP_NUM_TASKS",
@@ -31,7 +29,7 @@ _SLURM_STEP_VARIABLES = (
 
 
 def tf_config_from_slurm(
-    environ: Mapping[str, str], *, port_base: int = _DEFAULT_PORT_BASE
+    environ: Mapping[str, str], *, port_base: int = _tf_config.DEFAULT_SLURM_PORT_BASE
 ) -> dict[str, Any]:
     """Builds this task's TF_CONFIG from the variables `srun` sets for a job step.
 
@@ -181,16 +179,7 @@ def ensure_tf_config(
         return launch_env
     if launch_env.launcher == "slurm":
         if port_base is None:
-            text = environ.get("SHARDFEED_PORT_BASE", str(_DEFAULT_PORT_BASE))
-            if not text.isdigit() or not 0 < int(text) < 65536:
-                raise ValueError(
-                    _errors.message(
-                        "SHARDFEED_PORT_BASE must be a port number in [1, 65535].",
-                        f"SHARDFEED_PORT_BASE={text!r}",
-                        "Set it to a port that is free on every node, or unset it for 8888.",
-                    )
-                )
-            port_base = int(text)
+            port_base = _tf_config.slurm_port_base(environ)
         config = tf_config_from_slurm(environ, port_base=port_base)
     elif launch_env.launcher == "mpi":
         config = _tf_config.tf_config_from_mpi()
