@@ -16,17 +16,22 @@ import contextvars
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Self, TypeVar
 
 import numpy as np
 import optree
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import model_sync as _model_sync
+from shardfeed._data import agreement as _agreement
+from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import plan as _plan
+from shardfeed._data import sources as _sources
 from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
+from shardfeed._distribute import launch_env as _launch_env
 
 logger = logging.getLogger("shardfeed")
 
@@ -347,10 +352,10 @@ def check_built_in_the_world(built: Any, initialized: Any) -> None:
 
 
 class DatasetBase(Generic[WorldT]):
-    """What both backends' `ShardedResidentDataset` were built with and plan:
-    the read-only properties they share, one implementation. A subclass's
-    constructor sets the attributes read here (from `plans` and the checks
-    above) and owns its storage and epochs."""
+    """What both backends' `ShardedResidentDataset` share, one implementation:
+    the construction up to the storage (`_start`), `split`, and the read-only
+    properties of what a dataset was built with and plans. A subclass
+    provides the hooks below `_start` and owns its storage and epochs."""
 
     columns: Any
     _world: WorldT
@@ -365,6 +370,114 @@ class DatasetBase(Generic[WorldT]):
     # A subclass's constructor sets its backend's `initialized_world` here
     # when the dataset took its world before `shardfeed.init()` was called.
     _world_before_init: Callable[[], Any] | None = None
+    # Datasets `split` made, per fraction: repeated fits upload them once.
+    _splits: dict[float, tuple[Any, Any]]
+
+    def _start(
+        self,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        *,
+        per_replica_batch_size: int,
+        shuffle: bool | Literal["local"],
+        seed: int | None,
+        drop_remainder: bool,
+        placement: _plan.Placement,
+        transform: Callable[[Any], Any] | None,
+        augment: Callable[[Any, Any], Any] | None,
+        load_options: LoadOptions | None,
+        strategy: Any,
+    ) -> LoadOptions:
+        """The construction both backends share, before their storage: the
+        arguments checked (`_check_backend_args` for the backend's own), the
+        columns read, the world taken, the workers' agreement on the rows and
+        settings checked, and the plans. Returns the `LoadOptions`."""
+        shuffle = check_shuffle(shuffle, seed, placement)
+        seed = check_seed(seed)
+        check_transform(transform, self._TRANSFORM_EXAMPLE)
+        check_augment(augment, seed)
+        options = load_options or LoadOptions()
+        self._check_backend_args(strategy, options)
+        self.columns = _sources.columns_from_arrays(x, y, sample_weight)
+        if transform is None:  # the blocks will see the stored rows: check them now
+            _augment_blocks.check_columns(augment, self.columns)
+        self._world, before_init = self._take_world(strategy)
+        if before_init is not None:
+            self._world_before_init = before_init
+            if self._world.world_size == 1:  # type: ignore[attr-defined]
+                _launch_env.refuse_workers_without_init(os.environ)
+        if options.check_agreement:
+            settings = _agreement.dataset_settings(
+                per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
+                placement=placement, shuffle=shuffle, seed=seed, options=options,
+            )
+            _agreement.check_agreement(self.columns, self.world, settings)  # type: ignore[arg-type]
+        self._shuffle, self._seed = shuffle, seed
+        self._transform, self._augment, self._load_options = transform, augment, options
+        self._splits = {}
+        built = plans(
+            self.columns.num_rows, self.world.num_replicas_in_sync,  # type: ignore[attr-defined]
+            per_replica_batch_size, placement, drop_remainder,
+        )
+        self._eval_plan, self._train_plan = built.eval_plan, built.train_plan
+        self._train_plan_error = built.train_plan_error
+        return options
+
+    # What each backend provides to `_start` and `split`.
+    _TRANSFORM_EXAMPLE: str
+
+    def _check_backend_args(self, strategy: Any, options: LoadOptions) -> None:
+        """Refuses what only this backend refuses (before the rows are read)."""
+        raise NotImplementedError
+
+    def _take_world(self, strategy: Any) -> tuple[WorldT, Callable[[], Any] | None]:
+        """The world whose replicas will hold the rows, and the backend's
+        `initialized_world` when it is taken before `shardfeed.init()` (else None)."""
+        raise NotImplementedError
+
+    def _split_kwargs(self) -> dict[str, Any]:
+        """The backend's own keyword arguments of `split`'s two datasets."""
+        return {}
+
+    def _let_go(self) -> None:
+        """Drops the device rows; they are loaded again when next used."""
+        raise NotImplementedError
+
+    def split(self, validation_split: float) -> tuple[Self, Self]:
+        """Keras' `validation_split`: the last `validation_split` of the rows,
+        taken before sharding, as validation data; the rest as training data.
+
+        Both parts are built from this dataset's sources (its arrays or files,
+        read again) with its options; the validation part unshuffled, its
+        batch shrunk for few rows (it pads rather than drops). This dataset
+        lets go of its device rows first, so the devices hold the two parts,
+        not the whole as well (it loads them again, from its sources, when
+        next used). Repeated calls with one fraction return the same parts.
+
+        Returns:
+            `(training, validation)` datasets.
+
+        Raises:
+            ValueError: For a fraction outside (0, 1) or one that leaves a
+                side empty.
+
+        Example:
+            >>> training, validation = ds.split(0.2)
+        """
+        at = split_at(self.num_rows, validation_split)
+        cached = self._splits.get(float(validation_split))
+        if cached is not None:
+            return cached
+        train_kw, val_kw = split_kwargs(
+            self, self.plan, self.num_rows - at, **self._split_kwargs()
+        )
+        self._let_go()
+        kind = type(self)
+        training = kind(*self.columns.rows(0, at), **train_kw)
+        validation = kind(*self.columns.rows(at, self.num_rows), **val_kw)
+        self._splits[float(validation_split)] = (training, validation)
+        return training, validation
 
     def check_loop_model(self, model: Any) -> None:
         """`iterator(model=)`'s check on both backends: with several workers,

@@ -13,7 +13,6 @@ the compiled steps and the gradients' reduction; it reads an epoch's
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -21,15 +20,11 @@ from typing import Any, Literal
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data import agreement as _agreement
-from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data import relayout as _relayout
-from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import iterator as _iterator
@@ -126,29 +121,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         load_options: LoadOptions | None = None,
         strategy: Any = None,
     ) -> None:
-        shuffle = _args.check_shuffle(shuffle, seed, placement)
-        seed = _args.check_seed(seed)
-        _args.check_transform(transform, "x.astype('float32') / 255")
-        _args.check_augment(augment, seed)
-        options = load_options or LoadOptions()
-        _check_backend_args(strategy, options)
-        self.columns = _sources.columns_from_arrays(x, y, sample_weight)
-        if transform is None:  # the blocks will see the stored rows: check them now
-            _augment_blocks.check_columns(augment, self.columns)
-        self._world: World = current_world()
-        if initialized_world() is None:
-            self._world_before_init = initialized_world
-            if self._world.world_size == 1:
-                _launch_env.refuse_workers_without_init(os.environ)
-        if options.check_agreement:
-            settings = _agreement.dataset_settings(
-                per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
-                placement=placement, shuffle=shuffle, seed=seed, options=options,
-            )
-            _agreement.check_agreement(self.columns, self.world, settings)  # type: ignore[arg-type]
-        self._shuffle, self._seed = shuffle, seed
-        self._transform, self._augment, self._load_options = transform, augment, options
-        self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
+        options = self._start(
+            x, y, sample_weight, per_replica_batch_size=per_replica_batch_size,
+            shuffle=shuffle, seed=seed, drop_remainder=drop_remainder, placement=placement,
+            transform=transform, augment=augment, load_options=load_options, strategy=strategy,
+        )
         self._batch_fns: dict[tuple[int, bool], _epoch.BatchFn] = {}
         self._label_stats: dict[tuple[int, int | None], list[Any]] = {}
         # The copy of an order that never changes (see `epoch_data`).
@@ -163,15 +140,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         # The training epoch whose partial-exchange holdings `_layout` holds.
         self._layout_epoch: int | None = None
         self._epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
-        plans = _args.plans(
-            self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
-            placement, drop_remainder,
-        )
-        self._eval_plan, self._train_plan = plans.eval_plan, plans.train_plan
-        self._train_plan_error = plans.train_plan_error
         plan = self.eval_plan
         self._epoch_copy, self.memory_reports = _choose_epoch_copy(
-            self.world, plan, self.columns.row_bytes, _args.uses_exchange(shuffle, plan), options
+            self.world, plan, self.columns.row_bytes, _args.uses_exchange(self.shuffle, plan),
+            options,
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         # Rows per ring slot when streaming (the rows stay on the host); None: resident.
@@ -184,6 +156,14 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if self._slot_rows is None:
             self._tables = _storage.upload(self.columns, plan, self.world, options)
         _args.log_dropped(self._train_plan, self.world.is_chief)
+
+    _TRANSFORM_EXAMPLE = "x.astype('float32') / 255"
+
+    def _check_backend_args(self, strategy: Any, options: LoadOptions) -> None:
+        _check_backend_args(strategy, options)
+
+    def _take_world(self, strategy: Any) -> tuple[World, Callable[[], Any] | None]:
+        return current_world(), initialized_world if initialized_world() is None else None
 
     def _stream(self, misfit: _memory.MemoryReport | None, options: LoadOptions) -> None:
         """Chooses the ring and its memory check (two slots, no rows)."""
@@ -334,26 +314,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
     # -- Keras' validation_split -------------------------------------------------
 
-    def split(
-        self, validation_split: float
-    ) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
-        """Keras' `validation_split`, as on TensorFlow: the last fraction of the
-        rows (taken before sharding) as an unshuffled validation dataset; this
-        dataset lets go of its device rows first (loaded again when next used).
-
-        Example:
-            >>> training, validation = ds.split(0.2)
-        """
-        at = _args.split_at(self.num_rows, validation_split)
-        cached = self._splits.get(float(validation_split))
-        if cached is not None:
-            return cached
-        train_kw, val_kw = _args.split_kwargs(self, self.plan, self.num_rows - at)
+    def _let_go(self) -> None:
+        """Drops the device rows and the copies made of them; `_holding`
+        loads them again when next used."""
         self._tables = self._static = self._spare = self._layout = None
-        training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
-        validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
-        self._splits[float(validation_split)] = (training, validation)
-        return training, validation
 
     # -- epochs -------------------------------------------------------------------
 

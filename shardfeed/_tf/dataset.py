@@ -15,7 +15,6 @@ shuffle) lives in `order.py`; a label column's range in `labels.py`.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -25,14 +24,11 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
-from shardfeed._data import agreement as _agreement
-from shardfeed._data import augment_blocks as _augment_blocks
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._tf import epoch as _epoch
 from shardfeed._tf import exchange as _global_order
 from shardfeed._tf import iterator as _iterator
@@ -127,50 +123,13 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
-        shuffle = _args.check_shuffle(shuffle, seed, placement)
-        seed = _args.check_seed(seed)
-        _args.check_transform(transform)
-        _args.check_augment(augment, seed)
-        if load_options is not None and load_options.epoch_copy is True:
-            raise ValueError(
-                _errors.message(
-                    "A per-epoch copy of the rows (`epoch_copy=True`) is the JAX backend's: "
-                    "TensorFlow always gathers each batch from the resident rows.",
-                    "LoadOptions(epoch_copy=True)",
-                    'Leave `epoch_copy="auto"` (or False), or use `KERAS_BACKEND=jax`.',
-                )
-            )
-        self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
-        self.columns = _sources.columns_from_arrays(x, y, sample_weight)
-        if transform is None:  # the blocks will see the stored rows: check them now
-            _augment_blocks.check_columns(augment, self.columns)
-        self._world: World = current_world(strategy)
-        if strategy is None and not tf.distribute.has_strategy() and initialized_world() is None:
-            self._world_before_init = initialized_world
-            if self._world.world_size == 1:
-                _launch_env.refuse_workers_without_init(os.environ)
-        options = load_options or LoadOptions()
-        if options.check_agreement:
-            settings = _agreement.dataset_settings(
-                per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
-                placement=placement, shuffle=shuffle, seed=seed, options=options,
-            )
-            _agreement.check_agreement(self.columns, self.world, settings)
-        self._shuffle = shuffle
-        self._seed = None if seed is None else int(seed)
-        self._transform = transform
-        self._augment = augment
-        self._load_options = load_options or LoadOptions()
-        # Datasets `split` made, per fraction: repeated fits upload them once.
-        self._splits: dict[float, tuple[ShardedResidentDataset, ShardedResidentDataset]] = {}
-        plans = _args.plans(
-            self.columns.num_rows, self.world.num_replicas_in_sync, per_replica_batch_size,
-            placement, drop_remainder,
+        options = self._start(
+            x, y, sample_weight, per_replica_batch_size=per_replica_batch_size,
+            shuffle=shuffle, seed=seed, drop_remainder=drop_remainder, placement=placement,
+            transform=transform, augment=augment, load_options=load_options, strategy=strategy,
         )
-        self._eval_plan = plans.eval_plan
-        self._train_plan = plans.train_plan
-        self._train_plan_error = plans.train_plan_error
-        opts = self.load_options
+        self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
+        opts = options
         exchanged = _args.uses_exchange(self.shuffle, self.eval_plan)
         row_bytes = self.columns.row_bytes
         staged = (
@@ -212,6 +171,28 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         # every epoch's order comes from it. `split` lets go of them.
         self._held: _Held | None = self._hold()
         _args.log_dropped(self._train_plan, self.world.is_chief)
+
+    _TRANSFORM_EXAMPLE = "tf.cast(x, 'float32') / 255"
+
+    def _check_backend_args(self, strategy: Any, options: LoadOptions) -> None:
+        if options.epoch_copy is True:
+            raise ValueError(
+                _errors.message(
+                    "A per-epoch copy of the rows (`epoch_copy=True`) is the JAX backend's: "
+                    "TensorFlow always gathers each batch from the resident rows.",
+                    "LoadOptions(epoch_copy=True)",
+                    'Leave `epoch_copy="auto"` (or False), or use `KERAS_BACKEND=jax`.',
+                )
+            )
+
+    def _take_world(self, strategy: Any) -> tuple[World, Callable[[], Any] | None]:
+        before_init = (
+            strategy is None and not tf.distribute.has_strategy() and initialized_world() is None
+        )
+        return current_world(strategy), initialized_world if before_init else None
+
+    def _split_kwargs(self) -> dict[str, Any]:
+        return {"strategy": self.world.strategy}
 
     @classmethod
     def from_tf_dataset(cls, dataset: Any, **kwargs: Any) -> ShardedResidentDataset:
@@ -413,42 +394,6 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         return self._label_stats[key]
 
     # -- Keras' validation_split -----------------------------------------------
-
-    def split(
-        self, validation_split: float
-    ) -> tuple[ShardedResidentDataset, ShardedResidentDataset]:
-        """Keras' `validation_split`: the last `validation_split` of the rows,
-        taken before sharding, as validation data; the rest as training data.
-
-        Both parts are built from this dataset's sources (its arrays or files,
-        read again) with its options; the validation part unshuffled, its
-        batch shrunk for few rows (it pads rather than drops). This dataset
-        lets go of its device rows first, so the devices hold the two parts,
-        not the whole as well (it loads them again, from its sources, when
-        next used). Repeated calls with one fraction return the same parts.
-
-        Returns:
-            `(training, validation)` datasets.
-
-        Raises:
-            ValueError: For a fraction outside (0, 1) or one that leaves a
-                side empty.
-
-        Example:
-            >>> training, validation = ds.split(0.2)
-        """
-        at = _args.split_at(self.num_rows, validation_split)
-        cached = self._splits.get(float(validation_split))
-        if cached is not None:
-            return cached
-        train_kw, val_kw = _args.split_kwargs(
-            self, self.plan, self.num_rows - at, strategy=self.world.strategy
-        )
-        self._let_go()
-        training = ShardedResidentDataset(*self.columns.rows(0, at), **train_kw)
-        validation = ShardedResidentDataset(*self.columns.rows(at, self.num_rows), **val_kw)
-        self._splits[float(validation_split)] = (training, validation)
-        return training, validation
 
     def _let_go(self) -> None:
         """Drops the device rows (and closes open epochs, whose orders and
