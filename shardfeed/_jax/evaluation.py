@@ -15,9 +15,7 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
-from shardfeed._common.agreement import check_settings
 from shardfeed._common.model_sync import check_in_sync
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax import loop as _loop
@@ -25,7 +23,8 @@ from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, python_logs
 from shardfeed._jax.world import current_world
 from shardfeed._training import eval_args
-from shardfeed._training.arguments import Transform, check_model, resolve_verbose
+from shardfeed._training.arguments import Transform, check_model, resolve_verbose, start_call
+from shardfeed._training.callbacks import evaluation_callback_list
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions, with_model_steps
@@ -131,11 +130,7 @@ def evaluate(
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
     # Before any other collective (arrays become a dataset, which compares rows).
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    start_call(world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset))
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
@@ -143,15 +138,7 @@ def evaluate(
     )
     _inputs.check_dataset(dataset, needs_targets=needs_targets, name="data")
     loop = loop_for(model, dataset, options or FitOptions())
-    # Keras' own progress bar, in its evaluation mode, on rank 0 only.
-    cbs = keras.callbacks.CallbackList(
-        callbacks,
-        add_progbar=bool(verbose) and dataset.world.is_chief,
-        model=model,
-        verbose=verbose,
-        epochs=1,
-        steps=dataset.eval_plan.steps_per_epoch,
-    )
+    cbs = evaluation_callback_list(callbacks, model, verbose, dataset)
     with _interrupts.handled():  # a Ctrl-C leaves the model valid
         logs = evaluate_loop(loop, dataset, cbs, cap, check_weights=True)
     if return_dict:
@@ -179,11 +166,7 @@ def predict(
     check_model(model, needs_compile=False)
     # Before any other collective, as `evaluate`'s.
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    start_call(world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset))
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(

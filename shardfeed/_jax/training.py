@@ -20,8 +20,6 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
-from shardfeed._common.agreement import check_settings
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
@@ -32,7 +30,7 @@ from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
 from shardfeed._training import resume as _resume
 from shardfeed._training.arguments import FIT_TRANSFORMS, check_model, resolve_verbose
-from shardfeed._training.callbacks import callback_list
+from shardfeed._training.callbacks import callback_list, fit_params
 from shardfeed._training.class_weights import class_weights
 from shardfeed._training.options import FitOptions
 from shardfeed._training.resume_state import Cursor, ResumeState, epoch_span
@@ -71,72 +69,47 @@ def fit(
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
     # Before any other collective (a split or validation data builds datasets).
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        dataset.world,
-        "fit",
-        fit_args.settings(
-            model,
-            dataset,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            initial_step=initial_step,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=validation_data,
-            validation_split=validation_split,
-            validation_freq=validation_freq,
-            class_weight=class_weight,
-            callbacks=callbacks,
-            options=options,
-        ),
+    call = fit_args.begin(
+        model,
+        dataset,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        initial_step=initial_step,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=validation_data,
+        validation_split=validation_split,
+        validation_freq=validation_freq,
+        class_weight=class_weight,
+        callbacks=callbacks,
+        options=options,
     )
-    if validation_split:
-        dataset, validation_data = fit_args.split_validation(
-            dataset, validation_split, validation_data
-        )
-    epochs, initial_epoch = fit_args.epochs_to_run(epochs, initial_epoch)
-    should_validate = fit_args.validation_schedule(validation_freq)
-    steps_per_epoch = fit_args.max_steps(steps_per_epoch)
-    plan = dataset.plan
-    fit_args.check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
+    dataset = call.dataset
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform
     verbose = resolve_verbose(verbose)
     loop = loop_for(model, dataset, options or FitOptions(), class_weights(class_weight, dataset))
-    validate = _validation(model, dataset, validation_data, loop, should_validate)
+    validate = _validation(model, dataset, call.validation_data, loop, call.should_validate)
     run = _Run(
-        model,
-        dataset,
-        loop,
-        initial_epoch,
-        int(initial_step),
-        None if steps_per_epoch is None else int(steps_per_epoch),
+        model, dataset, loop, call.initial_epoch, call.initial_step, call.steps_per_epoch
     )
     callbacks = _backup.wrap(callbacks, run, dataset.world)
     plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
-    params = {
-        "epochs": epochs,
-        "steps": run.epoch_steps,
-        "verbose": verbose,
-        "global_batch_size": plan.global_batch_size,
-        "per_replica_batch_size": plan.per_replica_batch_size,
-        "num_replicas_in_sync": plan.num_replicas,
-        "samples": plan.used_rows_per_epoch,
-        "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
-        "steps_per_execution": loop.steps_per_call(plan.full_steps_per_epoch)
-        if plan.full_steps_per_epoch
-        else 1,
-        "jit_compile": loop.jit,
-    }
+    params = fit_params(
+        plan,
+        epochs=call.epochs,
+        steps=run.epoch_steps,
+        verbose=verbose,
+        steps_per_call=loop.steps_per_call,
+        jit_compile=loop.jit,
+    )
     cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
     with _interrupts.handled():  # a Ctrl-C leaves the model valid
-        epoch_logs = run.train(cbs, epochs, validate)
-    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        epoch_logs = run.train(cbs, call.epochs, validate)
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
         # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
         model.optimizer.finalize_variable_values(model.trainable_weights)
     cbs.on_train_end(epoch_logs)

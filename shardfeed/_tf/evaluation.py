@@ -13,8 +13,6 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
-from shardfeed._common.agreement import check_settings
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.inputs import (
@@ -32,6 +30,8 @@ from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.peers import naming_lost_peers
 from shardfeed._tf.world import current_world
 from shardfeed._training import eval_args
+from shardfeed._training.arguments import start_call
+from shardfeed._training.callbacks import evaluation_callback_list
 from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions, with_model_steps
 
@@ -124,11 +124,7 @@ def evaluate(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    start_call(world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset))
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
@@ -136,15 +132,7 @@ def evaluate(
     check_dataset(dataset, needs_targets=not ModelSteps.of(model).test, name="data")
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))
     check_sparse_labels(model, dataset, "data")
-    # Keras' own progress bar, in its evaluation mode, on rank 0 only.
-    cbs = keras.callbacks.CallbackList(
-        callbacks,
-        add_progbar=bool(verbose) and dataset.world.is_chief,
-        model=model,
-        verbose=verbose,
-        epochs=1,
-        steps=dataset.eval_plan.steps_per_epoch,
-    )
+    cbs = evaluation_callback_list(callbacks, model, verbose, dataset)
     logs = evaluate_loop(loop, cbs, max_steps(None))
     if return_dict:
         return logs
@@ -204,11 +192,7 @@ def predict(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    start_call(world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset))
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))

@@ -15,8 +15,6 @@ from typing import Any
 
 import keras
 
-from shardfeed._common.agreement import check_settings
-from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.epochs import FitRun
@@ -33,7 +31,7 @@ from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.peers import naming_lost_peers
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
-from shardfeed._training.callbacks import callback_list
+from shardfeed._training.callbacks import callback_list, fit_params
 from shardfeed._training.class_weights import class_weights
 from shardfeed._training.options import FitOptions, with_model_steps
 
@@ -121,44 +119,24 @@ def fit(
     steps = ModelSteps.of(model)
     dataset = check_dataset(dataset, needs_targets=not steps.train)
     # Before any other collective (a split or validation data builds datasets).
-    # The call starts: its first collective, for `shardfeed launch`'s progress watch.
-    _launch_env.report_progress()
-    check_settings(
-        dataset.world,
-        "fit",
-        fit_args.settings(
-            model,
-            dataset,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            initial_step=initial_step,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=validation_data,
-            validation_split=validation_split,
-            validation_freq=validation_freq,
-            class_weight=class_weight,
-            callbacks=callbacks,
-            options=options,
-        ),
-    )
-    if validation_split:
-        dataset, validation_data = fit_args.split_validation(
-            dataset, validation_split, validation_data
-        )
-    # A batch larger than the data trains one short step, as Keras
-    # (`plan_shards` refuses only a step with no row on some replica).
-    plan = dataset.plan
-    epochs, initial_epoch = fit_args.epochs_to_run(epochs, initial_epoch)
-    should_validate = fit_args.validation_schedule(validation_freq)
-    steps_per_epoch = fit_args.max_steps(steps_per_epoch)
-    fit_args.check_steps(initial_step, steps_per_epoch, plan.steps_per_epoch)
-    run = FitRun(
+    call = fit_args.begin(
         model,
         dataset,
-        initial_epoch,
-        int(initial_step),
-        None if steps_per_epoch is None else int(steps_per_epoch),
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        initial_step=initial_step,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=validation_data,
+        validation_split=validation_split,
+        validation_freq=validation_freq,
+        class_weight=class_weight,
+        callbacks=callbacks,
+        options=options,
     )
+    dataset, validation_data = call.dataset, call.validation_data
+    # A batch larger than the data trains one short step, as Keras
+    # (`plan_shards` refuses only a step with no row on some replica).
+    run = FitRun(model, dataset, call.initial_epoch, call.initial_step, call.steps_per_epoch)
     callbacks = _backup.wrap(callbacks, run, dataset.world)
     plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     # Arrays later given to evaluate/predict get this dataset's transform.
@@ -173,20 +151,14 @@ def fit(
         check_dataset(val_ds, needs_targets=not steps.test, name="validation_data")
         val_loop = loop_for(model, val_ds, options)
         check_sparse_labels(model, val_ds, "validation_data")
-    params = {
-        "epochs": epochs,
-        "steps": run.epoch_steps,
-        "verbose": verbose,
-        "global_batch_size": plan.global_batch_size,
-        "per_replica_batch_size": plan.per_replica_batch_size,
-        "num_replicas_in_sync": plan.num_replicas,
-        "samples": plan.used_rows_per_epoch,
-        "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
-        "steps_per_execution": loop.steps_per_call(plan.full_steps_per_epoch)
-        if plan.full_steps_per_epoch
-        else 1,
-        "jit_compile": loop.jit_compile,
-    }
+    params = fit_params(
+        plan,
+        epochs=call.epochs,
+        steps=run.epoch_steps,
+        verbose=verbose,
+        steps_per_call=loop.steps_per_call,
+        jit_compile=loop.jit_compile,
+    )
     cbs = callback_list(callbacks, model, verbose, dataset.world.is_chief, params)
     model.stop_training = False
     cbs.on_train_begin()
@@ -194,15 +166,15 @@ def fit(
     val_max_steps = fit_args.max_steps(None) if val_loop is not None else None
 
     def validate(epoch: int) -> dict[str, float] | None:
-        if val_loop is None or not should_validate(epoch):
+        if val_loop is None or not call.should_validate(epoch):
             return None
         logs = evaluate_loop(val_loop, cbs, val_max_steps)
         return {f"val_{k}": v for k, v in logs.items()}
 
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
-    epoch_logs = run.train(loop, cbs, epochs, validate, options.sync_check)
-    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+    epoch_logs = run.train(loop, cbs, call.epochs, validate, options.sync_check)
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
         # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
         with loop.engine.scope():
             model.optimizer.finalize_variable_values(model.trainable_weights)

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import keras
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.agreement import check_settings
+from shardfeed._distribute import launch_env as _launch_env
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 
@@ -28,6 +30,15 @@ Transform = Callable[[Any], Any]
 FIT_TRANSFORMS: weakref.WeakKeyDictionary[keras.Model, Transform | None] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def start_call(world: Any, call: str, settings: dict[str, Any]) -> None:
+    """The first collective of every `fit`, `evaluate` and `predict`, before
+    a split or arrays build a dataset: tells `shardfeed launch`'s progress
+    watch the call started, then refuses on every worker `settings` that
+    differ across the workers (`check_settings`)."""
+    _launch_env.report_progress()
+    check_settings(world, call, settings)
 
 
 def check_model(model: Any, needs_compile: bool) -> None:

@@ -7,6 +7,7 @@ is replaced by `backup.ResumableBackup` before the list is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -95,6 +96,42 @@ def _silence(callbacks: list[keras.callbacks.Callback]) -> list[keras.callbacks.
     return [_RestoreVerbose(saved)] if saved else []
 
 
+def fit_params(
+    plan: Any,
+    *,
+    epochs: int,
+    steps: int,
+    verbose: int,
+    steps_per_call: Callable[[int], int],
+    jit_compile: bool,
+) -> dict[str, Any]:
+    """`History.params` of a `fit` (what Keras' `fit` puts there, and the
+    plan: global batch, replicas, rows used and dropped per epoch).
+
+    Args:
+        plan: The training plan (a resume's, when one resumes).
+        epochs: The epochs to run.
+        steps: The steps of one epoch, as Keras' `params["steps"]`.
+        verbose: The resolved `verbose`.
+        steps_per_call: The loop's steps per compiled call for a given
+            number of full steps.
+        jit_compile: Whether the steps run compiled.
+    """
+    full = plan.full_steps_per_epoch
+    return {
+        "epochs": epochs,
+        "steps": steps,
+        "verbose": verbose,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.per_replica_batch_size,
+        "num_replicas_in_sync": plan.num_replicas,
+        "samples": plan.used_rows_per_epoch,
+        "dropped_rows_per_epoch": plan.dropped_rows_per_epoch,
+        "steps_per_execution": steps_per_call(full) if full else 1,
+        "jit_compile": jit_compile,
+    }
+
+
 def callback_list(
     callbacks: list[keras.callbacks.Callback] | None,
     model: keras.Model,
@@ -116,4 +153,19 @@ def callback_list(
         callbacks += _silence(callbacks)
     return keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=False, model=model, **params
+    )
+
+
+def evaluation_callback_list(
+    callbacks: list[keras.callbacks.Callback] | None, model: keras.Model, verbose: int, dataset: Any
+) -> keras.callbacks.CallbackList:
+    """`evaluate`'s callbacks with Keras' own progress bar, in its evaluation
+    mode, on rank 0 only (`dataset`: the one evaluated, for its steps)."""
+    return keras.callbacks.CallbackList(
+        callbacks,
+        add_progbar=bool(verbose) and dataset.world.is_chief,
+        model=model,
+        verbose=verbose,
+        epochs=1,
+        steps=dataset.eval_plan.steps_per_epoch,
     )

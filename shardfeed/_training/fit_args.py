@@ -20,6 +20,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import plain
+from shardfeed._training.arguments import start_call
 from shardfeed._training.options import FitOptions
 
 # Keras' own text (`EpochIterator._interrupted_warning`), for the same case.
@@ -198,11 +199,12 @@ def validation_arrays(validation_data: Any) -> tuple[Any, Any, Any]:
     return validation_data, None, None
 
 
-def max_steps(steps: int | None) -> int | None:
-    """`steps` capped by `keras.config.max_steps_per_epoch()`, with Keras' warning."""
+def max_steps(steps: int | None, stacklevel: int = 3) -> int | None:
+    """`steps` capped by `keras.config.max_steps_per_epoch()`, with Keras' warning
+    (`stacklevel`: the frame it points at, the user's call by default)."""
     cap = keras.config.max_steps_per_epoch()
     if cap and (not steps or cap < steps):
-        warnings.warn(f"Limiting steps_per_epoch to {cap}", stacklevel=3)
+        warnings.warn(f"Limiting steps_per_epoch to {cap}", stacklevel=stacklevel)
         return int(cap)
     return steps
 
@@ -236,7 +238,9 @@ def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> Non
         )
 
 
-def epochs_to_run(epochs: object, initial_epoch: object) -> tuple[int, int]:
+def epochs_to_run(
+    epochs: object, initial_epoch: object, stacklevel: int = 3
+) -> tuple[int, int]:
     """`fit`'s `(epochs, initial_epoch)` checked, on both backends, with
     Keras' debugging cap (`keras.config.set_max_epochs`) and its warning.
 
@@ -259,10 +263,91 @@ def epochs_to_run(epochs: object, initial_epoch: object) -> tuple[int, int]:
     count, first = int(epochs), int(initial_epoch)  # type: ignore[call-overload]
     max_epochs = keras.config.max_epochs()
     if max_epochs and max_epochs < count:
-        # stacklevel 3: the user's `fit` call, as Keras' warning points there.
-        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=3)
+        # The user's `fit` call by default, as Keras' warning points there.
+        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=stacklevel)
         count = max_epochs
     return count, first
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    """`fit`'s arguments once the checks both backends share have passed (`begin`).
+
+    Attributes:
+        dataset: The training dataset (without `validation_split`'s rows).
+        validation_data: `validation_data`, or `validation_split`'s rows.
+        epochs: The epochs to run, Keras' `max_epochs` applied.
+        initial_epoch: The first epoch's index.
+        initial_step: The steps of `initial_epoch` already done.
+        steps_per_epoch: The step cap per epoch (Keras' `max_steps_per_epoch`
+            applied), or None for one pass over the data.
+        should_validate: `validation_freq` as "validate after epoch i?".
+    """
+
+    dataset: Any
+    validation_data: Any
+    epochs: int
+    initial_epoch: int
+    initial_step: int
+    steps_per_epoch: int | None
+    should_validate: Callable[[int], bool]
+
+
+def begin(
+    model: keras.Model,
+    dataset: Any,
+    *,
+    epochs: Any,
+    initial_epoch: Any,
+    initial_step: Any,
+    steps_per_epoch: Any,
+    validation_data: Any,
+    validation_split: Any,
+    validation_freq: Any,
+    class_weight: Any,
+    callbacks: Any,
+    options: Any,
+) -> FitCall:
+    """The head of both backends' `fit`, after their own model and dataset
+    checks: the call's first collective (`start_call`: the ranks agree on
+    `settings`, before a split builds datasets), then `validation_split`,
+    the epochs, `validation_freq` and the step counts, checked.
+
+    Raises:
+        ValueError: For ranks that disagree, and as `split_validation`,
+            `epochs_to_run`, `validation_schedule` and `check_steps`.
+    """
+    given = settings(
+        model,
+        dataset,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        initial_step=initial_step,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=validation_data,
+        validation_split=validation_split,
+        validation_freq=validation_freq,
+        class_weight=class_weight,
+        callbacks=callbacks,
+        options=options,
+    )
+    start_call(dataset.world, "fit", given)
+    if validation_split:
+        dataset, validation_data = split_validation(dataset, validation_split, validation_data)
+    # stacklevel 4: the frame that called `fit`, as before this head was shared.
+    epochs, initial_epoch = epochs_to_run(epochs, initial_epoch, stacklevel=4)
+    should_validate = validation_schedule(validation_freq)
+    steps_per_epoch = max_steps(steps_per_epoch, stacklevel=4)
+    check_steps(initial_step, steps_per_epoch, dataset.plan.steps_per_epoch)
+    return FitCall(
+        dataset,
+        validation_data,
+        epochs,
+        initial_epoch,
+        int(initial_step),
+        None if steps_per_epoch is None else int(steps_per_epoch),
+        should_validate,
+    )
 
 
 def settings(
