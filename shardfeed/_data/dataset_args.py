@@ -40,6 +40,11 @@ logger = logging.getLogger("shardfeed")
 MAX_SEED = 2**63
 
 
+def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
+    """Rows of arrays a dataset would be built from (checked as it checks them)."""
+    return int(_sources.columns_from_arrays(x, y, sample_weight).num_rows)
+
+
 def check_seed(seed: object) -> int | None:
     """Refuses a seed outside `[0, 2**63)`; returns it as an int (or None)."""
     if seed is not None and not (_errors.is_integer(seed) and 0 <= seed < MAX_SEED):  # type: ignore[operator]

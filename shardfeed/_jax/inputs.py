@@ -1,9 +1,9 @@
 """What `fit`, `evaluate` and `predict` accept on JAX, beyond the shared checks.
 
-Owns wrapping arrays in an unshuffled JAX `ShardedResidentDataset` (for
-`evaluate`, `predict` and `fit`'s `validation_data`), the shared checks of
-`_training/arguments.py` bound to the JAX dataset class, and the checks only
-the JAX backend needs (the sparse labels' ranges gathered across processes).
+Binds the backend-neutral checks and `wrap_arrays` of `_training/arguments.py`
+to the JAX dataset class (arrays for `evaluate`, `predict` and `fit`'s
+`validation_data`), and owns the checks only the JAX backend needs (the sparse
+labels' ranges gathered across processes).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from keras.src.backend.jax.trainer import JAXTrainer
 
-from shardfeed._data import dataset_args as _dataset_args
-from shardfeed._data import sources as _sources
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.world import current_world
 from shardfeed._training import arguments as _arguments
@@ -65,34 +63,10 @@ def as_dataset(
     _arguments.check_batch_size(per_replica_batch_size)
     if isinstance(data, ShardedResidentDataset):
         return data
-    rows = _sources.columns_from_arrays(data, y, sample_weight).num_rows
-    if per_replica_batch_size is not None:
-        batch = int(per_replica_batch_size)
-    elif template is not None:
-        batch = template.per_replica_batch_size
-    else:
-        batch = _arguments.DEFAULT_EVAL_BATCH_SIZE
-    # Small arrays: shrink the batch so a step holds a real row on most replicas.
-    replicas = current_world().num_replicas_in_sync
-    batch = max(1, min(batch, rows // replicas))
-    if max_steps and max_steps * batch * replicas < rows:
-        keep = max_steps * batch * replicas
-        data, y, sample_weight = (
-            None if v is None else keras.tree.map_structure(lambda a: a[:keep], v)
-            for v in (data, y, sample_weight)
-        )
-    # Every row is evaluated: no word about rows a training epoch would drop.
-    with _dataset_args.for_evaluation():
-        return ShardedResidentDataset(
-            data,
-            y,
-            sample_weight,
-            per_replica_batch_size=batch,
-            shuffle=False,
-            placement=template.plan.placement if template is not None else "shard",
-            transform=template.transform if template is not None else transform,
-            load_options=template.load_options if template is not None else None,
-        )
+    return _arguments.wrap_arrays(
+        ShardedResidentDataset, data, y, sample_weight, per_replica_batch_size,
+        current_world().num_replicas_in_sync, template, transform, max_steps,
+    )
 
 
 def overrides(model: keras.Model, step: str) -> bool:

@@ -27,7 +27,6 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
-from shardfeed._data import sources as _sources
 from shardfeed._data.options import LoadOptions
 from shardfeed._tf import epoch as _epoch
 from shardfeed._tf import exchange as _global_order
@@ -41,11 +40,6 @@ from shardfeed._tf.epoch import Batch
 from shardfeed._tf.world import World, current_world, initialized_world
 
 logger = logging.getLogger("shardfeed")
-
-
-def num_rows_of(x: Any, y: Any = None, sample_weight: Any = None) -> int:
-    """Rows of arrays a dataset would be built from (checked as it checks them)."""
-    return _sources.columns_from_arrays(x, y, sample_weight).num_rows
 
 
 class _Held(NamedTuple):

@@ -1,8 +1,8 @@
 """What `fit`, `evaluate` and `predict` accept: the model, the dataset or arrays.
 
-Owns wrapping arrays in an unshuffled `ShardedResidentDataset` on the model's
-strategy; the checks every entry point shares live in the backend-neutral
-`_training/arguments.py` (re-exported here with TensorFlow's dataset class).
+Binds the backend-neutral checks and `wrap_arrays` of `_training/arguments.py`
+to TensorFlow's dataset class, arrays going onto the model's strategy
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from typing import Any
 
 import keras
 
-from shardfeed._data import dataset_args as _dataset_args
 from shardfeed._tf.compiled import check_model_scope
-from shardfeed._tf.dataset import ShardedResidentDataset, num_rows_of
+from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.world import current_world
 from shardfeed._training import arguments as _arguments
 from shardfeed._training.arguments import (
@@ -77,27 +76,8 @@ def as_dataset(
     if isinstance(data, ShardedResidentDataset):
         return data
     check_model_scope(model)
-    rows = num_rows_of(data, y, sample_weight)
     world = current_world(model.distribute_strategy)
-    if per_replica_batch_size is not None:
-        batch = int(per_replica_batch_size)
-    elif template is not None:
-        batch = template.per_replica_batch_size
-    else:
-        batch = DEFAULT_EVAL_BATCH_SIZE
-    # Small arrays: shrink the batch so a step holds a real row on most replicas
-    # (evaluation pads the rest).
-    batch = max(1, min(batch, rows // world.num_replicas_in_sync))
-    # Every row is evaluated: no word about rows a training epoch would drop.
-    with _dataset_args.for_evaluation():
-        return ShardedResidentDataset(
-            data,
-            y,
-            sample_weight,
-            per_replica_batch_size=batch,
-            shuffle=False,
-            placement=template.plan.placement if template is not None else "shard",
-            transform=template.transform if template is not None else transform,
-            load_options=template.load_options if template is not None else None,
-            strategy=world.strategy,
-        )
+    return _arguments.wrap_arrays(
+        ShardedResidentDataset, data, y, sample_weight, per_replica_batch_size,
+        world.num_replicas_in_sync, template, transform, strategy=world.strategy,
+    )

@@ -3,8 +3,8 @@
 Owns the checks of the model and the data every entry point shares (each
 takes the backend's `ShardedResidentDataset` class as `dataset_type`), the
 `transform` that arrays get (`"auto"`: the one of the dataset the model was
-last fit on) and `verbose`. Wrapping arrays in a dataset is the backend's
-(`inputs.as_dataset`, `_jax/inputs.py`).
+last fit on), `verbose`, and wrapping arrays in a dataset for evaluation
+(`wrap_arrays`, which each backend's `inputs.as_dataset` calls with its class).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import keras
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import check_settings
+from shardfeed._data import dataset_args as _dataset_args
 from shardfeed._distribute import launch_env as _launch_env
 
 DEFAULT_EVAL_BATCH_SIZE = 256
@@ -176,3 +177,55 @@ def resolve_verbose(verbose: int | str) -> int:
             )
         )
     return int(verbose)
+
+
+def wrap_arrays(
+    dataset_type: type[Any],
+    data: Any,
+    y: Any,
+    sample_weight: Any,
+    per_replica_batch_size: int | None,
+    replicas: int,
+    template: Any = None,
+    transform: Transform | None = None,
+    max_steps: int | None = None,
+    **backend_kwargs: Any,
+) -> Any:
+    """Arrays as an unshuffled `dataset_type` for evaluation or prediction,
+    applying `transform` to their `x` (each backend's `as_dataset`, which
+    passes its own `backend_kwargs`, e.g. the strategy).
+
+    `template` (the training dataset, for `validation_data`) lends its
+    placement, transform, batch size and load options. `max_steps` (Keras'
+    `max_steps_per_epoch` cap) keeps only the rows of that many global
+    batches, as Keras takes the first batches in row order.
+    """
+    rows = _dataset_args.num_rows_of(data, y, sample_weight)
+    if per_replica_batch_size is not None:
+        batch = int(per_replica_batch_size)
+    elif template is not None:
+        batch = template.per_replica_batch_size
+    else:
+        batch = DEFAULT_EVAL_BATCH_SIZE
+    # Small arrays: shrink the batch so a step holds a real row on most replicas
+    # (evaluation pads the rest).
+    batch = max(1, min(batch, rows // replicas))
+    if max_steps and max_steps * batch * replicas < rows:
+        keep = max_steps * batch * replicas
+        data, y, sample_weight = (
+            None if v is None else keras.tree.map_structure(lambda a: a[:keep], v)
+            for v in (data, y, sample_weight)
+        )
+    # Every row is evaluated: no word about rows a training epoch would drop.
+    with _dataset_args.for_evaluation():
+        return dataset_type(
+            data,
+            y,
+            sample_weight,
+            per_replica_batch_size=batch,
+            shuffle=False,
+            placement=template.plan.placement if template is not None else "shard",
+            transform=template.transform if template is not None else transform,
+            load_options=template.load_options if template is not None else None,
+            **backend_kwargs,
+        )
