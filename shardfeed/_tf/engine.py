@@ -32,6 +32,11 @@ class Engine(Protocol):
 
     name: str
     world: World
+    # Whether a `tf.distribute` strategy runs the replicas: metric variables
+    # are then sync-on-read sums, step outputs `PerReplica` values, and the
+    # Keras optimizer's `apply` sums the gradients. Without one (Horovod) each
+    # rank holds its own part of each, which the engine reduces.
+    uses_strategy: bool
 
     @property
     def num_replicas_in_sync(self) -> int: ...
@@ -79,6 +84,7 @@ class StrategyEngine:
     """
 
     name = "tf.distribute"
+    uses_strategy = True
 
     def __init__(self, world: World) -> None:
         self.world = world

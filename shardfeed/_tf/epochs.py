@@ -23,6 +23,7 @@ from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.loop import Loop
 from shardfeed._training import resume as _resume
 from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
+from shardfeed._training.options import FitOptions
 
 __all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
 
@@ -33,7 +34,7 @@ def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
     collective; under Horovod each rank holds its own part, summed here)."""
     values = []
     for v in _resume.metric_variables(model):
-        if engine.name == "horovod":
+        if not engine.uses_strategy:
             value = tf.convert_to_tensor(v.value)
             if getattr(v, "aggregation", "sum") == "sum":
                 value = engine.sum_across_replicas(value)
@@ -83,17 +84,20 @@ class FitRun(_resume.FitPosition):
         cbs: keras.callbacks.CallbackList,
         epochs: int,
         validate: Callable[[int], dict[str, float] | None],
-        sync_check: bool | int,
+        options: FitOptions,
     ) -> dict[str, float] | None:
         """Runs fit epochs from the cursor to `epochs`; returns the last
-        epoch's logs (None when no epoch ran, as Keras)."""
+        epoch's logs (None when no epoch ran, as Keras); `options` says when
+        the replicas' weights are compared (`sync_check`)."""
         self.loop = loop
         model = self.model
         initial = getattr(model, "_initial_epoch", None)
         if self.state is None and initial:
             # A callback that restores an epoch-boundary checkpoint the Keras way.
             self.cursor = self._cursor(initial, 0)
-        check_every = sync_check if loop.engine.num_replicas_in_sync > 1 else False
+        replicas = loop.engine.num_replicas_in_sync > 1
+        check_each_epoch = replicas and options.sync_check_each_epoch
+        check_every_calls = options.sync_check_every_calls if replicas else None
         calls = 0
         epoch_logs: dict[str, float] | None = None
         for epoch in range(self.cursor.epoch, epochs):
@@ -105,7 +109,7 @@ class FitRun(_resume.FitPosition):
                     model,
                     self.state.metrics,
                     self.state.source,
-                    zero_sums=engine.name == "horovod" and engine.world.rank != 0,
+                    zero_sums=not engine.uses_strategy and engine.world.rank != 0,
                 )
                 self.totals = (self.state.loss_sum, self.state.loss_rows)
             self.state = None
@@ -127,7 +131,7 @@ class FitRun(_resume.FitPosition):
                     self.steps_run += call.stop - start - self.cursor.step
                     self.cursor = _resume.Cursor(epoch, call.stop - start, data_epoch, call.stop)
                     calls += 1
-                    if check_every is not True and check_every and calls % check_every == 0:
+                    if check_every_calls and calls % check_every_calls == 0:
                         _sync.check_in_sync(model, loop.engine, epoch, self.cursor.step)
                     cbs.on_train_batch_end(call.end_step, logs)
                     if model.stop_training:
@@ -139,7 +143,7 @@ class FitRun(_resume.FitPosition):
             ):
                 warnings.warn(RAN_OUT_WARNING, stacklevel=2)
             epoch_logs = dict(logs)
-            if check_every:
+            if check_each_epoch:
                 _sync.check_in_sync(model, loop.engine, epoch, self.cursor.step)
             epoch_logs.update(validate(epoch) or {})
             # Before `on_epoch_end`, so an epoch-end backup resumes at the next epoch.

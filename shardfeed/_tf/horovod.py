@@ -40,6 +40,7 @@ class HorovodEngine:
     """
 
     name = "horovod"
+    uses_strategy = False  # each rank's metrics and outputs are its own part
 
     def __init__(self, world: World) -> None:
         self.world = world

@@ -212,7 +212,7 @@ class ModelStepCalls:
         def mean(value: Any) -> Any:
             if n == 1:
                 return value
-            if engine.name != "horovod" and not isinstance(
+            if engine.uses_strategy and not isinstance(
                 value, tf.distribute.DistributedValues
             ):
                 return value

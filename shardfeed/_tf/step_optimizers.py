@@ -230,7 +230,7 @@ def synchronised(engine: Any, sparse_as_dense: bool = False) -> Iterator[None]:
     """Gradients applied by a Keras optimizer inside the block are summed
     over every replica in one exchange (`exchanged`); under Horovod they are
     averaged over ranks first, and a block that applies none raises."""
-    if engine.name != "horovod":
+    if engine.uses_strategy:
         with exchanged(sparse_as_dense):
             yield
         return

@@ -173,7 +173,7 @@ def fit(
 
     # The cursor (and a backup's state) says where to start; a callback that
     # restores the Keras way sets `model._initial_epoch`, which `train` reads.
-    epoch_logs = run.train(loop, cbs, call.epochs, validate, options.sync_check)
+    epoch_logs = run.train(loop, cbs, call.epochs, validate, options)
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and call.epochs > 0:
         # As Keras' `fit`: e.g. `use_ema=True` puts the moving averages in the model.
         with loop.engine.scope():

@@ -84,6 +84,18 @@ class FitOptions:
         if not isinstance(self.sync_check, bool):
             _as_int(self, "sync_check")
 
+    @property
+    def sync_check_every_calls(self) -> int | None:
+        """`sync_check`'s k: the replicas are also compared after every k-th
+        compiled call (None: only at the end of each epoch, or never)."""
+        return None if isinstance(self.sync_check, bool) else self.sync_check
+
+    @property
+    def sync_check_each_epoch(self) -> bool:
+        """Whether the replicas are compared at the end of each epoch
+        (`sync_check` True or an integer)."""
+        return self.sync_check is not False
+
 
 def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
     """`options` with the model's `compile(steps_per_execution=k)` applied.
