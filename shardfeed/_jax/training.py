@@ -92,7 +92,9 @@ def fit(
     run = _Run(
         model, dataset, loop, call.initial_epoch, call.initial_step, call.steps_per_epoch
     )
-    callbacks = _backup.wrap(callbacks, run, dataset.world)
+    callbacks, backed_up = _backup.wrap(callbacks, run, dataset.world)
+    if backed_up is not None:
+        run.resume(backed_up)  # checked against this dataset, world and steps
     plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     params = fit_params(
         plan,

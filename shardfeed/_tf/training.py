@@ -137,7 +137,9 @@ def fit(
     # A batch larger than the data trains one short step, as Keras
     # (`plan_shards` refuses only a step with no row on some replica).
     run = FitRun(model, dataset, call.initial_epoch, call.initial_step, call.steps_per_epoch)
-    callbacks = _backup.wrap(callbacks, run, dataset.world)
+    callbacks, backed_up = _backup.wrap(callbacks, run, dataset.world)
+    if backed_up is not None:
+        run.resume(backed_up)  # checked against this dataset, world and steps
     plan = run.plan  # a resume on other replicas keeps the checkpoint's global batch
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform

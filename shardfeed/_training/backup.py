@@ -256,10 +256,10 @@ class ResumableBackup(keras.callbacks.Callback):
 
 def wrap(
     callbacks: list[keras.callbacks.Callback] | None, run: Run, world: Any
-) -> list[keras.callbacks.Callback]:
+) -> tuple[list[keras.callbacks.Callback], ResumeState | None]:
     """`callbacks` with each `BackupAndRestore` run through a `ResumableBackup`
-    (which keeps the user's object's state); a found backup's state is handed
-    to `run` (which checks it and resumes).
+    (which keeps the user's object's state), and the state of the backup it
+    found (None: none), which `fit` hands to `run.resume`.
 
     Raises:
         TypeError: For a subclass of `BackupAndRestore`.
@@ -289,10 +289,9 @@ def wrap(
                 "Keep one (several backups of one run add no safety).",
             )
         )
+    state = None
     for i in backups:
         backup = ResumableBackup(out[i], run, world)
         state = backup.read_state()
-        if state is not None:
-            run.resume(state)
         out[i] = backup
-    return out
+    return out, state
