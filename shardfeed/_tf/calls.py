@@ -15,8 +15,6 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
-
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._tf import augmenting as _augmenting
@@ -62,10 +60,11 @@ class EpochCalls:
         step_offset: int,
         totals: tuple[float, int],
     ) -> None:
-        self._loop, self._order, self._plan = loop, order, plan
-        self._epoch, self._training = epoch, training
-        self._handles = loop._handles(order)
-        self._replicas = _augmenting.replica_ids(loop.engine)
+        self._loop = loop
+        # What `Loop.run_piece` reads of the epoch it runs.
+        self.order, self.plan, self.epoch_index, self.training = order, plan, epoch, training
+        self.handles = loop.handles(order)
+        self.replicas = _augmenting.replica_ids(loop.engine)
         self.totals = totals  # the epoch's running (loss sum, rows)
         self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
         self.calls = _calls(
@@ -84,8 +83,8 @@ class EpochCalls:
         self.close()
 
     def close(self) -> None:
-        self._order.close()
-        self._loop._open = None
+        self.order.close()
+        self._loop.close_epoch()
 
     def logs(self) -> dict[str, Any]:
         """The epoch's logs so far (empty before its first step)."""
@@ -97,37 +96,13 @@ class EpochCalls:
         the compiled metrics, or what the model's own step returned."""
         _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
         value: Any = None
+        own = self._loop.model_steps.own(self.training)
         with self._loop.traces.bound(self._loop):
             for start, stop in call.pieces:
-                value, rows = self._run_piece(start, stop)
-                if not self._loop.model_steps.own(self._training):
+                value, rows = self._loop.run_piece(self, start, stop)
+                if not own:
                     self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
-        if self._loop.model_steps.own(self._training):
-            return self._loop._own.logs(value)
-        return self.logs()
-
-    def _run_piece(self, start: int, stop: int) -> tuple[Any, int]:
-        loop, plan, order, epoch = self._loop, self._plan, self._order, self._epoch
-        handles, replicas = self._handles, self._replicas
-        if plan.has_partial_step and start == plan.full_steps_per_epoch:
-            last_step = loop.engine.distribute([idx[0] for idx in order.indices(start, start + 1)])
-            real_rows = sum(plan.last_step_rows)
-            if self._training:
-                all_rows = real_rows if loop.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = loop._train_partial_fn(
-                    handles, last_step, loop._real_rows(plan), all_rows,
-                    _augmenting.position(epoch, start), replicas,
-                )
-            else:
-                value = loop._test_partial_fn(handles, last_step, loop._real_rows(plan))
-            return value, real_rows
-        indices = loop._slices(order, start, stop)
-        if self._training:
-            where = _augmenting.position(epoch, start)
-            value = loop._train_chunk_fn(handles, indices, where, replicas)
-        else:
-            value = loop._test_chunk_fn(handles, indices)
-        return value, (stop - start) * plan.global_batch_size
+        return self._loop.own_logs(value) if own else self.logs()
 
 
 def _calls(

@@ -172,7 +172,7 @@ class Loop:
         self.model_steps = steps = _model_steps.ModelSteps.of(model)
         self._own = own = _model_steps.ModelStepCalls(self)
         # What each compiled call of `traces` runs for this loop.
-        self._calls: dict[str, Callable[..., Any]] = {
+        self.calls: dict[str, Callable[..., Any]] = {
             "_train_chunk": own.train_chunk if steps.train else self._train_chunk,
             "_train_gathered": self._train_gathered,
             "_train_rows": self._train_rows,
@@ -206,11 +206,12 @@ class Loop:
             raise RuntimeError("The dataset this loop was built for has been deleted.")
         return dataset
 
-    def _handles(self, order: ResidentEpoch) -> Any:
+    def handles(self, order: ResidentEpoch) -> Any:
         """The columns' handles per local replica, for the compiled calls."""
         return self.engine.distribute(order.handles())
 
-    def _gather(self, handles, indices, with_targets: bool = True):
+    def gather(self, handles, indices, with_targets: bool = True):
+        """One step's batch gathered from the open epoch's rows (inside a trace)."""
         return self._open_epoch().gather(handles, indices, with_targets)
 
     # -- per-replica step pieces ---------------------------------------------
@@ -269,8 +270,8 @@ class Loop:
         self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 
-    def _train_batch(self, handles, indices):
-        x, y, sw = self._gather(handles, indices)
+    def train_batch(self, handles, indices):
+        x, y, sw = self.gather(handles, indices)
         if self.class_weights is not None:  # only training batches, as in Keras
             sw = self.class_weights.weights(y)
         return x, y, sw
@@ -293,7 +294,7 @@ class Loop:
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
         def replica(handles, indices, i, r):
-            x, y, sw = self._train_batch(handles, indices[i])
+            x, y, sw = self.train_batch(handles, indices[i])
             x = _augmenting.augmented(self.dataset, x, where, i, r)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
@@ -360,7 +361,7 @@ class Loop:
         def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self._gather(handles, indices[i])
+                x, y, sw = self.gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
@@ -368,7 +369,7 @@ class Loop:
 
     def _train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
         def replica(handles, indices, real_rows, r):
-            x, y, sw = self._train_batch(handles, indices[:real_rows])
+            x, y, sw = self.train_batch(handles, indices[:real_rows])
             x = _augmenting.augmented(self.dataset, x, where, 0, r)
             total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
@@ -380,7 +381,7 @@ class Loop:
     def _test_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self._gather(handles, indices[:real_rows])
+                x, y, sw = self.gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -398,7 +399,7 @@ class Loop:
     def _predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self._gather(handles, indices[i], with_targets=False)
+                x, _, _ = self.gather(handles, indices[i], with_targets=False)
                 return self.model(x, training=False)
 
             steps = indices.shape[0]
@@ -415,6 +416,41 @@ class Loop:
         return self.engine.run(replica, (handles, indices))
 
     # -- host side -----------------------------------------------------------
+
+    def run_piece(
+        self, calls: EpochCalls, start: int, stop: int
+    ) -> tuple[Any, int]:
+        """Runs data steps `[start, stop)` of `calls`' epoch in one compiled
+        call (the partial last step alone); returns its value and real rows."""
+        plan, order, epoch = calls.plan, calls.order, calls.epoch_index
+        if plan.has_partial_step and start == plan.full_steps_per_epoch:
+            last_step = self.engine.distribute([i[0] for i in order.indices(start, start + 1)])
+            real_rows = sum(plan.last_step_rows)
+            if calls.training:
+                all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
+                value = self._train_partial_fn(
+                    calls.handles, last_step, self._real_rows(plan), all_rows,
+                    _augmenting.position(epoch, start), calls.replicas,
+                )
+            else:
+                value = self._test_partial_fn(calls.handles, last_step, self._real_rows(plan))
+            return value, real_rows
+        indices = self._slices(order, start, stop)
+        if calls.training:
+            where = _augmenting.position(epoch, start)
+            value = self._train_chunk_fn(calls.handles, indices, where, calls.replicas)
+        else:
+            value = self._test_chunk_fn(calls.handles, indices)
+        return value, (stop - start) * plan.global_batch_size
+
+    def own_logs(self, value: Any) -> dict[str, Any]:
+        """The logs of a call of the model's own step (what it returned)."""
+        return self._own.logs(value)
+
+    def close_epoch(self) -> None:
+        """Lets go of the epoch the calls ran on (see `_open`)."""
+        self._open = None
+
 
     def _slices(self, order: ResidentEpoch, start: int, stop: int) -> Any:
         return self.engine.distribute(order.indices(start, stop))
@@ -512,7 +548,7 @@ class Loop:
         plan, self._open = order.plan, order
         chunks: list[list[Any]] = [[] for _ in order.handles()]
         structure = None
-        handles = self._handles(order)
+        handles = self.handles(order)
         # A model's own `predict_step` sees only the real rows of the last step.
         partial = self.model_steps.predict and plan.has_partial_step
         try:

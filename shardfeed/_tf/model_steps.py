@@ -98,13 +98,13 @@ class ModelStepCalls:
 
         def step(handles, indices):
             def replica(handles, indices):
-                return self.model.train_step(keras_data(*loop._train_batch(handles, indices)))
+                return self.model.train_step(keras_data(*loop.train_batch(handles, indices)))
 
             return engine.run(replica, (handles, indices))
 
         rows = engine.distribute([tf.constant([0])] * len(order.handles()))
         with _step_optimizers.recorded() as unbuilt:
-            tf.function(step).get_concrete_function(loop._handles(order), rows)
+            tf.function(step).get_concrete_function(loop.handles(order), rows)
         with engine.scope():
             for optimizer, variables in unbuilt:
                 optimizer.build(variables)
@@ -117,7 +117,7 @@ class ModelStepCalls:
 
     def _train_on_rows(self, handles, rows, where, i, r):
         loop = self.loop
-        x, y, sw = loop._train_batch(handles, rows)
+        x, y, sw = loop.train_batch(handles, rows)
         x = _augmenting.augmented(loop.dataset, x, where, i, r)
         return self._train(keras_data(x, y, sw))
 
@@ -149,7 +149,7 @@ class ModelStepCalls:
         loop = self.loop
 
         def replica(handles, indices, real_rows, r):
-            x, y, sw = loop._train_batch(handles, indices[:real_rows])
+            x, y, sw = loop.train_batch(handles, indices[:real_rows])
             x = _augmenting.augmented(loop.dataset, x, where, 0, r)
             return self._train(keras_data(x, y, sw))
 
@@ -160,7 +160,7 @@ class ModelStepCalls:
         steps = engine.local_results(indices)[0].shape[0]
 
         def replica(handles, indices, i):
-            batch = loop._gather(handles, indices[i])
+            batch = loop.gather(handles, indices[i])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         for i in tf.range(steps - 1):
@@ -171,7 +171,7 @@ class ModelStepCalls:
         # A replica without a real row runs the step on an empty batch, as a
         # replica handed an empty batch by `tf.distribute` does under Keras.
         def replica(handles, indices, real_rows):
-            batch = self.loop._gather(handles, indices[:real_rows])
+            batch = self.loop.gather(handles, indices[:real_rows])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         return self._reduced(self.engine.run(replica, (handles, indices, real_rows)))
@@ -179,7 +179,7 @@ class ModelStepCalls:
     def predict_chunk(self, handles, indices):
         def replica(handles, indices):
             def forward(i):
-                x, _, _ = self.loop._gather(handles, indices[i], with_targets=False)
+                x, _, _ = self.loop.gather(handles, indices[i], with_targets=False)
                 return self.model.predict_step(keras_data(x))
 
             steps = indices.shape[0]
@@ -197,7 +197,7 @@ class ModelStepCalls:
 
     def predict_partial(self, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
-            x, _, _ = self.loop._gather(handles, indices[:real_rows], with_targets=False)
+            x, _, _ = self.loop.gather(handles, indices[:real_rows], with_targets=False)
             return self.model.predict_step(keras_data(x))
 
         return self.engine.run(replica, (handles, indices, real_rows))

@@ -86,9 +86,9 @@ class Traces:
             if self._loop is None:
                 raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
             if self._eager:  # nothing is traced, so nothing is filed
-                return self._loop._calls[method](*args)
+                return self._loop.calls[method](*args)
             with _trace_gradients_dropped(), loss_trackers.keras_weights(self._loop.model):
-                return self._loop._calls[method](*args)  # ours, or the model's own step
+                return self._loop.calls[method](*args)  # ours, or the model's own step
 
         call.__name__ = call.__qualname__ = f"Loop.{method}"
         return call
