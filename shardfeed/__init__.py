@@ -1,15 +1,9 @@
 """shardfeed: train Keras models on datasets resident in accelerator memory.
 
-The public API is exactly `__all__`; everything else lives in private
-modules. `tests/test_public_api.py` snapshots it. Names are imported on first
-use, so `shardfeed launch`, `split` and `plan` start without importing
-TensorFlow (or Keras).
-
-The same names on both Keras backends: with `keras.backend.backend() ==
-"jax"` a name resolves through `_JAX_EXPORTS` (the `shardfeed._jax`
-implementation, or the backend-neutral module), else through `_EXPORTS`
-(TensorFlow). Keras is imported only when a backend-specific name is asked
-for, so the neutral names and the CLI stay light.
+This module owns the public names: exactly `__all__` (snapshot-tested,
+`tests/test_public_api.py`), each imported on first use so the CLI starts
+without TensorFlow or Keras, and resolved for Keras' backend: through
+`_JAX_EXPORTS` on JAX, else `_EXPORTS` (TensorFlow).
 """
 
 import importlib as _importlib

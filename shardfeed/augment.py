@@ -3,8 +3,7 @@
 Stateless, batched, XLA-friendly blocks `(x, seed) -> x` that compose; each
 example draws its own transform. `seed` is the backend's: a `[2]` integer
 tensor on TensorFlow, a `jax.random` key on JAX (what each backend's loop
-passes). Written once in `keras.ops`: `shardfeed._data.augment_blocks`; the
-draws are the backend's (imported here, for Keras' backend).
+passes). Importing this module registers the draws of Keras' backend.
 
 Example:
     >>> from shardfeed import augment

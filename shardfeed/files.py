@@ -3,9 +3,8 @@
 Each function returns a leaf usable wherever an array is accepted in `x`,
 `y` or `sample_weight`; a worker reads only the rows its replicas own, one
 chunk at a time. `split` writes per-rank shard files plus a manifest, and
-`manifest` reads them back as leaves; `tfrecord` reads `tf.train.Example`
-files (TensorFlow imported only when it is called). Implementation: one module per format in
-`shardfeed._data.formats`, and the writer `shardfeed._data.split`.
+`manifest` reads them back; `tfrecord` reads `tf.train.Example` files
+(TensorFlow imported only when it is called).
 
 Example:
     >>> from shardfeed import files

@@ -1,6 +1,5 @@
-"""`shardfeed` CLI: the subcommand table (`cli`), the demo, bench, plan and split subcommands,
-and the `NAME=PATH` input specs (`inputs`) of `split` and `plan`.
+"""The `shardfeed` command line: the subcommand table (`cli`) and one module per subcommand.
 
-The top layer: may import any other. Subcommand modules are imported lazily so
-`shardfeed launch`, `plan` and `split` do not import TensorFlow.
+The top layer: it may import any other. Subcommands are imported when they
+run, so `launch`, `plan` and `split` start without TensorFlow.
 """

@@ -1,9 +1,8 @@
 """`shardfeed` command line: one subcommand per job, each in its own module.
 
-Separation of concerns: this module only parses the subcommand name and
-hands over; each subcommand module defines `add_arguments(parser)` and
-`run(args) -> int`. Modules are imported lazily so `shardfeed launch` does not
-pay for importing TensorFlow in the launcher process.
+Owns the subcommand table (`SUBCOMMANDS`); each module defines
+`add_arguments(parser)` and `run(args) -> int` and is imported only when its
+subcommand runs, so `shardfeed launch` does not import TensorFlow.
 """
 
 from __future__ import annotations

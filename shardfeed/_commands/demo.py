@@ -1,12 +1,9 @@
 """`shardfeed demo`: the main job on built-in data, then the same with model.fit.
 
-The bench's W2 workload (`shardfeed._commands.bench.workloads`): a
-deterministic synthetic regression set (300,000 x 32 float32, a noisy random
-tanh teacher), a small MLP (64-64-1) with batch 256: 1,172 steps per epoch,
-the regime where per-step input overhead, not math, sets the speed. It trains
-with `shardfeed.fit` (progress bar showing), then trains an identical copy
-with `model.fit` on the NumPy arrays, and prints time per epoch and final
-loss of each.
+The bench's W2 workload (300,000 x 32 float32, MLP 64-64-1, batch 256: the
+regime where per-step input overhead sets the speed), trained with
+`shardfeed.fit` and then an identical copy with `model.fit` on the NumPy
+arrays; prints time per epoch and final loss of each.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Input specs of the `split` and `plan` commands: `name=path[:field]` -> a lazy leaf.
 
-Separation of concerns: this module owns parsing the commands' positional
-`NAME=PATH` arguments and opening each with its format's reader (headers
-only; no rows are read). The readers themselves live in `_data/formats`.
+Opens each with its format's reader (`_data/formats`), headers only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """`shardfeed plan`: the command line of `memory_plan`.
 
-Separation of concerns: this module only parses arguments -- inputs as
-`name=file...` (opened lazily, headers only) or `name=SHAPE:DTYPE`, sizes
-such as `16GiB` -- calls `shardfeed.memory_plan`, prints its table and advice,
-and turns the verdict into an exit code (0 fits, 1 does not, 2 bad input).
-The arithmetic and the wording are `_data.memplan`'s and `_data.memadvice`'s.
-Never imports TensorFlow.
+Parses inputs (`name=file...`, or `name=SHAPE:DTYPE`) and sizes (`16GiB`),
+prints the plan's table and advice, and turns the verdict into an exit code
+(0 fits, 1 does not, 2 bad input). Never imports TensorFlow.
 """
 
 from __future__ import annotations

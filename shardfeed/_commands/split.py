@@ -1,9 +1,4 @@
-"""`shardfeed split`: the command line of `files.split`.
-
-Separation of concerns: this module only parses the command's arguments,
-opens the inputs (`inputs.open_inputs`) and calls `shardfeed._data.split.split`,
-which owns the on-disk layout.
-"""
+"""`shardfeed split`: the command line of `files.split` (`_data/split.py` owns the layout)."""
 
 from __future__ import annotations
 

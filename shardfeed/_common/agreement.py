@@ -1,14 +1,9 @@
 """Ranks agree on a call's settings: one all-gather, one refusal on every rank.
 
-Owns `check_settings`, for both backends (the world is anything with
-`world_size` and `all_gather_bytes`: the TensorFlow `World` and the JAX one),
-and `plain`, the JSON form the ranks compare. Ranks that run other numbers of
-steps or collectives do not fail by themselves: they hang in a collective the
-others never join, or crash in one with other shapes. So a call's arguments
-that decide them (`fit`'s: `_training/fit_args.settings`; a dataset's:
-`_data/agreement.dataset_settings`) are compared first, in one small
-all-gather per call, and every rank raises the same error, naming the setting
-and the ranks' values.
+Owns `check_settings` and `plain` (the JSON form compared), for any world with
+`world_size` and `all_gather_bytes`. Why: ranks given different step counts or
+collectives do not fail alone, they hang in a collective the others never
+join; so each call's deciding arguments are compared first.
 """
 
 from __future__ import annotations

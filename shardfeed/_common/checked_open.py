@@ -1,14 +1,9 @@
 """Opening a file that was checked: no link followed, the very file checked.
 
-A path checked with `lstat` and opened later can name another file by then
-(swapped for a symlink, or replaced). `open_checked` opens it without
-following a final symlink and compares the open file's device and inode with
-the checked ones, so what is read is what was checked. It never blocks: a
-FIFO opened for reading waits for a writer forever, so anything but a regular
-file is refused from `lstat`, and the open itself does not wait
-(`O_NONBLOCK`) for one swapped in between. Shard files
-(`_data/formats/manifest.py`) and resume backups (`_training/backup.py`) are
-opened this way.
+`open_checked` opens without following a final symlink or blocking (anything
+but a regular file is refused) and compares device and inode with the checked
+ones, so a file swapped after `lstat` is refused. Shard files and resume
+backups are opened this way.
 """
 
 from __future__ import annotations

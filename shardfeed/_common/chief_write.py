@@ -1,9 +1,8 @@
 """The chief writes a file every rank waits for, and every rank learns how it went.
 
-Owns `write_on_chief` and `ChiefWriteError`, for both backends: the world
-is anything with `world_size`, `is_chief` and `all_gather_bytes` (the
-TensorFlow `World` and the JAX one). `save_model` (`_tf/saving.py`) and
-`BackupAndRestore` under `fit` (`_training/backup.py`) write through it.
+Owns `write_on_chief` and `ChiefWriteError`, for any world with `world_size`,
+`is_chief` and `all_gather_bytes`: both backends' `save_model` and
+`BackupAndRestore` under `fit` write through it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Error text in one shape: the constraint, then `Received: ...`, then the fix.
 
-Every user-facing error in shardfeed is built here so tests can pin the text
-and the three parts never drift apart (`require` raises one when a check
-fails). `is_integer` is the one test every count argument (batch sizes,
-epochs, byte counts, seeds) shares.
+`message` builds every user-facing error so tests can pin the text; `require`
+raises one when a check fails; `is_integer` is the test every count argument
+shares.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""What the launcher says about this host: how many workers share it.
+"""How many workers share this host, as the launcher says (`local_size`).
 
-Separation of concerns: launchers (shardfeed launch, horovodrun, mpirun,
-srun) set variables; this module only reads the one number several layers
-need -- the engine to pin one GPU per local worker (`_init`) and the memory
-check to give each local worker its share of the host's RAM (`_memory`). It
-imports nothing from shardfeed, so the data layer can use it without
-importing the launcher.
+Read by the engine to pin one GPU per local worker and by the memory check to
+give each local worker its share of the host's RAM.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Every rank's model starts from rank 0's values: `sync_model`'s neutral part.
+"""A model's variables made identical across ranks, or checked to be: `sync_model`'s neutral part.
 
-Owns making a model's variables identical across workers for a user's own
-loop, and checking that they are, on both backends (the world is anything
-with `rank`, `world_size` and `all_gather_bytes`; the model is read by
-duck typing, so no Keras import: the data layer's `iterator(model=)` checks
-too). `shardfeed.fit` does this itself (TensorFlow's engines
-at the start of `fit`, JAX's `Loop.broadcast_from_chief`); a loop of the
-user's hands the model over only through `iterator(model=)`, and on JAX an unseeded model
-starts from other random values on each process, which a jitted step over
-the global batch does not reconcile (each process steps its own copy), so
-the ranks end with other weights. Each rank sends a fingerprint (each
-variable's path, shape, dtype and a hash of its bytes) in one small
-all-gather; only when the values differ does rank 0 send them, in a second.
+Each rank sends a fingerprint (each variable's path, shape, dtype and a hash of
+its bytes) in one small all-gather; only when they differ does rank 0 send the
+values. Used by both backends' `sync_model`, JAX's `save_model`, `evaluate` and
+`predict`, and both datasets' `iterator(model=)`. Reads the model by duck typing.
 """
 
 from __future__ import annotations

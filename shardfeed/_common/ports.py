@@ -1,24 +1,9 @@
-"""Free TCP ports for workers, picked by the kernel and held until launch.
+"""Free TCP ports: reserved by the kernel and held until launch (`PortReservation`,
+`free_port`), and whether one is taken (`port_in_use`).
 
-Separation of concerns: this module only finds ports; `local.py` writes them
-into `TF_CONFIG` and `process.py` starts the workers.
-
-How a port is picked: bind a socket to port 0 on the address the workers will
-use and let the kernel choose an unused port. Holding every socket open until
-just before the workers start means no two reservations (ours or another
-program's bind to port 0) can get the same port while we build the workers'
-environments.
-
-The window that remains: a port is free again from `release()` until the
-worker's gRPC server binds it, which happens after the worker has started
-Python and imported TensorFlow (typically a few seconds). A process that binds
-that exact port in the meantime makes the worker fail with "address already in
-use"; the launcher then reports that worker's exit and stops the others, and a
-rerun picks new ports. The kernel hands out port-0 binds from the ephemeral
-range in a spread-out order, so an unrelated program taking the same port in
-those seconds is unlikely, not impossible. Passing the bound socket itself to
-the worker would close the window, but TensorFlow's server cannot adopt a
-socket.
+A port is free again from `release()` until the worker's server binds it (a few
+seconds); another program binding it then fails that worker and the launch,
+and a rerun picks new ports. TensorFlow's server cannot adopt a bound socket.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Byte units: the constants, `"1.50 GiB"`-style formatting and `"16GiB"`-style parsing.
-
-Separation of concerns: this module owns how shardfeed writes and reads
-sizes in bytes (binary units KiB, MiB, GiB, ... for output; KiB..TiB and
-decimal KB..TB for input, as `shardfeed plan --device-memory` accepts). It
-knows nothing about devices, rows or memory checks.
-"""
+"""Byte units: the constants, `"1.50 GiB"`-style formatting and `"16GiB"`-style parsing
+(binary units for output; binary and decimal for input)."""
 
 from __future__ import annotations
 

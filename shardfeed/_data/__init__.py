@@ -1,7 +1,6 @@
-"""Data: sources, files, split manifests, the shard plan, memory checks, `LoadOptions`.
+"""Data, backend-neutral: sources and files, the shard plan, the memory plan, the
+exchange's arithmetic, the dataset's shared checks (`DatasetBase`), `LoadOptions`.
 
-May import `_common` and `_distribute`; never `_training`, `_tf`, `_jax`, `_launch`
-or `_commands`. Importing this package imports nothing, and every module here is
-free of TensorFlow (the storage, streaming and the dataset on TensorFlow are
-`_tf/`), so the CLI and the JAX backend can use them.
+May import `_distribute` and `_common`. Importing this package imports nothing,
+and no module here imports TensorFlow, JAX or a backend package.
 """

@@ -1,26 +1,10 @@
-"""The cross-rank agreement check: every worker was given the same rows and settings.
+"""Every worker was given the same rows and dataset settings: `check_agreement`.
 
-Owns `check_agreement`, called by the dataset's constructor before any plan,
-upload or step. Each worker passes its own `x`/`y`/`sample_weight`, and the
-library trusts them to be the same full dataset; an unseeded shuffle or
-split before building it (`df.sample()`, `np.random.permutation`) gives each
-rank other rows and trains or predicts wrong without a word. So each worker
-sends a small fingerprint -- its row count, each column's name, row shape and
-dtype (for files, from their headers), and a hash of the same few rows of
-the full array, chosen from a fixed seed and the row count -- in one
-`World.all_gather_bytes`, and every rank compares all of them: a mismatch
-raises the same error on every rank (no rank goes on to a collective that
-another will not join). The dataset arguments that decide each step's rows and
-collectives (`dataset_settings`) go along and are compared first.
-
-The settings are made comparable by `_common/agreement.plain`, which also
-compares a call's own arguments (`fit`'s) across ranks.
-
-Rows are read only where that is cheap: any row of an array or of a file
-read in place; only the first rows of a stream that must be decompressed
-from its start (a compressed `.npz` member); none of a `tf.data` pipeline
-(each worker drains only its own shard, so a row of another shard would cost
-a pass through it). Such sources declare it as `agreement_rows`.
+Called while a dataset is built, before any upload: each worker sends its row
+count, each column's name, row shape and dtype, and a hash of the same few
+seeded rows, with `dataset_settings`, in one `all_gather_bytes`; a mismatch
+raises on every rank. Why: an unseeded shuffle before building the dataset
+gives each rank other rows and trains wrong without a word.
 """
 
 from __future__ import annotations

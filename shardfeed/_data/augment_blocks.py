@@ -1,21 +1,9 @@
 """The augmentation blocks, written once in `keras.ops` for both backends.
 
-Owns *what* an augmentation does to a batch; not where its seed comes from
-(the loops: `_tf/augment.py` for TensorFlow, `_jax/augment.py` for JAX).
-
-Every block is a function `(x, seed) -> x` of a batch `x` (`[batch, height,
-width, channels]` for images) and the backend's stateless seed: on
-TensorFlow a `[2]` integer tensor, on JAX a `jax.random` key. The same seed
-gives the same output on every run and device, and each example draws its
-own transform (its own flip, offset, square), as in airbench. Blocks use
-only gathers, selects and elementwise ops, so they compile with XLA and run
-inside the compiled step; each example's gather is its own
-(`keras.ops.vectorized_map`), so on a JAX mesh a block stays on the device
-that holds the example.
-
-The draws come from the backend's stateless random ops (`Random`), one small
-module per backend that registers itself here when imported
-(`register_random`); `shardfeed.augment` imports the one of Keras' backend.
+Owns what a block does to a batch (`(x, seed) -> x`, each example its own
+draw, XLA-friendly) and their checks; not where a seed comes from. Draws come
+from the `Random` a backend registers (`register_random`) when its augment
+module is imported.
 """
 
 from __future__ import annotations

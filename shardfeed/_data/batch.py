@@ -1,8 +1,4 @@
-"""`Batch`: one step's `(x, y, sample_weight)`, the same type on every backend.
-
-Backend-neutral (no TensorFlow, no JAX): the TensorFlow epoch
-(`_tf/epoch.py`) and the JAX epoch (`_jax/epoch.py`) both return it.
-"""
+"""`Batch`: one step's `(x, y, sample_weight)`, the same type on every backend."""
 
 from __future__ import annotations
 

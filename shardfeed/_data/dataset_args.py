@@ -1,12 +1,11 @@
-"""A dataset's arguments and plans, for both backends.
+"""What both backends' `ShardedResidentDataset` share, before their storage.
 
-Owns what `ShardedResidentDataset` checks and computes before it touches a
-device, on TensorFlow (`_tf/dataset.py`) and on JAX (`_jax/dataset.py`)
-alike: the argument checks and their messages, the training and evaluation
-plans, the log line for dropped rows, `split`'s arithmetic, and the
-properties both datasets read them back by (`DatasetBase`). No
-TensorFlow, no JAX: each backend's dataset calls these, then holds the rows
-its own way.
+The argument checks and their messages, the training and evaluation plans,
+the dropped-rows line and `split`'s arithmetic, and `DatasetBase`: the
+construction up to the storage (`_start`), `split`, and the read-only
+properties. A backend's dataset subclasses it and provides the hooks
+(`_TRANSFORM_EXAMPLE`, `_check_backend_args`, `_take_world`, `_let_go`,
+optionally `_split_kwargs`), then holds the rows its own way.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """What `memory_plan` is given: arrays, file leaves or `(shape, dtype)` descriptions.
 
-Separation of concerns: this module turns a `ShardedResidentDataset`-style
-structure into one `ColumnSpec` (name, row shape, dtype) per array and the
-row count, with the dataset's own checks (`_sources.make_column`,
-`check_lengths`). It reads no rows: a file leaf contributes only its header,
-and a `(shape, dtype)` pair describes an array that need not exist. It does
-not know devices, replicas or memory.
+Turns a dataset-style structure into one `ColumnSpec` per array and the row
+count, with the sources' checks; reads no rows (a file leaf gives its header).
 """
 
 from __future__ import annotations

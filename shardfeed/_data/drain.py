@@ -1,13 +1,8 @@
-"""Draining a `tf.data` pipeline of single rows into host chunks, in order.
+"""Draining a `tf.data` pipeline of single rows into host chunks, in order (`Cursor`).
 
-Separation of concerns: the TF-ecosystem sources (`tfdata`, `tfrecord`) build
-pipelines; this module reads rows `[start, stop)` from one, continuing the
-previous read's iterator when a read continues it (the storage reads chunk
-after chunk), so a pipeline runs once, not once per chunk. An element may
-hold several leaves (`x`, `y`, ...): every leaf is read from the same pass,
-so a pipeline that shuffles on each pass still pairs each `x` with its `y`.
-It never imports TensorFlow itself: it only calls the pipeline's `.batch`
-and the batches' `.numpy`.
+A read that continues the previous one continues its iterator, so a pipeline
+runs once, not once per chunk, and every leaf of an element comes from the same
+pass. Never imports TensorFlow: it calls the pipeline's `.batch` and `.numpy`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Who sends which rows to whom before a globally shuffled epoch of sharded data.
 
-Separation of concerns: this module is pure arithmetic on NumPy arrays of row
-ids. It reads no data, touches no device and talks to no rank: every rank
-computes the same moves from numbers every rank knows (the epoch's
-permutation, the current layout of rows on replicas, the plan), so nothing
-is negotiated at run time. `_tf/exchange.py` runs the moves through the
-engine's all-to-all (`_tf/alltoall.py`).
-
-The layout: replica r's variables have `plan.shard_rows(r)` slots; `held[r]`
-says which global row sits in each slot. It starts contiguous (the rows
-`storage.upload` wrote) and every exchange permutes rows between slots, so
-each row stays resident exactly once.
-
-An epoch with the global order (`exchange_fraction=1`): replica r uses the
-rows of its slice of every global step of the permutation (`epoch_rows`,
-DistributedSampler semantics, as `placement="replicate"`). Rows another
-replica uses move there; rows that no replica uses this epoch (dropped) stay
-where they are unless a replica needs their slots. The moves are cut into
-rounds in which every replica sends as many rows as it receives, at most
-`round_rows` each: a round's arrivals land in the slots its departures freed,
-so the exchange needs a staging buffer of one round, never a second copy.
+Pure arithmetic on NumPy row ids: every rank computes the same moves from the
+epoch's permutation, the layout and the plan, so nothing is negotiated. Rounds
+stage at most `round_rows` per replica and land in the slots their departures
+freed: no second copy. Also a partial exchange's holdings (both backends).
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""`MemoryPlan`'s words: its table, its verdict and the advice when it does not fit.
-
-Separation of concerns: `_memplan` computes the numbers (rows, bytes and
-usable memory per rank, held in `_memnumbers`); this module only turns them
-into text:
-the aligned per-rank table, one verdict line, and the ways out when a rank
-does not fit (more replicas, workers or hosts; compact dtypes; streaming),
-each with numbers. It computes no plan and reads no memory.
-"""
+"""`MemoryPlan`'s words: its per-rank table, its verdict and the advice when it does not fit."""
 
 from __future__ import annotations
 

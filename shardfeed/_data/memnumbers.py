@@ -1,10 +1,7 @@
-"""The memory plan's numbers: per-rank rows, bytes, steps and fit, without words.
+"""The memory plan's numbers without words: `RankMemory` (one rank's line), `MemoryNumbers`.
 
-Separation of concerns: `RankMemory` (one rank's line) and `MemoryNumbers`
-(all of them) are what `_memplan.memory_plan` computes and what
-`_memadvice` words; `_memplan.MemoryPlan` is these numbers with their words
-(`table()`, `advice()`). Holding the numbers apart lets the words import them
-while the plan imports the words: the three modules import one way.
+Apart from the plan so the words can read them while the plan uses the words:
+memplan -> memadvice -> memnumbers, one way (a contract in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Device memory: how much a device has free, and whether a shard fits.
+"""Device memory: how many bytes are free, how many a device will hold, and whether they fit.
 
-Separation of concerns: this module only answers "how many bytes are free on
-this device" and "do these bytes fit with headroom" (`usable_bytes`, `fits`:
-the one check of both the dataset and `memory_plan`); it never allocates. The
-dataset reads `memory_reports` before it creates a single variable, so a
-shard that cannot fit streams (or fails, with `fit_error`'s numbers) instead
-of crashing out of memory halfway through the upload.
-
-TensorFlow has no public query for a GPU's *free* memory, so GPUs are read
-through NVML (`pip install nvidia-ml-py`) when it is installed; CPU devices
-(including logical CPU devices used in tests) share the host's RAM and are
-read from `/proc/meminfo`. When nothing can be read the check is skipped and
-says so in `MemoryReport.source`.
-
-Several workers on one host (e.g. `shardfeed launch --num-workers 2` on CPU)
-each read the same available RAM, so each may use only its share: the usable
-bytes of the host are divided by the number of workers the launcher says
-share it (`_host.local_size`). Workers that already loaded have lowered the
-available RAM by then, which only makes the check stricter.
+Owns `device_bytes`, `usable_bytes`, `fits` and `memory_reports`: the one check
+of both datasets (before anything is allocated) and `memory_plan`. GPUs are read
+through NVML, CPU devices from the host's RAM, shared among the host's workers;
+a backend may pass its own reader (`read_free`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """`memory_plan`: per-rank rows, bytes, steps and memory fit, before anything loads.
 
-Separation of concerns: this module only does arithmetic. The shard plan
-(`_plan.plan_shards`) says which rows each replica holds and how an epoch is
-cut into steps; this module multiplies that by the bytes per row and compares
-it with the free memory of one device (the numbers: `_memnumbers`). What the
-data is comes from `_described` (arrays, file headers or `(shape, dtype)`
-pairs); the table, the verdict and what to change when it does not fit are
-worded by `_memadvice`;
-the `shardfeed plan` command is `shardfeed._commands.plan`. It reads no rows,
-allocates nothing and never imports TensorFlow, so it runs on a login node or
-a laptop where only NumPy is installed: GPUs are read through NVML
-(`_memory.gpu_free_bytes`), anything else through the host's `/proc/meminfo`.
-
-The free memory of every device in the plan is taken to be that of this
-machine's first GPU (or the host, or the number given): the plan is for a
-cluster of like devices. Workers are placed on hosts in rank order,
-`workers_per_host` to a host; when the devices are the host's RAM (read from
-`/proc/meminfo`), every device of every worker on a host counts against that
-one host's memory.
+Arithmetic only (the shard plan times the bytes per row, against one device's
+free memory, taken for every device of the cluster); reads no rows, never
+imports TensorFlow, so it runs on a login node with NumPy alone.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""Frozen option objects, validated when they are built.
-
-Separation of concerns: options are plain values. Each layer reads the
-options it owns (`LoadOptions` -> storage; `FitOptions` -> engine and loop)
-and no layer threads long keyword lists through another. `FitOptions` lives in
-`shardfeed._training.options`.
-"""
+"""`LoadOptions`: how a dataset is loaded and held, frozen and validated when built."""
 
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """The shard plan: which rows each replica holds and how many steps an epoch has.
 
-Separation of concerns: this layer is a pure function of
-`(num_rows, num_replicas, per_replica_batch_size, placement, drop_remainder,
-training)`. It reads no data, touches no device and talks to no other rank;
-every rank computes the same plan from the same numbers, which is how all
-ranks agree on the step count without exchanging a message -- and why an
-allreduce can never wait on a rank that ran out of batches.
-
-Invariants (tested in `tests/test_plan.py`):
-- every replica runs exactly `steps_per_epoch` steps;
-- all steps but the last are full (`per_replica_batch_size` rows on every
-  replica); the last may be partial, with `last_step_rows[r]` real rows on
-  replica r, the rest padding that never counts;
-- each row is used at most once per epoch, and
-  `used_rows_per_epoch + dropped_rows_per_epoch == num_rows`.
-
-The plan is also the one owner of the layout numbers every other module
-uses: a replica's real rows per epoch (`rows_per_epoch`), the rows it drops
-(`dropped_rows`), and which positions of an epoch's order of all rows it takes
-when each global batch is sliced across replicas (`global_order_positions`:
-`placement="replicate"` and the global shuffle of sharded rows).
+A pure function of `(num_rows, num_replicas, per_replica_batch_size, placement,
+drop_remainder, training)`: every rank computes the same plan, so all agree on
+the step count without a message. The one owner of the layout numbers: rows
+per epoch, dropped rows, `global_order_positions` (tested: `tests/test_plan.py`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""A resumable position over a dataset's training epochs, on either backend.
+"""A resumable position over a dataset's training epochs, on either backend (`EpochPosition`).
 
-Owns what a custom loop resumes from -- the position (epoch, step) and what
-it is a position in (seed, rows, global batch) -- as plain integers
-(`get_state`/`set_state`, Grain-style) with their checks, and `epochs()`'s
-semantics: each step handed out advances the position, moving on to the next
-epoch moves it to that epoch's start. Where the position is stored and how
-an epoch is opened and left are the backend's (`_tf/iterator.py`: variables a
-`tf.train.Checkpoint` saves; `_jax/iterator.py`: Python ints). No
-TensorFlow, no JAX.
+Owns the position's state as plain integers (`get_state`/`set_state`), its
+checks and `epochs()`' semantics; a backend's `ResidentIterator` stores the
+position and opens and leaves its epochs.
 """
 
 from __future__ import annotations

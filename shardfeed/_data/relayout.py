@@ -1,23 +1,10 @@
-"""Moving sharded rows in place for an epoch's global order, in bounded rounds.
+"""Moving sharded rows in place for an epoch's global order, in bounded rounds (JAX's exchange).
 
-Owns the pure arithmetic (NumPy, no device) of the JAX backend's exchange
-without a second copy of the shard: which replica holds each row this epoch
-(`targets`: every row a replica takes, then the rows nobody takes kept where
-they are), and the rounds that move them (`rounds`). A round sends at most
-`rows_per_pair` rows from each replica to each other one; a row arrives only
-in a slot its replica has already emptied (in an earlier round or the same
-one, whose sends are read before its writes), so each replica keeps exactly
-its shard's count of rows in slots `[0, shard_rows)` and the only extra
-device memory is a round's staging. Every process computes the same rounds
-from the same layout.
-
-TensorFlow's exchange plans the same moves in `exchange.py`
-(`global_destinations`, `plan_rounds`: cycles of replicas, every round's
-int64 ids held at once). This one is the JAX backend's because it keeps
-4 bytes a row or less on the host (int32 rows, int16 replicas, rounds made
-as consumed), which the 1.15x memory test on CPU devices needs, and its
-rounds are fixed `[replica, replica, rows_per_pair]` blocks, the shape one
-`lax.all_to_all` takes. One owner for both is open work.
+Pure NumPy: which replica holds each row this epoch (`targets`) and the rounds
+that move them (`rounds`), each at most `rows_per_pair` rows per pair of
+replicas, arriving only in emptied slots. Apart from `exchange.py` because it
+keeps 4 bytes a row or less on the host and its rounds have the fixed shape one
+`lax.all_to_all` takes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Sources: read rows of the user's data, nothing else.
+"""Sources: the user's arrays and leaves as named columns that read row ranges.
 
-Separation of concerns: this layer owns *reading* -- turning what the user
-passed (NumPy arrays, tensors, memory-mapped files, HDF5 datasets, anything with
-`shape`, `dtype` and row slicing) into named columns that can hand out row
-ranges `[start, stop)` as NumPy arrays. It knows nothing about replicas,
-devices or batches: the plan decides which rows a replica owns and the
-resident storage decides where they go.
-
-Reading is lazy and ranged on purpose: a worker reads only the rows its
-replicas own, one bounded chunk at a time, so a memory-mapped file or an HDF5
-dataset is never materialised whole on the host.
+Knows nothing of replicas, devices or batches. Reads are lazy and ranged: a
+worker reads only its replicas' rows, one bounded chunk at a time.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """`files.split`: write a dataset as per-rank shard files plus a manifest.
 
-Separation of concerns: this module owns *writing* the on-disk layout of a
-split dataset -- which rows go into which shard file (`_plan.split_rows`, the
-same balanced contiguous ranges the plan gives replicas), the shard files
-(.npy or Parquet with page checksums), their sha256, and the manifest
-(`formats.manifest` defines its format and reads it back). It reads its inputs
-through row slicing; it knows nothing of devices or strategies (TensorFlow is
-not imported here). The `shardfeed split` command is `_commands/split.py`.
-
-Why split at all: `ShardedResidentDataset` already reads only the rows a
-worker owns, from any file. Splitting makes "the rows a worker owns" one
-file per array, so each host can be given only its own files, and a
-checksum per file catches a bad copy before it trains on it.
+Which rows go into which shard (`plan.split_rows`: the ranges the plan gives
+replicas), the files (.npy or Parquet with page checksums), their sha256 and
+the manifest (`formats/manifest.py`). Why: each host can be given only its own
+files, and a checksum per file catches a bad copy before it trains.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""The array rules: what dtype and shape resident data may have, written once.
-
-Separation of concerns: this module owns the checks every array passes
-before anything is planned or read -- not an object (pickled) dtype, a
-numeric dtype (`NUMERIC_KINDS`), a leading row dimension, no negative
-dimension -- and their error messages. The callers differ only in where the
-array came from, which decides the fix a message suggests: `"file"` (a file
-header: `shardfeed.files`), `"array"` (what the user passed to the dataset or
-`shardfeed plan`) and `"split"` (what the user passed to `files.split`).
-
-It does not check what is particular to one format (C order of a .npy file,
-a Parquet column's type) nor lengths across arrays (the sources do).
-"""
+"""The array rules, written once: numeric dtype, a row dimension, no negative
+dimension, and their messages (the fix worded for a file, an array or `split`)."""
 
 from __future__ import annotations
 

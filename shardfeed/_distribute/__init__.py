@@ -1,6 +1,6 @@
-"""Who this process is and how replicas run: launch variables, TF_CONFIG, start-up.
+"""Who this process is, backend-neutral: the launcher's variables, TF_CONFIG, start-up settings.
 
-May import only `_common`; never `_data`, `_training`, `_tf`, `_jax`, `_launch` or
-`_commands`. Importing this package imports nothing; no module here imports
-TensorFlow or Horovod; the runtime (world, init, engines) is `_tf/`.
+May import only `_common`. Importing this package imports nothing; no module
+here imports TensorFlow, JAX or Horovod (each backend's world and `init` are
+`_tf/` and `_jax/`).
 """

@@ -1,34 +1,12 @@
-"""Launch environment: which launcher started this process, and its rank among the workers.
+"""Which launcher started this process and its rank among the workers (`detect_launch_env`),
+and the files `shardfeed launch` watches (ready, progress, exit).
 
-Separation of concerns: the launcher (`shardfeed._launch`, horovodrun, mpirun,
-srun) starts processes and sets environment variables; this module only reads
-them and describes this process's place among the workers (`LaunchEnv`); the
-engine builds its strategy from that. Reading is pure (an environment mapping
-in, values out), so every launcher is tested with a plain dict. Writing a
-TF_CONFIG from MPI or SLURM is `_tf_config`'s job. Imports nothing heavy.
-
-Which launcher `detect_launch_env` reports, first match wins:
-
-1. `shardfeed`: `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK`,
-   set per process by `shardfeed launch`.
-2. `tf_config`: a `TF_CONFIG` with a cluster. It was written for this very
-   process, by a person or a tool, so it beats inference from launcher
-   variables. If a launcher below is also present and started a different
-   number of processes, the TF_CONFIG is stale (e.g. exported once for all
-   tasks) and detection refuses to guess.
-3. `horovod`: `HOROVOD_RANK`, `HOROVOD_SIZE`, `HOROVOD_LOCAL_RANK` (horovodrun
-   with Gloo). Before MPI because horovodrun can itself run on top of mpirun.
-4. `mpi`: Open MPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`/`_LOCAL_RANK`, else
-   MPICH/Intel MPI (Hydra) `PMI_RANK`/`PMI_SIZE` with `MPI_LOCALRANKID`.
-   `PMIX_RANK` alone carries no world size: under `srun --mpi=pmix` the SLURM
-   variables give it, anywhere else detection raises. Before SLURM because
-   mpirun inside a SLURM allocation starts its daemons with srun, so the ranks
-   inherit step variables describing the daemons, not the ranks.
-5. `slurm`: `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` (else `SLURM_NTASKS`),
-   `SLURM_LOCALID`, only inside a job step (srun sets `SLURM_STEP_NUM_TASKS`
-   and `SLURM_STEP_NODELIST`). An sbatch script itself carries the job's
-   `SLURM_NTASKS` but is one process, so it counts as a single process.
-6. `single`: none of the above; rank 0 of 1.
+Reading is pure (an environment mapping in, a `LaunchEnv` out). Detection
+order, first match wins: `shardfeed` (`SHARDFEED_RANK`...), a `TF_CONFIG`
+with a cluster (refused when a launcher below started another number of
+processes), `horovod`, `mpi` (Open MPI, then Hydra; before SLURM, whose step
+variables describe mpirun's daemons), `slurm` (inside a job step only), else
+`single`.
 """
 
 from __future__ import annotations

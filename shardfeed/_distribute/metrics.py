@@ -1,9 +1,5 @@
-"""Reading a model's metrics as plain Python values, shared by every engine.
-
-Separation of concerns: its own module so that `engine` (which imports
-`horovod` lazily) and `horovod` both import it from here instead of from
-each other.
-"""
+"""A model's metrics as plain Python values, for every TensorFlow engine (its own module so
+`engine` and `horovod` need not import each other)."""
 
 from __future__ import annotations
 

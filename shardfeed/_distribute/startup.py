@@ -1,21 +1,10 @@
-"""Before MultiWorkerMirroredStrategy's set-up: a bounded wait for peers; what is exposed.
+"""Start-up, on both backends: a bounded wait for peers, the exposure line, `init`'s settings.
 
-TensorFlow's set-up waits for every worker of the TF_CONFIG cluster without
-a bound we can set, holding the GIL, with its own SIGTERM handler installed:
-a worker whose peer never starts cannot be stopped by SIGTERM and fails after
-a long, unnamed wait. So `shardfeed.init()` first waits here, in Python,
-where SIGTERM still ends the process: each worker holds its own server port
-open (a plain listening socket, released just before TensorFlow binds it) and
-connects to every peer's until all answer or `startup_timeout_s` runs out;
-then it names the peers that never answered. A peer that answers and dies
-before its own set-up still leaves TensorFlow's wait; this bounds the common
-case (a peer that never started, a wrong address, a firewall).
-
-`exposure_line` is the one line a multi-host job's chief logs: its workers'
-servers listen on every interface, unauthenticated. `startup_timeout_s` and
-`cpu_devices_wanted` read `shardfeed.init`'s start-up settings, and
-`keeping_sigterm_disposition` undoes the runtimes' SIGTERM handlers, on both
-backends.
+`wait_for_peers`: TensorFlow's multi-worker set-up waits for every peer without
+a bound, holding the GIL and ignoring SIGTERM, so `init` first waits here, where
+SIGTERM still works, and names the peers that never answered. Also
+`exposure_line`, the start-up timeouts, `cpu_devices_wanted` and
+`keeping_sigterm_disposition`.
 """
 
 from __future__ import annotations

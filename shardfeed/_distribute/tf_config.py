@@ -1,13 +1,9 @@
-"""TF_CONFIG builders that never import TensorFlow: for the launcher and for MPI ranks.
+"""TF_CONFIG without TensorFlow: built for the launcher's workers and for MPI ranks, read back.
 
-Separation of concerns: `launch_env` reads which launcher started this
-process; this module writes TF_CONFIG contents: `worker_tf_config` for a list
-of addresses (what `shardfeed launch` gives its workers),
-`tf_config_from_mpi` (addresses exchanged among MPI ranks; mpi4py imported on
-use), and reads a worker's own server address back (`own_server_address`,
-`check_port_free`). SLURM's job step goes through TensorFlow's resolver, so
-it and `ensure_tf_config` live in `_tf/resolver.py`: the launcher imports this
-module and stays free of TensorFlow (a contract in pyproject.toml).
+`worker_tf_config`, `tf_config_from_mpi` (mpi4py on use), `own_server_address`,
+`check_port_free`, and SLURM's port base (`slurm_port_base`). JAX's `init`
+reads the coordinator from the same TF_CONFIG; SLURM's node list goes through
+TensorFlow's resolver (`_tf/resolver.py`).
 """
 
 from __future__ import annotations

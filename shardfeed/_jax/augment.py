@@ -1,18 +1,9 @@
-"""JAX's half of augmentation: the blocks' draws and the key of each step.
+"""JAX's half of augmentation: `jax.random`'s draws for the blocks, registered when imported,
+and each step's key (`augment_key`).
 
-The blocks themselves are backend-neutral (`_data/augment_blocks.py`); this
-module gives them `jax.random`'s draws on a key, registered for the JAX
-backend when it is imported, and gives the JAX loop (`epoch.BatchFn`) the key
-of each step.
-
-Keys. `augment_key` folds `(dataset seed, epoch, step)` into one key for the
-step's global batch (`[global_batch_size, ...]`, sharded along rows): each
-example draws its own transform from its row of one draw over the global
-batch, so replicas draw differently without folding the replica in, and the
-draws do not depend on the number of devices or on `steps_per_execution`
-(JAX's partitionable threefry draws the same numbers however the batch is
-sharded). A rerun repeats; a run resumed at an epoch or step draws what an
-uninterrupted run would.
+One key per global batch from `(seed, epoch, step)`: each example draws from
+its row of one draw over the global batch, so the draws depend neither on the
+number of devices nor on `steps_per_execution`, and a resumed run repeats them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""`ShardedResidentDataset` on JAX: rows resident on the replicas' devices.
+"""`ShardedResidentDataset` on JAX: rows resident on the replicas' devices, or streamed.
 
-Separation of concerns: as on TensorFlow, the dataset owns sharding,
-shuffling and batching. It checks its arguments and plans with the neutral
-`_data/dataset_args.py` (the same checks and messages on both backends),
-checks the fit and uploads with `storage.py` (one global `jax.Array` per
-column, sharded along rows over the world's mesh), and opens epochs
-(`epoch.py`), whose orders `order.py` draws. The loop owns the model's state,
-the compiled steps and the gradients' reduction; it reads an epoch's
-`arrays` and `batch_fn` only.
+`DatasetBase`'s construction and checks, then the fit (`storage.py`; streaming
+when a shard does not fit), the upload, and epochs (`epoch.py`, orders from
+`order.py`); whether an epoch keeps a copy of its rows (`LoadOptions.epoch_copy`),
+and where the rows sit after an in-place exchange.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The JAX form of resident batches: `ResidentEpoch` and its `batch_fn`.
+"""`ResidentEpoch` on JAX: what a loop on JAX sees of one epoch.
 
-Owns what a loop on JAX -- `shardfeed.fit`'s compiled one, or the user's own
-`jax.jit` step -- sees of one epoch: `arrays` (this epoch's device data: the
-resident rows and each replica's positions of its rows in step order, or,
-where the dataset keeps a per-epoch copy, that copy) and `batch_fn(arrays,
-step)`, a pure, jittable function of a traced step that takes the global
-batch out of them on each device; the real rows of a partial last step
-(`partial_batch`), and each emitted row's global number (`slot_rows`, for
-`predict`'s order). No host work per step.
+`arrays` (the resident rows and each replica's positions, or the epoch's copy)
+and `batch_fn(arrays, step)`, a pure jittable function that takes the global
+batch out of them on each device; `call_arrays` for a call's steps, the
+partial last step (`partial_batch`), `slot_rows` for `predict`. No host work per step.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""`EpochArrays`: one epoch's device data, the pytree a compiled call takes.
-
-Owns what the arrays of an epoch are (`batch_fn`'s first argument, `fit`'s
-and a user's `jax.jit` calls' too) and refusing them once their epoch is
-closed: the dataset writes a later epoch's rows into a closed epoch's copy,
-or moves its rows in place, so they may hold deleted buffers, and JAX does
-not check for those before running a call.
-"""
+"""`EpochArrays`: one epoch's device data, the pytree a compiled call takes, refused once
+its epoch is closed (its buffers may then be reused or deleted, which JAX does not
+check before running a call)."""
 
 from __future__ import annotations
 

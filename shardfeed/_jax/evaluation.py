@@ -1,11 +1,8 @@
 """`evaluate` and `predict` on JAX, over resident datasets or arrays.
 
-Owns what a Keras user sees of them on the JAX backend: the same arguments,
-checks and results as on TensorFlow (`_tf/evaluation.py`), the test
-hooks, one evaluation pass (`evaluate_loop`, also `fit`'s validation) and
-`predict`'s rows put back in their original order. The calls come from
-`_jax/loop.py`; every metric is Keras' own metric variables, updated over the
-global batch, so the numbers are exact over every row.
+The same arguments, checks and results as on TensorFlow; one evaluation pass
+(`evaluate_loop`, also `fit`'s validation), Keras' metric variables updated
+over the global batch, and `predict`'s rows back in their original order.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""An epoch's rows, copied into step order on each device (and moved there).
+"""The device side of an epoch's order on JAX: rows moved in place, or copied into step order.
 
-Owns the device side of an epoch's order on JAX: given, per replica, which
-rows it takes in step order (`order.py`'s `EpochRows`), it builds each
-replica's per-epoch copy `[steps * per_replica_batch_size, ...]` of every
-column, so a step is a contiguous `lax.dynamic_slice_in_dim` of it (measured
-on W2: a per-epoch copy then slices, 0.336 s/epoch, against a gather per step,
-0.47; `../shared/notes.md`).
-
-Rows a replica holds (sharded without the global order, or replicated) are
-gathered on its device. The global order of sharded rows takes rows other
-replicas hold: each replica gathers what every other replica needs from it
-into `[num_replicas, send_rows]`, one `lax.all_to_all` inside `jax.shard_map`
-swaps those blocks, and each replica gathers its step order out of what it
-received. Who sends which rows is pure NumPy (`moves`), computed alike on
-every process; only 4-byte indices cross from the host. Either way the copy
-is written into a donated buffer: a closed epoch's copy (`fits`), or for the
-first epoch a `new_copy`.
+`relayout` runs `_data/relayout.py`'s rounds on the resident tables (one
+`lax.all_to_all` in `shard_map` per round, tables donated). With an epoch copy,
+each replica's rows are gathered into step order (`gather_local`), or exchanged
+in one all-to-all whose moves are computed in NumPy (`moves`, `exchange`).
 """
 
 from __future__ import annotations

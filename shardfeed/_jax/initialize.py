@@ -1,27 +1,11 @@
 """`shardfeed.init` on JAX: one process, or a `jax.distributed` job from the launcher's variables.
 
-The JAX counterpart of `_tf/initialize.py`, with the same signature:
-the launcher (`shardfeed launch`, mpirun, srun, a hand-written TF_CONFIG)
-starts processes and sets variables, `launch_env` reads them, and this module
-turns them into `jax.distributed.initialize(...)` -- process 0 runs the
-coordinator service -- and returns the JAX `World`. Engines: `"single"` (one
-device), `"jax"` (every device of every process: a one-axis mesh), `"auto"`
-(= `"jax"`); the TensorFlow engines are refused, naming the fix.
-
-Where the coordinator is (`coordinator_for`, pure): under `shardfeed launch` or
-a TF_CONFIG, the first task's "host:port" (rank 0's); under srun, the step's
-first host at `SHARDFEED_PORT_BASE` (else 8888, as the TensorFlow recipe);
-under mpirun, rank 0's address from an mpi4py exchange (`tf_config_from_mpi`).
-
-What listens (measured with `ss -ltnp`, 2 processes, JAX 0.10.2 CPU): the
-coordinator on process 0 (JAX binds `[::]:port` unless told otherwise) and, on
-every process, Gloo's collectives on a random port of the address the host
-name resolves to -- an external interface on most hosts, even for a job whose
-coordinator is 127.0.0.1, and unbindable inside `shardfeed launch`'s private
-network namespace. So for a loopback job both are bound to 127.0.0.1; a
-multi-host job binds them where JAX does (Gloo on the interface
-SHARDFEED_NETWORK_INTERFACE names, when set: where host names do not resolve),
-and its chief logs `exposure_line`.
+Engines `"single"`, `"jax"` (every device of every process, one mesh axis) and
+`"auto"`; TensorFlow's are refused. The coordinator (`coordinator_for`, pure):
+TF_CONFIG's first task, the SLURM step's first host at `slurm_port_base`, or
+rank 0 from an mpi4py exchange. A loopback job binds the coordinator and Gloo to
+127.0.0.1 (Gloo otherwise takes the host name's interface); a multi-host job's
+chief logs `exposure_line`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What `fit`, `evaluate` and `predict` accept on JAX, beyond the shared checks.
-
-Binds the backend-neutral checks and `wrap_arrays` of `_training/arguments.py`
-to the JAX dataset class (arrays for `evaluate`, `predict` and `fit`'s
-`validation_data`), and owns the checks only the JAX backend needs (the sparse
-labels' ranges gathered across processes).
+"""What `fit`, `evaluate` and `predict` accept on JAX: `_training/arguments.py`'s checks and
+`wrap_arrays` bound to the JAX dataset class, plus what only JAX needs (`overrides`,
+the sparse labels' ranges gathered across processes).
 """
 
 from __future__ import annotations

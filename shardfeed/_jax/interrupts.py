@@ -1,14 +1,10 @@
-"""Ctrl-C during a JAX loop: the compiled call running finishes first.
+"""Ctrl-C during a JAX loop: a SIGINT waits until the running compiled call's state is
+back in the model.
 
-Owns when a SIGINT becomes a `KeyboardInterrupt` inside `fit`, `evaluate`
-and `predict` on JAX: never while a call's state is out of the model. A
-training call donates the state (the model's variables' arrays) to XLA, so
-an interrupt between the call and the write-back left the variables holding
-deleted arrays (`Array has been deleted`; 10 of 18 real Ctrl-Cs at one step
-per call). The handler is installed once per `fit`/`evaluate`/`predict`
-(`handled`); each call only counts itself in and out (`CALL`): installing a
-handler around every call cost ~45 us a call on the 2-core VM, not donating
-would copy the state every call.
+Why: a training call donates the model's variables' arrays, so an interrupt
+between the call and the write-back left deleted arrays (10 of 18 real Ctrl-Cs).
+The handler is installed once per `fit`/`evaluate`/`predict` (`handled`); each
+call only counts itself in and out (`CALL`): a handler per call cost ~45 us a call.
 """
 
 from __future__ import annotations

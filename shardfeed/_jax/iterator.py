@@ -1,11 +1,5 @@
-"""`ResidentIterator` on JAX: a resumable position over a dataset's training epochs.
-
-Owns where JAX keeps the position (two Python ints; `get_state()` is what a
-checkpoint saves, beside the weights) and how the loop leaves an epoch: it
-closes it, so an epoch copy goes back to the dataset for the next epoch's
-rows. The state, its checks and `epochs()`'s semantics are the neutral
-`_data/position.py`'s, as on TensorFlow; the epochs are `epoch.ResidentEpoch`s.
-"""
+"""`ResidentIterator` on JAX: the position in two Python ints (`get_state()` is saved beside
+the weights); leaving an epoch closes it, so its copy takes the next epoch's rows."""
 
 from __future__ import annotations
 

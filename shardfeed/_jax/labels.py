@@ -1,9 +1,5 @@
-"""A label column's range on JAX, reduced on the devices (the sparse-label check).
-
-Owns `(min, max, fractional)` of one column over each local replica's rows,
-as `_tf/labels.py` does on TensorFlow: each device reduces the real rows of
-its buffer (padding excluded) and only three scalars come back to the host.
-"""
+"""A label column's `(min, max, fractional)` per replica on JAX, reduced on each device
+(padding excluded; three scalars come back): the sparse-label check's input."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The compiled loop on JAX: Keras' own stateless steps, many per `jax.jit` call.
 
-Owns the calls an epoch is cut into and running them: the model's
-`train_step`/`test_step`/`predict_step` (Keras' JAX trainer's pure steps, so a
-user's override is the one that runs), `k` steps per call (one step: called
-directly; more: `lax.scan`, unrolled for a convolution on CPU devices), each
-step's global batch from `epoch.batch_fn(arrays, start + i)` (`arrays`: the
-epoch's `call_arrays(start, stop)`, a streamed epoch's chunk) with a
-traced `start` (one compile per call length, not per call). The state
-(trainable, non-trainable, optimizer and metric variables' values) is
-replicated on the world's mesh and the batch is sharded along rows, so XLA's
-partitioner all-reduces the gradients and every mean is the global batch's.
-After each call the state goes back into the model's variables, as Keras'
-`jax_state_sync`, so callbacks read and write the real weights. `loop_for`
-keeps each model's loops (and so their compiled calls) across `fit`,
-`evaluate` and `predict` calls, as Keras keeps `model.train_function`.
+The model's `train_step`/`test_step`/`predict_step` (so an override runs), `k`
+steps per call under `lax.scan` with a traced start (one compile per call
+length); the state replicated on the mesh and the batch sharded along rows, so
+XLA's partitioner all-reduces the gradients; the state written back into the
+model after each call. `loop_for` keeps each model's loops across calls.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Each JAX epoch's order: which global rows every replica takes, step by step.
+"""Each JAX epoch's order: which global rows every replica takes, step by step (`EpochRows`).
 
-Owns the permutations on JAX, drawn with NumPy on every process alike:
-`shuffle=True` is the global order, one permutation of all rows per epoch
-from `np.random.default_rng((seed, epoch))`, each global step a slice of it
-(`ShardPlan.global_order_positions`); `"local"`: each sharded replica permutes
-its own rows from `(seed, epoch, replica)`; False (and evaluation): rows in
-order; a partial exchange (`mixed_rows`): each replica permutes the rows it
-holds this epoch (the TensorFlow backend's holdings, `_data/exchange.py`)
-from `(seed, epoch, replica)`. The permutations differ from the TensorFlow
-backend's (`tf.random.experimental.stateless_shuffle`); the semantics are the same.
+NumPy permutations drawn alike on every process: the global order from
+`(seed, epoch)`, `"local"` and a partial exchange's per-replica order from
+`(seed, epoch, replica)`, rows in order otherwise. The same semantics as
+TensorFlow's, other permutations.
 """
 
 from __future__ import annotations

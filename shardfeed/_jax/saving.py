@@ -1,14 +1,5 @@
-"""`save_model` on JAX: the chief writes the model file, every process waits.
-
-The JAX counterpart of `_tf/saving.py`: the same checks and atomic
-write (`_training/model_file.py`), run through `write_on_chief` with the JAX
-`World` (its `all_gather_bytes` is the barrier), so after it returns the
-file is complete on every process, and a failed write raises
-`ChiefWriteError` on every process. Before writing, the processes check
-that they hold the same weights (`_common/model_sync.check_in_sync`): a
-loop of the user's that never synced an unseeded model has trained other
-weights on each, and the file would hold rank 0's alone.
-"""
+"""`save_model` on JAX: `_training/model_file.py`'s checks and write through `write_on_chief`
+with the JAX world, after checking the processes hold the same weights."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
-"""Resident storage on JAX: each column one global `jax.Array`, sharded along rows.
+"""Resident storage on JAX: each column one global `jax.Array` sharded along rows, and its fit.
 
-Owns where rows live on JAX and whether they fit. Each column becomes a
-`[num_replicas * rows_per_replica, ...]` array sharded over the world's mesh
-(`NamedSharding(mesh, P(REPLICA_AXIS))`): device `r` holds replica `r`'s
-rows (`placement="shard"`: its slice, padded to the largest; `"replicate"`:
-all rows). Each process fills only its own devices' buffers.
-
-Why preallocated buffers filled chunk by chunk (a jitted
-`dynamic_update_slice` that donates the buffer): `jax.device_put` of a whole
-column would hold a second full copy on the host; this keeps the host's extra
-memory to one chunk (`LoadOptions.chunk_bytes`) and the device's to one copy.
-
-The fit is checked first, with the neutral `_data/memory.py` numbers: free
-bytes from `jax.Device.memory_stats()` (`bytes_limit - bytes_in_use`, e.g.
-on a GPU), else the host's available RAM for CPU devices.
+Device `r` holds replica `r`'s rows; each process fills only its own devices'
+buffers, chunk by chunk through a jitted, donating `dynamic_update_slice` (why:
+`jax.device_put` of a whole column holds a second host copy). Free bytes from
+`Device.memory_stats()`, else the host's RAM, checked with `_data/memory.py`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Streaming on JAX: a shard that does not fit flows through a two-slot ring.
+"""Streaming on JAX: a shard that does not fit flows through a two-slot ring (`StreamedEpoch`).
 
-Owns the streamed form of a JAX dataset's epochs. The rows stay on the host
-(the user's arrays or files, read as they are); each epoch's order is the
-resident one (`order.py`: every shuffle mode, the same batches in the same
-order), cut into chunks of `chunk_steps` full steps. A background thread
-assembles a chunk's rows on the host, each replica's in step order, and
-uploads them while the previous chunk trains; at most two chunks (the one in
-use and the next) are held on each device, each `chunk_steps *
-per_replica_batch_size` rows (the last one padded, so every slot has one
-shape and compiles once). A compiled call never crosses a chunk boundary
-(`call_bounds`); the partial last step is assembled on the host alone.
-
-Why the host assembles the order instead of moving rows on the devices: a
-streamed shard is never whole on a device, and the host holds every row
-anyway, so any order costs the same as rows in order: a gather into one
-chunk (a ranged read per window for files, in row order).
+Rows stay on the host; each epoch's resident order is cut into chunks of whole
+steps, each assembled on the host in step order by a background thread and
+uploaded while the previous one trains. A compiled call never crosses a chunk
+(`call_bounds`). The host assembles the order because it holds every row anyway.
 """
 
 from __future__ import annotations

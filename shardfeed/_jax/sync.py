@@ -1,8 +1,4 @@
-"""`sync_model` on JAX: every process's model starts from rank 0's values.
-
-The JAX entry of `_common/model_sync.py` (the neutral fingerprint and copy),
-with the JAX `World`: the one `shardfeed.init()` started, or the job's.
-"""
+"""`sync_model` on JAX: `_common/model_sync.py` with the JAX `World`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The Keras surface on JAX: `fit` over resident datasets.
-
-Owns what a Keras user sees of `fit` on the JAX backend -- the same arguments,
-checks, callbacks, progress bar and `History` as on TensorFlow
-(`_tf/training.py`, sharing `fit_args`, `callbacks`, `progress` and
-`arguments`) -- and the plain loop over epochs and calls, as Keras' `fit`
-is, with the cursor a `BackupAndRestore` saves and resumes at (the backup
-and the state's checks are the neutral `_training/backup.py` and
-`resume.py`). The steps run in `_jax/loop.py`; the data comes from the JAX
-dataset's epochs. What the JAX backend does not support is refused in
-`inputs.py`.
-"""
+"""`fit` on JAX: the TensorFlow surface's arguments, callbacks, progress and `History`
+(the shared `_training` modules), and a plain loop over epochs and calls with the
+cursor `BackupAndRestore` saves and resumes at; the steps run in `loop.py`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The world on JAX: who this process is and which devices its replicas use.
+"""The world on JAX: who this process is, its replicas' devices and the one-axis `mesh`.
 
-The JAX counterpart of `_tf/world.py` (same fields, same two tiny
-collectives): replicas are JAX devices, ordered by process and then local
-device, so global replica `g = rank * replicas_in_process + i` as on
-TensorFlow. The `mesh` (one axis, `REPLICA_AXIS`) over those devices is what
-the storage shards rows along and what the compiled calls run on.
+Replicas are JAX devices ordered by process, then local device, so global
+replica `g = rank * replicas_in_process + i` as on TensorFlow; `barrier` and
+`all_gather_bytes` are the two tiny collectives every layer may use.
 """
 
 from __future__ import annotations

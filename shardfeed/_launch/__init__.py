@@ -1,22 +1,8 @@
 """The launcher: start N workers of a script or function, locally or through another launcher.
 
-Separation of concerns: the dataset owns sharding, shuffling and batching; the
-engine owns the strategy, the step loop and allreduce; the launcher owns
-processes and their environment. It never imports TensorFlow: workers pay for
-it, the launcher process does not.
-
-Layout, one module per job (as horovod/runner):
-- `cli.py`: the `shardfeed launch` subcommand, a thin shell over `run`.
-- `local.py`: the `multiworker` engine, local workers with TF_CONFIG.
-- `multihost.py`: the `multiworker` engine across hosts (`--hosts`, `--host-index`):
-  this host's workers, with the whole cluster's TF_CONFIG.
-- `delegate.py`: the `horovod` and `mpi` engines, argv for horovodrun/mpirun.
-- `process.py`: starting, output tagging, signal forwarding, reaping and
-  failure propagation, shared by every engine.
-- `ports.py`: free ports for TF_CONFIG.
-- `netns.py`: the local workers' private network namespace.
-
-This module holds `run`, which chooses among the engines.
+Owns `run` and `LaunchOptions`, and chooses among the engines (`local`,
+`multihost`, `delegate`); `process` starts and watches the workers. Never
+imports TensorFlow: workers pay for it, the launcher process does not.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
-"""`shardfeed launch`: parse the command line and hand over to `shardfeed._launch.run`.
+"""`shardfeed launch`: its flags, and the hand-over to `shardfeed._launch.run`.
 
-Separation of concerns: this module only turns arguments into a `run` call
-and errors into an exit status; what the engines do lives in `local.py`,
-`delegate.py` and `process.py`.
-
-Usage:
-    shardfeed launch -n/--num-workers N [--engine multiworker|horovod|mpi]
-        [--timeout-s S] [--grace-s G] [--startup-timeout-s S|none]
-        [--isolate-network auto|on|off] [--progress-timeout-s S|none]
-        [--shutdown-timeout-s S] [--heartbeat-timeout-s S]
-        [--hosts H1[:N1],H2[:N2],... --host-index I [--port-base P]]
-        [python] script.py [script args ...]
-
-Several hosts: run the same command on every host, each with its own
-`--host-index`; `-n` counts the workers of all hosts, e.g. on 10.0.0.1
-`shardfeed launch -n 4 --hosts 10.0.0.1,10.0.0.2 --host-index 0 train.py`
-and `--host-index 1` on 10.0.0.2 (ranks 0-1 on the first, 2-3 on the second).
-
-Everything after the script path goes to the script unchanged, options
-included. A leading `python`, `python3` (or this interpreter's path), the
-form `horovodrun` and `mpirun` users type, is accepted and dropped: workers
-always run under the interpreter that runs `shardfeed`.
+Everything after the script path goes to the script unchanged; a leading
+`python`/`python3` (as typed for horovodrun and mpirun) is dropped: workers
+run under the interpreter that runs `shardfeed`.
 """
 
 from __future__ import annotations

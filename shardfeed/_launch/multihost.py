@@ -1,18 +1,9 @@
 """Several hosts: what `shardfeed launch --hosts ... --host-index I` starts on host I.
 
-Separation of concerns: the same command runs on every host, each with its
-own `--host-index`; this module turns the host list into the job's layout
-(`HostLayout`: ranks host by host, worker s of a host on `port_base + s`),
-checks what this host can check before anything starts, and builds this
-host's `WorkerSpec`s with the TF_CONFIG of the whole cluster (`local.py`'s
-`cluster_worker_specs`). `process.py` starts, tags, watches and stops them as
-for local workers; failures on other hosts reach these workers through
-TensorFlow's collectives (a lost peer is named, `_tf/peers.py`).
-
-Network: workers that must reach other hosts cannot live in a private
-namespace, so they run on the host's network and their TensorFlow servers
-listen on every interface, unauthenticated; each host's launcher says so in
-one line before starting (`_distribute.startup.exposure_line`).
+The job's layout (`HostLayout`: ranks host by host, worker s of a host on
+`port_base + s`), this host's checks, and its `WorkerSpec`s with the whole
+cluster's TF_CONFIG. Such workers run on the host's network (their servers
+reachable), which each host's launcher says in one line.
 """
 
 from __future__ import annotations

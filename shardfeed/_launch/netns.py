@@ -1,34 +1,10 @@
 """A private network namespace for local workers, so their servers are not on the network.
 
-Separation of concerns: this module only makes the namespace and says how a
-worker enters it; `local.py` decides to use it and which addresses the
-workers get; `process.py` starts them.
-
-Why: TensorFlow's gRPC server listens on every interface whatever host
-TF_CONFIG names, and its distributed runtime has no authentication, so a
-worker started for 127.0.0.1:P accepts sessions from any host that reaches P.
-Workers that live in a network namespace of their own, holding nothing but
-a loopback interface, are reachable only from each other.
-
-How:
-1. A short-lived holder process (`_HOLDER`, plain Python with ctypes, no
-   `unshare`/`ip` binaries needed) calls `unshare(CLONE_NEWNET)`; when that
-   is not permitted (not root) it tries a user namespace as well
-   (`CLONE_NEWUSER | CLONE_NEWNET`, mapping the user to itself, as
-   `unshare -rn` but keeping the user's id). It brings the loopback interface
-   up and reports.
-2. The launcher opens `/proc/<holder>/ns/net` (and `ns/user`): an open file
-   keeps a namespace alive, so the holder exits at once and is reaped.
-3. Each worker starts as `python -S -c _ENTER <fds> <argv>`: it `setns`-es
-   into the namespaces through the inherited descriptors and `exec`s the
-   real program, keeping its pid, so process groups and signals behave as
-   for any worker.
-4. The launcher closes its descriptors when the launch ends; the namespace
-   disappears with the last worker.
-
-Inside, the workers have 127.0.0.1 and nothing else: no other host, and no
-port of the launcher's host. A training script that needs the network (to
-download data, or to report to a remote service) must run without isolation.
+A short-lived holder (ctypes, no `unshare`/`ip` binaries) unshares a network
+namespace (in a user namespace when not root) and brings loopback up; the
+launcher keeps it alive through open `/proc/<pid>/ns/*` descriptors, and each
+worker `setns`-es into it and `exec`s its program (same pid). Inside there is
+only 127.0.0.1: a script that needs the network must run without isolation.
 """
 
 from __future__ import annotations

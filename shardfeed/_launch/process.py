@@ -1,34 +1,11 @@
-"""Starting, watching and stopping worker processes.
+"""Starting, watching and stopping worker processes (`run_workers`).
 
-Separation of concerns: `local.py` and `delegate.py` decide *what* to start
-(argv and environment per worker); this module owns *how*: each worker in its
-own process group, its output tagged line by line, signals forwarded, exits
-reaped, and one worker's failure turned into stopping the rest. Everything
-that touches the operating system goes through a `System`, so tests pass
-fakes and check the logic without starting anything.
-
-Lifecycle guarantees:
-- Each worker starts in a new session (its own process group), so a Ctrl-C in
-  the terminal reaches only the launcher, which forwards it once to every
-  group. A second Ctrl-C sends SIGKILL.
-- When one worker exits non-zero (or dies from a signal), the launcher prints
-  which rank and code (every rank seen failed in the same poll), sends SIGTERM
-  to the other groups, waits `grace_s`, then sends SIGKILL. It exits with the
-  failed worker's code (128 + signal number when it died from a signal).
-- Workers that report through a ready directory (`StartupWatch`) and sit
-  inside `shardfeed.init()`'s strategy set-up get SIGKILL instead of SIGTERM
-  or SIGINT when they are stopped: TensorFlow ignores both there. If some have
-  reached `shardfeed.init()` and others have not `startup_timeout_s` after
-  the first arrival, the launch stops and names the missing ranks (exit 124).
-- Workers that report progress (`StartupWatch.progress_timeout_s`): when
-  their shardfeed call counts stand still that long with some ranks behind
-  the others, the launch stops and names the ranks behind (exit 124).
-- When a worker's main process exits, anything left in its process group is
-  killed. The group is killed while the exited worker is still an unreaped
-  zombie (`waitid(..., WNOWAIT)`), so its id cannot have been reused by an
-  unrelated process.
-- Not covered: a worker's child that starts its own session escapes the group
-  kill, and if the launcher itself is SIGKILLed its workers keep running.
+Each worker in its own process group, its output tagged line by line, signals
+forwarded, exits reaped, one failure turned into stopping the rest (SIGTERM,
+`grace_s`, SIGKILL; the failed worker's code). Workers inside TensorFlow's
+set-up get SIGKILL (it ignores the others); stalled or missing ranks are named
+and stop the launch (exit 124). Every OS call goes through a `System` (tests
+pass fakes). Not covered: a child that starts its own session.
 """
 
 from __future__ import annotations

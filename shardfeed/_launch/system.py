@@ -1,11 +1,5 @@
-"""What the launcher starts, and the operating-system calls it makes to do so.
-
-Separation of concerns: `local.py` and `delegate.py` fill in a `WorkerSpec`
-per process; `process.py` starts and watches them through a `System`, the
-one place that touches the operating system (tests pass fakes); a
-`StartupWatch` says where workers report their way through
-`shardfeed.init()`.
-"""
+"""What the launcher starts (`WorkerSpec`), the operating-system calls it makes (`System`,
+the one place that touches the OS), and where workers report (`StartupWatch`)."""
 
 from __future__ import annotations
 

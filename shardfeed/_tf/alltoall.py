@@ -1,25 +1,9 @@
-"""All-to-all of rows between replicas: how the engines move a round of an exchange.
+"""All-to-all of rows between replicas: how the engines move a round of the exchange.
 
-Separation of concerns: the dataset decides which rows go where
-(`_data/exchange.py`) and packs each replica's rows, every column, into int32
-words (`to_words`, `words_per_row`); this module only moves words. Every
-function takes, per local replica, the `[n, words]` rows it sends grouped by
-destination replica, and the `[R, R]` matrix of counts (known to every
-rank, so nothing is negotiated), and returns, per local replica, the rows
-it receives grouped by source replica.
-
-- One process holds every replica (the default strategy, MirroredStrategy):
-  device-to-device copies of each slice (`local_all_to_all`).
-- Several workers under a `tf.distribute` strategy: TensorFlow offers no
-  all-to-all through a strategy's collectives, so one all-gather per round
-  (`GatheredAllToAll`): each replica contributes its send buffer and keeps
-  the slices meant for it. One compiled function per row width, its first
-  dimension symbolic: traced once for every round of every epoch.
-- Horovod: `hvd.alltoall` with splits (in `horovod.py`).
-Collective paths carry rows as int32 words (`to_words`, `array_to_words`):
-TensorFlow's collective gather takes only 32/64-bit and float types, rows
-may be uint8 or bool. All-gathers of host arrays go through `gather_words`,
-one compiled function per strategy.
+Rows travel as int32 words (`to_words`; collectives take no uint8 or bool):
+device copies within one process (`local_all_to_all`), one all-gather per round
+across `tf.distribute` workers, which offer no all-to-all (`GatheredAllToAll`,
+traced once per row width), `hvd.alltoall` under Horovod (`horovod.py`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""TensorFlow's half of augmentation: the blocks' draws and the per-step seed.
+"""TensorFlow's half of augmentation: `tf.random.stateless_*` draws for the blocks,
+registered when imported, and each step's seed (`step_seed`).
 
-The blocks themselves are backend-neutral (`_data/augment_blocks.py`); this module
-gives them TensorFlow's stateless random ops (`tf.random.stateless_*` on a
-`[2]` seed), registered for the TensorFlow backend when it is imported, and
-gives the TensorFlow loop (`epoch.augmented`) the seed of each step.
-
-Seeds. `step_seed` folds `(dataset seed, epoch, step, replica)` into one
-seed: every replica draws differently, a rerun repeats, and a run resumed at
-an epoch draws what an uninterrupted run would. The step is the step within
-the epoch, so the draws do not depend on `steps_per_execution`.
+`step_seed` folds `(seed, epoch, step, replica)`: replicas draw differently, a
+rerun or a resumed run repeats, and the draws do not depend on `steps_per_execution`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Where a training step's augmentation seed comes from.
-
-Separation of concerns: the dataset holds the user's `augment` function and
-`shardfeed._tf.epoch.augmented` applies it with its step's seed (as a
-`ResidentEpoch` does); this module gives the compiled
-training calls what they need to draw one -- the epoch and the call's first
-step as a tensor (a Python int would be baked into the trace and retrace, or
-with XLA recompile, per call) and each replica's global id -- and applies
-the function to a gathered batch.
-"""
+"""A compiled training call's augmentation: the epoch and first step as tensors (a Python int
+would retrace per call), each replica's global id, and `augment` applied to a gathered batch."""
 
 from __future__ import annotations
 

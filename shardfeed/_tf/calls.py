@@ -1,11 +1,6 @@
-"""An epoch's calls, as Keras' epoch iterator yields them.
-
-Owns the grid of calls (`Call`: Keras' step counter for the batch hooks and
-the compiled pieces each call runs) and `EpochCalls`, the iterable that
-`Loop.epoch` returns and whose `run` executes one call on the open epoch,
-keeping the epoch's running (loss sum, rows); and the pieces a call's
-gathered rows come in (`gather_pieces`).
-"""
+"""An epoch's calls, as Keras' epoch iterator yields them: `Call` (Keras' step counter and
+the compiled pieces it runs), `EpochCalls` (what `Loop.epoch` returns; `run` runs one
+call and keeps the epoch's running loss), and `gather_pieces`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""`ShardedResidentDataset`: rows resident on the replicas' devices, cut into steps.
+"""`ShardedResidentDataset` on TensorFlow: rows resident on the replicas' devices, cut into steps.
 
-Separation of concerns (after Keras' `epoch_iterator.py`): the dataset owns
-sharding, shuffling and batching -- it builds the columns (sources), the plan
-(which rows a replica holds, how many steps), the resident storage (device
-variables), and each epoch's per-replica index matrix. The engine owns the
-strategy, the compiled step loop and the allreduce; it asks the dataset for
-an epoch's indices and for the batch at an index row, and never reaches into
-the sources or the plan's arithmetic.
-
-Each epoch's order (permutations, index matrices, how the placements
-shuffle) lives in `order.py`; a label column's range in `labels.py`.
+`DatasetBase`'s construction and checks, then the memory check and the
+residency mode, chosen once: resident (`order.ResidentRows`), streamed
+(`streaming.StreamedRows`) or sharded with the per-epoch exchange
+(`exchange.GlobalShuffle`); epochs (`epoch.ResidentEpoch`), `iterator`, label
+ranges, and the gather the compiled loop calls. `tests/test_layers.py` pins
+what the training layer may read of it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Engines: how replicas run and what crosses between them.
+"""Engines: how replicas run and what crosses between them (`Engine`, `StrategyEngine`).
 
-Separation of concerns: an engine owns the distribution mechanics -- placing
-per-replica values, running a function on every local replica, summing values
-across all replicas, making gradients global before the optimizer applies
-them, reading metrics as global values, and gathering rows from every
-replica. The compiled loop (`_tf/loop.py`) is written once against this small
-interface and runs unchanged under every engine.
-
-`StrategyEngine` covers the default (single device) strategy,
-`MirroredStrategy` and `MultiWorkerMirroredStrategy`. `HorovodEngine`
-(`horovod.py`) covers one process per device with Horovod's allreduce; it
-is imported only when Horovod is in use.
+Placing per-replica values, running a function on every local replica, sums
+across replicas, gradient reduction, global metrics, gathers and the all-to-all:
+the compiled loop is written once against this interface. `StrategyEngine`
+covers the default strategy, Mirrored and MultiWorkerMirrored; `HorovodEngine`
+(`horovod.py`) is imported only when Horovod is in use.
 """
 
 from __future__ import annotations

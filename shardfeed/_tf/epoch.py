@@ -1,12 +1,8 @@
-"""The public interface to resident batches: `ResidentEpoch` and `Batch`.
+"""`ResidentEpoch` on TensorFlow: what a training loop sees of one epoch (docs/custom_loops.md).
 
-Owns what a training loop -- the user's own, or `shardfeed.fit`'s compiled
-one -- sees of a dataset: one epoch at a time, its steps and each step's
-`Batch` gathered on the replicas' devices, the real rows of a partial last
-step (`iterator.py` keeps a resumable position over them). The dataset's residency
-(`order.Residency`: resident, streamed, or sharded with the exchange) makes
-each epoch's order; this module wraps whichever the dataset chose, so no
-caller branches on it. See docs/custom_loops.md.
+Its steps and each step's `Batch` gathered on the replicas' devices, the real
+rows of a partial last step, and for compiled loops `handles`, `indices` and
+`gather`; it wraps whichever residency the dataset chose, so no caller branches.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""`fit`'s epochs: a plain loop over epochs and calls, as Keras' `fit` is.
+"""`fit`'s epochs on TensorFlow (`FitRun`): a plain loop over epochs and `Loop.epoch`'s calls.
 
-Separation of concerns: `training.fit` checks arguments and builds the callbacks;
-this module runs the epochs -- which steps of which pass over the data each
-fit epoch takes (`resume.epoch_span`), where a resumed fit starts, the running
-loss and metric state, and the replica sync check. The loop (`loop.py`) runs
-the calls it is asked for; the backup callback (`_training/backup.py`) saves what
-`capture` returns.
+Which steps of which pass each fit epoch takes, where a resumed fit starts, the
+running loss and metric state, the replica sync check, and `capture` for the
+backup callback; the base `FitPosition` is `_training/resume.py`'s.
 """
 
 from __future__ import annotations

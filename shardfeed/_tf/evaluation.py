@@ -1,9 +1,8 @@
-"""`evaluate` and `predict` over resident datasets or arrays.
+"""`evaluate` and `predict` on TensorFlow, over resident datasets or arrays.
 
-Owns what a Keras user sees of them: argument checks (with `eval_args`), the
-test hooks, Keras' evaluation pass (`evaluate_loop`, also `fit`'s validation)
-and the values returned. The calls come from `Loop`, the distribution from the
-engine.
+Argument checks (with `eval_args`), the test hooks, Keras' evaluation pass
+(`evaluate_loop`, also `fit`'s validation) and the values returned; the calls
+come from `Loop`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""The global shuffle of sharded rows: a per-epoch exchange between replicas.
+"""The global order of sharded rows on TensorFlow (`GlobalShuffle`): a per-epoch exchange.
 
-Separation of concerns: the dataset owns shuffling; this module owns the
-global order of `placement="shard"` data (`shuffle=True`). It keeps the
-layout (which global row sits in each slot of each replica's variables, the
-same on every rank), computes each epoch's moves with `_data/exchange.py` (pure
-arithmetic), moves the rows device to device through the engine's
-`all_to_all` (`_tf/alltoall.py`, Horovod's `hvd.alltoall`), and
-hands the loop index matrices that point at the slots where each replica's
-epoch rows now sit. The step gather stays local; nothing is re-read from the
-source and nothing goes through files.
-
-The exchange runs once per training epoch, between epochs, before the
-epoch's first step (it is synchronous: the next epoch needs its rows). Its
-bytes and seconds are logged (logger `shardfeed`, INFO, on the chief) and
-kept in `reports`.
+Keeps the layout (the global row in each slot, the same on every rank), plans
+each epoch's moves with `_data/exchange.py`, moves them through the engine's
+`all_to_all` before the epoch's first step, and hands the loop index matrices
+into the slots. Bytes and seconds are logged on the chief and kept in `reports`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """How a step's gradients cross the replicas of a `tf.distribute` strategy.
 
-Owns the one exchange per step that replaces Keras' per-gradient
-`all_reduce`: the dense gradients summed in one batched all-reduce, and
-every `tf.IndexedSlices` (an `Embedding`'s gradient) all-gathered as what it
-is, its values and indices packed into one vector, so a step moves the rows
-it touched, not the table. TensorFlow's own all-reduce of `IndexedSlices`
-(TF 2.21) is sparse too, but per gradient: it gathers each one's length,
-then its values, then its indices; with two embedding towers on two
-MultiWorkerMirrored workers that is about ten collectives per step, each
-~1 ms over gRPC (docs/performance.md). `sparse_as_dense` densifies them
-first, as Horovod's option of that name does (small tables, or many rows
-touched per step).
+One exchange per step instead of Keras' per-gradient `all_reduce`: the dense
+gradients in one batched all-reduce, every `IndexedSlices` all-gathered as it
+is (values and indices packed); TensorFlow's own sparse all-reduce costs about
+ten collectives per step for two embedding towers (docs/performance.md).
+`sparse_as_dense` densifies them first.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""The Horovod engine: one process per device, our own step, Horovod's allreduce.
+"""The Horovod engine (`HorovodEngine`): one process per device, our own step, Horovod's allreduce.
 
-Imported only when Horovod is initialised (`engine.engine_for`), so a
-missing Horovod never breaks `import shardfeed`. `horovod.tensorflow.keras`
-is not used: on Keras 3 its `BroadcastGlobalVariablesCallback` fails and its
-`DistributedOptimizer` silently does not average gradients (measured, see
-docs/engines.md). Instead this engine:
-
-- broadcasts rank 0's weights and optimizer state through the underlying
-  `tf.Variable`s (`[v.value for v in model.variables]`: Horovod's TF API
-  does not accept Keras 3 variables, horovod #4290);
-- allreduces (SUM) the gradients the loop computed with a plain
-  `tf.GradientTape`, outside any XLA cluster (Horovod has no XLA kernels on
-  CPU builds), before `optimizer.apply`; an `Embedding`'s `IndexedSlices`
-  are all-gathered as they are unless `FitOptions(sparse_as_dense=True)`;
-- reads metrics as global values by summing their state across ranks.
+Imported only when Horovod is initialised. Why not `horovod.tensorflow.keras`:
+on Keras 3 its broadcast callback fails and its `DistributedOptimizer` does not
+average gradients (docs/engines.md). So it broadcasts through the underlying
+`tf.Variable`s (horovod #4290) and allreduces the gradients outside XLA.
 """
 
 from __future__ import annotations

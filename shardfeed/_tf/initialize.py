@@ -1,18 +1,8 @@
-"""`shardfeed.init`: pick the engine for how this script was started.
+"""`shardfeed.init` on TensorFlow: the engine for how this script was started.
 
-Separation of concerns: the launcher (shardfeed launch, horovodrun, mpirun,
-srun) starts processes and sets variables; `launch_env` reads them; this module
-turns that into a running distribution context -- a `tf.distribute` strategy
-or an initialised Horovod -- and returns the `World`. After it, the dataset
-and the engine read the world; nothing else looks at the environment.
-
-One script runs unchanged everywhere:
-
-    world = shardfeed.init()
-    with world.scope():
-        model = build_and_compile()
-        train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=256, seed=0)
-    shardfeed.fit(model, train, epochs=10)
+Turns the launcher's variables (`launch_env`) into a running `tf.distribute`
+strategy or an initialised Horovod, after a bounded wait for peers, and
+returns the `World`; one GPU per local worker.
 """
 
 from __future__ import annotations

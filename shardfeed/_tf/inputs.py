@@ -1,9 +1,6 @@
-"""What `fit`, `evaluate` and `predict` accept: the model, the dataset or arrays.
-
-Binds the backend-neutral checks and `wrap_arrays` of `_training/arguments.py`
-to TensorFlow's dataset class, arrays going onto the model's strategy
-(re-exported here).
-"""
+"""What `fit`, `evaluate` and `predict` accept on TensorFlow: `_training/arguments.py`'s
+checks and `wrap_arrays` bound to TensorFlow's dataset class, arrays going onto the
+model's strategy (the shared names re-exported here)."""
 
 from __future__ import annotations
 

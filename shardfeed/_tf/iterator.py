@@ -1,10 +1,6 @@
-"""`ResidentIterator`: a resumable position over a dataset's training epochs.
-
-Owns where TensorFlow keeps the position: two int64 variables a
-`tf.train.Checkpoint` saves with the weights. The position's state, checks
-and `epochs()` semantics are backend-neutral (`position.EpochPosition`); the
-epochs themselves are `epoch.ResidentEpoch`s. See docs/custom_loops.md.
-"""
+"""`ResidentIterator` on TensorFlow: the position in two int64 variables a
+`tf.train.Checkpoint` saves with the weights; state, checks and `epochs()` are
+`_data/position.py`'s. See docs/custom_loops.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The sparse-label check on TensorFlow: the dataset's spec and the engine's gather.
-
-The check itself (which losses, which labels, the messages) is backend-neutral,
-in `_training/sparse_labels.py`.
-"""
+"""The sparse-label check on TensorFlow: the dataset's spec and the engine's gather around
+`_training/sparse_labels.py`'s backend-neutral check."""
 
 from __future__ import annotations
 

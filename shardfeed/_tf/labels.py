@@ -1,10 +1,5 @@
-"""A label column's range, reduced where its rows live (for the sparse-label check).
-
-Owns `(min, max, fractional)` of one column on one replica: resident rows are
-reduced on their device (a few scalars come back, never the column); streamed
-rows are read from the source in chunks. The Keras surface compares the
-result with the model's output size.
-"""
+"""A label column's `(min, max, fractional)` per replica on TensorFlow: resident rows reduced
+on their device (a few scalars come back), streamed rows read from the source in chunks."""
 
 from __future__ import annotations
 

@@ -1,45 +1,15 @@
-"""The compiled loop: many steps per call, batches gathered on the device.
+"""The compiled loop on TensorFlow (`Loop`): many steps per call, batches gathered on the device.
 
-Separation of concerns: the loop owns the step arithmetic -- forward,
-backward, loss scaling, optimizer update, metric updates -- and the compiled
-functions that run `k` steps per call. It gets batches from the dataset's
-public epochs (`ResidentEpoch.indices`, `handles`, `gather`: what a user's
-own loop can use too) and distribution from the engine (`run`,
-`sum_across_replicas`, `reduce_gradients`); it never reads the plan's
-arithmetic or the environment.
+Owns the step arithmetic (forward, backward, loss scaling, optimizer and metric
+updates, with exact global numbers) and the compiled functions that run `k`
+steps per call over a `[k, batch]` slice of the epoch's indices; batches come
+from `ResidentEpoch` (`handles`, `indices`, `gather`), distribution from the engine.
 
-Exact global numbers. Every full step has `per_replica_batch_size` real rows
-on every replica; the replica's objective is `(data_loss + reg) / R`, whose
-gradients, summed over the R replicas, are those of one replica taking the
-whole global batch. The last step of an epoch may be partial: it runs as its
-own call on the real rows only (`n_i` on replica i, `r` in all),
-with objective `data_loss * n_i / r + reg / R`, so it equals Keras' partial
-last batch. Logged loss is the (sum, count) pair `(data_loss + reg) * n_i`,
-`n_i`, summed over replicas: Keras' batch-size-weighted loss mean, exactly.
-Metrics are the model's compiled metrics, updated with the real rows only.
-
-XLA. Per notes measured on this project: a chunk's start offset passed as a
-tensor makes XLA recompile per chunk, so each call receives its own
-`[k, per_replica_batch_size]` slice of the epoch's index matrix and loops
-over the static `k`. With one replica and no communication the whole loop is
-one XLA cluster; otherwise only forward/backward is (strategies' merge calls
-and Horovod's CPU ops cannot be compiled). That one-replica training call
-gathers its steps' rows with TensorFlow's kernel, one gather per column and
-piece of the call (`_train_gathered`, `calls.gather_pieces`), and its XLA loop
-reads them contiguously: XLA's own gather cost more than the rest of W2's
-input per step (docs/performance.md). The next piece is gathered while the
-XLA loop trains on this one.
-
-Memory. Keras' optimizer all-reduces gradients through
-`ReplicaContext.all_reduce`, whose `tf.custom_gradient` files a gradient
-function holding the whole trace in TensorFlow's process-wide registry, never
-removed (tensorflow/tensorflow#97697, #92094; Keras' own `fit` keeps every
-discarded model's weights that way): `Traces` removes what its traces filed.
-A trace keeps the eager handles of the variables passed to it (and of those
-it captures). So the compiled functions take the dataset's columns as
-resource handles, which a trace holds only as placeholders, and a `Loop`
-holds its dataset weakly and no column: dropping a dataset frees its rows at
-once.
+Why columns go in as resource handles and a `Loop` holds its dataset weakly: a
+trace keeps the variables passed to it and Keras' optimizer keeps every trace,
+yet dropping a dataset must free its rows. A one-replica training call gathers
+with TensorFlow's kernel piece by piece beside the XLA loop (`_train_gathered`):
+XLA's own gather cost more than the rest of W2's input per step.
 """
 
 from __future__ import annotations

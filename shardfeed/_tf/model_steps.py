@@ -1,18 +1,9 @@
 """The model's own `train_step` / `test_step` / `predict_step`, inside the compiled loop.
 
-Owns deciding whether a model overrides Keras' steps (compared with Keras'
-TensorFlow trainer), calling the override per replica with the resident
-batch as `data` in Keras' form (`keras.utils.pack_x_y_sample_weight`), the
-per-replica reduction of what it returns (Keras' `reduce_per_replica`:
-the mean over replicas), the logs Keras shows (`_get_metrics_result_or_logs`),
-and building the optimizers the step applies before tracing; under Horovod
-the step's `optimizer.apply` averages over ranks (`step_optimizers.py`).
-The loop (`loop.py`) chooses these calls instead of its own step
-arithmetic; the data comes from the loop's batches.
-
-Semantics are Keras': the step sees the real rows of a partial last step
-(no exact global weighting of our own), and the logs of a call are those of
-its last step, or the model's metrics when the returned keys are theirs.
+Whether a model overrides Keras' steps, calling the override per replica with
+the resident batch as Keras' `data`, Keras' per-replica reduction of what it
+returns and its logs. Semantics are Keras': a partial last step's real rows,
+the logs of a call's last step.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
-"""Each resident epoch's order: which row every replica takes at every step.
+"""Each resident epoch's order on TensorFlow: the `Residency` and `Order` protocols, and the
+resident form (`ResidentRows`, `EpochOrder`: per-replica `[steps, batch]` index matrices).
 
-Owns the permutations and the per-replica `[steps, per_replica_batch_size]`
-index matrices built from a `ShardPlan`, and the `Residency` protocol: the
-three ways rows are held (resident here, `ResidentRows`; streamed,
-`streaming.StreamedRows`; sharded with a per-epoch exchange,
-`exchange.GlobalShuffle`), one of which the dataset chooses once, in its
-constructor. Each hands out an epoch's `Order` (`EpochOrder` here,
-`streaming.StreamingOrder`), which `epoch.ResidentEpoch` wraps.
-
-Shuffling (`shuffle=True` with `placement="shard"` -- the global order of
-sharded rows -- is `exchange.py`'s: it moves rows, then indexes slots):
-- `shuffle="local"`, `placement="shard"`: each replica reshuffles its own
-  rows every epoch from `(seed, epoch, replica)`.
-- `placement="replicate"`: every replica holds all rows; all draw the same
-  epoch permutation from `(seed, epoch)` and take their own slice of each
-  global batch: `DistributedSampler` semantics with no host traffic, and the
-  global batches equal a single replica's with batch `global_batch_size`.
-Permutations are drawn by `tf.random.experimental.stateless_shuffle` on the
-worker's CPU (deterministic for a seed on every host and device) and copied
-to each device once per epoch: 4 bytes per row.
+`placement="replicate"` takes each replica's slice of one permutation per epoch
+(`DistributedSampler` semantics, no host traffic); `shuffle="local"` permutes
+each replica's own rows from `(seed, epoch, replica)`. Permutations come from
+`tf.random.experimental.stateless_shuffle` on the worker's CPU: the same on
+every host and device. The global order of sharded rows is `exchange.py`'s.
 """
 
 from __future__ import annotations

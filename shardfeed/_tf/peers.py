@@ -1,13 +1,6 @@
-"""Which TF_CONFIG peer a collective failure is about, in words.
-
-When a link between hosts is cut (or a worker dies), TensorFlow's
-coordination service reports "The following tasks are unhealthy (stopped
-sending heartbeats): /job:worker/replica:0/task:1 ... The tasks have
-crashed" on the service's side, and "Deadline Exceeded ... RPC:
-/tensorflow.CoordinationService/Heartbeat" on the others. `lost_peer_message`
-turns either into the task's TF_CONFIG name, address and rank;
-`naming_lost_peers` re-raises `fit`/`evaluate`/`predict`'s error with it.
-"""
+"""Which TF_CONFIG peer a collective failure is about, in words: `lost_peer_message` turns
+the coordination service's unhealthy-task or heartbeat errors into the task's name,
+address and rank; `naming_lost_peers` re-raises `fit`/`evaluate`/`predict`'s error with it."""
 
 from __future__ import annotations
 

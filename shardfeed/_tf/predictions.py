@@ -1,10 +1,5 @@
-"""Predictions back in the original row order, on every worker.
-
-Each replica predicts its own slots (real rows and padding) call by call;
-this module drops the padding, gathers every replica's rows and outputs from
-all workers, and sorts them by row number, so `predict` returns exactly one
-output per row, in the order the rows were given.
-"""
+"""Predictions back in the original row order, on every worker (`in_row_order`): padding
+dropped, every replica's rows gathered, one output per row in the order given."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""TF_CONFIG from the launcher that started this worker: SLURM's job step or MPI ranks.
-
-Separation of concerns: `launch_env` reads which launcher started this
-process; `tf_config` builds TF_CONFIG without TensorFlow; this module adds
-`tf_config_from_slurm` (the job step's node list, through TensorFlow's
-`SlurmClusterResolver`, imported on use) and `ensure_tf_config`, which picks
-a builder and sets the variable. Only workers import it (`shardfeed.init`),
-never the launcher.
-"""
+"""TF_CONFIG from SLURM's job step (`tf_config_from_slurm`, TensorFlow's
+`SlurmClusterResolver`) and `ensure_tf_config`, which picks a builder and sets the
+variable; only workers import it, never the launcher."""
 
 from __future__ import annotations
 

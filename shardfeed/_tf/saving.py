@@ -1,15 +1,9 @@
-"""Saving a model with several workers: the chief writes, the others wait.
+"""`save_model` on TensorFlow: `_training/model_file.py`'s checks and write through
+`write_on_chief` with the TensorFlow world.
 
-Owns TensorFlow's `save_model` (the checks and the write are
-`_training/model_file.py`'s, shared with `_jax/saving.py`). Every worker holds the
-same weights, so one file is enough; when every rank calls `model.save(path)` on a shared path, the
-writes interleave and the file is corrupt (`BadZipFile: Bad CRC-32`). Here
-the chief writes a temporary file next to `path` and renames it into place
-(readers never see half a file), then every worker waits for the chief's
-status (`write_on_chief`: ok, or what went wrong), so after `save_model`
-returns the file is complete on every rank, and a failed write raises
-`ChiefWriteError` on every rank instead of leaving the others in a
-collective the chief never joins.
+Why: every rank calling `model.save(path)` on a shared path interleaves the
+writes (`BadZipFile: Bad CRC-32`); here the chief writes and renames, and every
+rank learns how it went, raising `ChiefWriteError` together on failure.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The optimizers a model's own `train_step` applies, while the step is traced.
 
-Owns the four things shardfeed must change about a Keras optimizer's
-`apply` while it traces a step, and nothing else: recording which unbuilt
-optimizers the step would update (so they are built before the multi-step
-loop); under Horovod, averaging the gradients over ranks first (Keras'
-step calls `self.optimizer.apply`, which knows no Horovod); under a
-strategy with several replicas, summing them in one exchange per step that
-keeps `IndexedSlices` sparse (`_tf/gradients.py`) instead of Keras'
-`all_reduce` of each; and, where XLA is on but the step loop cannot be one
-XLA cluster (several replicas, Horovod), compiling each variable's update
-with XLA. Keras' optimizer classes are patched only for the duration of a
-trace.
+Patched only during a trace: which unbuilt optimizers the step updates (built
+before the multi-step loop); under Horovod, gradients averaged over ranks
+first; under a strategy with several replicas, one exchange per step
+(`gradients.py`); with XLA on but no single XLA cluster, each update compiled.
 """
 
 from __future__ import annotations

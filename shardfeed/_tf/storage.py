@@ -1,21 +1,9 @@
-"""Resident storage: per-replica device variables holding each replica's rows.
+"""Resident storage on TensorFlow: one variable per column on each local replica's device
+(`ReplicaStore`), filled in bounded chunks; the dataset checks the fit first.
 
-Separation of concerns: storage owns *where rows live*. Given the columns
-(sources layer) and the plan (which rows each replica holds), it checks the
-fit (`memory.device_bytes`), allocates one variable per column on each local replica's device and
-fills it in bounded chunks. It does not shuffle or batch (the dataset owns
-that) and knows nothing of models or strategies' training loops.
-
-Why variables, not tensors: a NumPy array turned into a graph constant hits
-TensorFlow's 2 GB graph limit, and `tf.convert_to_tensor(whole_array)` keeps a
-second full copy alive on the host. A preallocated variable filled chunk by
-chunk keeps the host's extra memory to one chunk and the device's to one copy.
-
-Why `ResourceVariable` directly: `tf.Variable(...)` inside a
-`strategy.scope()` becomes a MirroredVariable (one copy of *all* rows on
-every device). Constructing the class directly bypasses the strategy's
-variable creator, so each replica's variable holds only its own rows, on its
-own device.
+Why variables: a graph constant hits the 2 GB limit, and
+`tf.convert_to_tensor` keeps a second host copy. Why `ResourceVariable`
+directly: `tf.Variable` in a strategy scope mirrors all rows on every device.
 """
 
 from __future__ import annotations

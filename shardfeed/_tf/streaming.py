@@ -1,21 +1,9 @@
-"""Streaming: a shard too large for the device flows through a two-slot ring.
+"""Streaming on TensorFlow: a shard too large for the device flows through a two-slot ring.
 
-Separation of concerns: this is the storage layer's second mode. Instead of
-one variable holding a replica's whole shard, each replica gets a ring of two
-slots of `chunk_rows` rows per column. While the compiled loop trains on one
-slot, a background thread reads the next chunk (host) and uploads it into the
-other slot; the loop's calls never span two chunks, and each call waits only
-for its own chunk. The plan, the engine and the loop are unchanged: they see
-index matrices into the ring instead of into the shard.
-
-Coverage and order. A chunk is `chunk_steps * per_replica_batch_size`
-contiguous rows of the replica's shard (contiguous, so a file is read
-sequentially). Every epoch uses each row exactly once (or counts it as
-dropped, as in resident mode). Shuffling is two-level: the order of the full
-chunks is permuted, and the rows inside each chunk are permuted, both from
-`(seed, epoch, replica)`; the last, possibly short, chunk always comes last.
-That is weaker than a global shuffle: rows of one chunk meet in the same
-stretch of the epoch. Streaming supports `placement="shard"` only.
+`StreamedRows`, `StreamingOrder`: each replica gets two slots of `chunk_rows`
+rows; a background thread reads and uploads the next chunk while the loop trains
+on the other, and no call spans two chunks. Each row once per epoch; the
+shuffle is two-level (chunk order, then rows within a chunk); `placement="shard"` only.
 """
 
 from __future__ import annotations

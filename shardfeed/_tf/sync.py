@@ -1,18 +1,8 @@
-"""Proof that the replicas hold the same weights.
+"""Replicas hold the same weights: `check_in_sync` (fit's sync check) and `sync_model`.
 
-Separation of concerns: this module owns the check; the engine gives each
-local replica's copy of a variable (`local_results`) and gathers small arrays
-from every replica (`all_gather`).
-
-Data-parallel replicas stay identical only if every replica applies the same
-(aggregated) gradients. A step that skips the aggregation (a custom train step
-without an all-reduce, `horovod.tensorflow.keras.DistributedOptimizer` under
-Keras 3) trains R different models whose logged loss still looks fine. The
-check: per replica, two integer checksums of each trainable variable's bits
-(their sum, and their sum weighted by position), gathered from every replica
-(16 bytes per variable and replica) and compared. Integer sums are exact and
-independent of the reduction order, so replicas in sync give equal numbers
-on any device.
+Two integer checksums of each trainable variable's bits per replica (exact and
+independent of the reduction order), gathered and compared: a step that skips
+the gradient aggregation trains R different models whose loss looks fine.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""Rows from a finite `tf.data.Dataset`, each worker draining only its shard.
+"""Rows from a finite `tf.data.Dataset`, each worker draining only its shard (`from_tf_dataset`).
 
-Separation of concerns: this module turns a `tf.data.Dataset` of single rows
-(`(x, y)`, `(x, y, sample_weight)`, a dict, or a bare `x`) into lazy leaves
-that the dataset reads like any other source, in chunks, straight into
-device storage. It owns the row order and which pipeline a worker drains;
-the plan still decides which rows each replica holds.
-
-Row order. With `W` workers, global rows are "shard-major": first the
-elements of `dataset.shard(W, 0)`, then those of `dataset.shard(W, 1)`, and
-so on (shard `w` holds `len(range(w, N, W))` rows). With one replica per
-worker and `placement="shard"` the plan's row ranges are exactly these
-blocks, so worker `w` drains `dataset.shard(W, w)` and nothing else. With
-several replicas per worker a worker may also take a few rows of a
-neighbour's block, and with `placement="replicate"` every worker drains
-every shard: all correct, only more reading.
-
-Each element is read once, all leaves together: one cursor per block feeds
-every column (`x`, `y`, ...), and the storage uploads a row range of every
-column before the next, so a pipeline whose order changes on every pass
-(`shuffle()` reshuffles by default) still pairs each `x` with its own `y`.
-A block read a second time in one process (several replicas holding the
-same rows, a neighbour's rows) is a second pass: refused when a step is a
-reshuffling `shuffle`. On several workers the order must also be the
-same in every process: an unseeded `shuffle` is refused up front.
+Global rows are shard-major (`dataset.shard(W, 0)`'s, then `shard(W, 1)`'s...),
+so with one replica per worker and `placement="shard"` worker `w` drains only
+its shard. Every leaf of an element comes from the same pass; a second pass of a
+reshuffling pipeline, and an unseeded `shuffle` on several workers, are refused.
 """
 
 from __future__ import annotations

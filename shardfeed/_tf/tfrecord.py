@@ -1,25 +1,10 @@
 """TFRecord files of `tf.train.Example`s as lazy leaves (`shardfeed.files.tfrecord`).
 
-Separation of concerns: this module owns reading TFRecord shards -- counting
-their records, parsing one feature per leaf with `tf.io.parse_single_example`,
-decoding encoded images once, at load time, to uint8 of one shape. Which
-rows a worker reads is the plan's business, as for every source.
-
-Row order and sharding. Rows are the files' records, files in sorted order.
-A file is the unit of reading: a worker opens only the files that hold its
-replicas' rows, reading a boundary file's records up to the ones it needs.
-
-Row counts. Storage is allocated before any row is read, so every rank
-must know each file's record count first. It is a counting pass
-(`TFRecordDataset(...).reduce`: record framing only, no parsing or
-decoding; a compressed file is decompressed once to count), done by every
-rank over every file, or skipped by passing `num_records` (e.g. counts
-written once next to the files).
-
-TensorFlow is imported inside the functions: `shardfeed.files` stays
-importable without it (the CLI and the format readers never import it), and
-without TensorFlow installed (e.g. Keras on JAX) `tfrecord` refuses at once,
-naming the fix.
+Files in sorted order, a worker opening only those that hold its rows;
+encoded images decoded once, at load. Every rank counts every file's records
+first (storage is allocated before rows are read) unless `num_records` is
+given. TensorFlow is imported inside the functions, and refused naming the fix
+where it is not installed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The compiled calls of a loop, shared by loops whose traces are interchangeable.
-
-Owns the `tf.function`s (`train_chunk`, `test_chunk`, ... and their partial
-last steps) and which `Loop` they run for (`Traces.bound`), so that
-`evaluate(model, x, y)`, which builds a new dataset and loop on every call,
-does not trace again, and what TensorFlow files for a trace while it is
-traced (`_trace_gradients_dropped`).
-"""
+"""The compiled calls of a loop (`Traces`), shared by loops whose traces are interchangeable
+(so `evaluate` on arrays does not retrace), and what TensorFlow files for a trace
+removed after it (`_trace_gradients_dropped`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The Keras surface: `fit` over resident datasets.
+"""`fit` on TensorFlow: the Keras surface over the compiled loop.
 
-Separation of concerns: this layer owns what a Keras user sees -- argument
-checks, building the model's optimizer and metrics, callbacks, the progress
-bar and the returned `History`. It hands the epochs to `FitRun`, the step loop
-to `Loop` and the distribution to the engine, and takes the data's shape from
-the dataset. `evaluate` and `predict` live in `evaluation.py`, the checks the
-three share in `inputs.py`.
+Its own checks, then `fit_args.begin`, the loop (`compiled.loop_for`), the
+callbacks and `History`; the epochs run in `epochs.FitRun`, the steps in `Loop`.
 """
 
 from __future__ import annotations

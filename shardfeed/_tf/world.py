@@ -1,14 +1,8 @@
-"""The world: who this process is and which devices its replicas live on.
+"""The world on TensorFlow: who this process is and which devices its replicas live on.
 
-Separation of concerns: this is the only module that looks at the
-distribution context (the current `tf.distribute` strategy, and in later
-layers Horovod). Everything else -- the plan, the storage, the engine -- asks
-a `World` instead of reading the context or the environment behind each
-other's backs.
-
-Replica numbering: global replica `g = rank * replicas_in_process + i` for
-the i-th local device of worker `rank`. Every worker holds the same number of
-local replicas (as MultiWorkerMirroredStrategy and Horovod require).
+Read from a strategy, the one in scope, or Horovod (`current_world`); global
+replica `g = rank * replicas_in_process + i`, every worker holding as many;
+`barrier` and `all_gather_bytes` are the two tiny collectives every layer may use.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Training, backend-neutral: argument checks, callbacks, progress, resume state
-and backup, `FitOptions`. Each backend's `fit` is `_tf/training.py` /
-`_jax/training.py`.
+"""Training, backend-neutral: argument checks, callbacks, progress, resume state and
+backup, `FitOptions`, the model file; each backend's `fit` uses them.
 
-May import `_common`, `_distribute` and `_data`; never `_tf`, `_jax`, `_launch`
-or `_commands`. Importing this package imports nothing; no module here imports
-TensorFlow or Horovod.
+May import `_data`, `_distribute` and `_common`. Importing this package imports
+nothing; no module here imports TensorFlow, JAX or Horovod.
 """

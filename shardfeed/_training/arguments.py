@@ -1,10 +1,8 @@
-"""What `fit`, `evaluate` and `predict` accept, on either backend.
+"""What `fit`, `evaluate` and `predict` accept, on either backend, and each call's start.
 
-Owns the checks of the model and the data every entry point shares (each
-takes the backend's `ShardedResidentDataset` class as `dataset_type`), the
-`transform` that arrays get (`"auto"`: the one of the dataset the model was
-last fit on), `verbose`, and wrapping arrays in a dataset for evaluation
-(`wrap_arrays`, which each backend's `inputs.as_dataset` calls with its class).
+The model and data checks every entry point shares (the backend's dataset
+class passed in), `transform` for arrays, `verbose`, `wrap_arrays` (arrays as
+a dataset), and `start_call`: every call's first collective.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
-"""`keras.callbacks.BackupAndRestore` under `shardfeed.fit`: mid-epoch, on every rank.
+"""`keras.callbacks.BackupAndRestore` under `fit`, on both backends: mid-epoch, on every rank.
 
-Separation of concerns: this module owns the backup directory -- what is
-written, by whom, and what a restarted `fit` reads back. What the state holds
-and how a resume continues the order is `resume.py`'s; `_tf/epochs.py` moves the
-cursor.
-
-`fit` runs each `BackupAndRestore` it is given through a `ResumableBackup`
-that reads its `backup_dir`, `save_freq` and `delete_checkpoint` and keeps
-the user's object's state as Keras' own callback would (its model and params,
-`_current_epoch`, `_last_batch_seen`, `_batches_seen_since_last_saving`), so
-the object the user holds is the one that changes; a subclass (whose
-overrides could not run) is refused. The backup follows TensorFlow's
-multi-worker pattern:
-- every rank runs it and reads the metric state together (under
-  MultiWorkerMirroredStrategy a sync-on-read read is a collective);
-- only the chief writes: `ckpt-0.weights.h5` or `ckpt-1.weights.h5` in
-  turn (Keras `save_weights`: weights and optimizer state, which are
-  mirrored, so a local read), then
-  `shardfeed_state.json` (the resume state and the weights file's name)
-  atomically by rename, then it removes older weights files -- a kill at any
-  point leaves a state that names a complete weights file;
-- every rank reads the same files on restore (`backup_dir` must be on a
-  filesystem every worker sees, as for TensorFlow's own backups).
-Backend-neutral: both backends' `fit` wrap their callbacks here (the world
-passed in is either backend's). Batch hooks fire once per compiled call, so
-`save_freq=N` saves at the end of the first call after which at least N
-steps ran since the last save (as Keras' own callback does with
-`steps_per_execution`).
+Owns the backup directory: what is written, by whom, and what a restarted
+`fit` reads back (`ResumableBackup`, `wrap`). Every rank runs it; only the
+chief writes, the weights file in turn and then `shardfeed_state.json` by
+rename, so a kill at any point leaves a state naming a complete weights file.
 """
 
 from __future__ import annotations

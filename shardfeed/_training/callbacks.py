@@ -1,8 +1,8 @@
-"""Callbacks under `shardfeed.fit`: which run where, and which are refused.
+"""Callbacks under `fit` and `evaluate`: which run where, and `History.params`.
 
-Owns the `CallbackList` each rank runs (our progress bar added, chief-only
-callbacks removed on other ranks, the rest silenced there). `BackupAndRestore`
-is replaced by `backup.ResumableBackup` before the list is built.
+The `CallbackList` each rank runs (our progress bar added, chief-only
+callbacks removed on other ranks, the rest silenced there), `evaluate`'s
+(`evaluation_callback_list`), `fit_params` and `on_chief`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""`class_weight`: per-row weights from each row's class, computed inside the step.
+"""`class_weight`: per-row weights from each row's class, looked up inside the step.
 
-Owns turning `fit(class_weight={class: weight})` into a weight per row, as
-Keras does for arrays (`data_adapter_utils.class_weight_to_sample_weights`):
-the class of a row is its label rounded to an integer (sparse labels, shape
-`(n,)` or `(n, 1)`) or the argmax of its label vector (one-hot labels); a
-class missing from the mapping weighs 1. Here the weights are looked up on
-the device for each gathered batch, so no weight column is stored.
-Backend-neutral (`keras.ops`, the dataset's `row_specs`): the TensorFlow and
-the JAX loops both call `ClassWeights.weights` inside their steps.
+As Keras for arrays (a sparse label rounded, or a one-hot label's argmax; a
+missing class weighs 1), in `keras.ops` so both backends' loops call
+`ClassWeights.weights`; no weight column is stored.
 """
 
 from __future__ import annotations

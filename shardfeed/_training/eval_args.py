@@ -1,10 +1,6 @@
-"""`model.evaluate`'s and `model.predict`'s arguments under `shardfeed.evaluate` / `predict`.
-
-Owns the Keras argument names those two take beyond their own: `x=` works
-as in Keras (another name for `data`); the rest are refused with what to use
-instead (the table is in docs/keras.md), and the `settings` every rank's
-`evaluate` must share. `fit`'s own arguments live in `fit_args`.
-"""
+"""`model.evaluate`'s and `model.predict`'s other arguments under `shardfeed.evaluate` /
+`predict`: `x=` as in Keras, the rest refused with what to use instead (docs/keras.md),
+and the `settings` every rank's `evaluate` must share."""
 
 from __future__ import annotations
 

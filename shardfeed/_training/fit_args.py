@@ -1,11 +1,9 @@
-"""`model.fit`'s arguments under `shardfeed.fit`: the ones that work, and what to use instead.
+"""`model.fit`'s arguments under `shardfeed.fit`, and the head both backends' `fit` share.
 
-Owns the arguments a Keras user carries over from `model.fit`: refusing those
-`fit` cannot honour with the replacement in the message (the full table is in
-docs/keras.md), `validation_split` (`ShardedResidentDataset.split`: the last
-rows, as in Keras, split before sharding) and `validation_freq` (an int or a list
-of epochs, as in Keras), and the `settings` every rank's `fit` must share
-(compared across ranks by `_data/agreement.check_settings`).
+`begin` -> `FitCall`: the ranks' agreement on `settings` (`start_call`), then
+`validation_split`, the epochs, `validation_freq` and the step counts, checked;
+and `refuse`: the `model.fit` arguments `fit` cannot honour, each with its
+replacement (docs/keras.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Keras' per-output loss logs (`a_loss`, `b_loss`) as its TensorFlow trainer computes them.
 
-Keras' `CompileLoss` updates each output's `Mean` tracker with the batch's
-loss and `sample_weight=y_pred.shape[0]`, the *static* batch size. Keras'
-TensorFlow trainer traces its step on tf.data batches whose static batch size
-is unknown, so that weight is None there: each batch's loss counts once, a
-short last batch as much as a full one (its eager steps, `run_eagerly=True`,
-see the real size and weigh by rows). The total `loss` is not affected (its
-tracker takes the dynamic batch size). shardfeed's traced batches have static
-shapes, which made the weight the batch's rows: per-output logs 0.2-5% off
-Keras' wherever batches differ in size. `keras_weights` gives the trackers
+Keras' traced steps weigh each output's loss by the *static* batch size, None
+on tf.data batches: each batch counts once. Ours have static shapes, which
+weighed by rows (0.2-5% off Keras'), so `keras_weights` gives the trackers
 Keras' weight while a compiled call is traced.
 """
 

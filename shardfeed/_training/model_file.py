@@ -1,10 +1,8 @@
-"""A model file every worker waits for: the checks and the chief's atomic write.
+"""A model file every worker waits for: what both backends' `save_model` share.
 
-Owns what both backends' `save_model` share: the argument checks (a Keras
-model, a `.keras` / `.h5` path) and `model_file_write`, which writes a
-temporary file next to the path and renames it into place, so a reader never
-sees half a file. Each backend's `save_model` runs that write through
-`write_on_chief` with its own world (`_tf/saving.py`, `_jax/saving.py`).
+The argument checks (a Keras model, a `.keras` / `.h5` path) and
+`model_file_write`, a temporary file renamed into place, so a reader never
+sees half a file; each backend runs it through `write_on_chief`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""`FitOptions`: how the compiled training loop runs, validated when built.
-
-Separation of concerns: options are plain values (see `shardfeed._data.options`
-for `LoadOptions`, the storage layer's).
-"""
+"""`FitOptions`: how the compiled training loop runs, frozen and validated when built."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Progress bar: steps, loss/metrics and samples per second, on the chief only.
-
-Separation of concerns: a plain Keras callback fed the same global logs as
-every other callback; it reads the samples-per-step from `params`, which the
-Keras surface fills from the plan.
-"""
+"""The progress bar (`Progress`): steps, loss/metrics and samples per second, on the chief,
+fed the same global logs as every other callback."""
 
 from __future__ import annotations
 

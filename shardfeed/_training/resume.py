@@ -1,20 +1,10 @@
 """Where a `fit` stands, as a few integers, and resuming it at that exact step.
 
-Separation of concerns: this module owns the training cursor (fit epoch and
-step, pass over the data and step in it), the resume state saved with a
-checkpoint (`ResumeState`: the cursor, the data's seed and shape, the world
-shape, the running loss and the metric variables' values -- never rows), and
-what resuming may change: a different number of replicas keeps the global
-batch and the global order, or is refused when the order is not global. The
-backup callback (`backup.py`) writes and reads the state; the loop runs the
-steps it names. Backend-neutral: both backends' `fit` (`_tf/epochs.py`,
-`_jax/training.py`) check and capture states here (`dataset` is either
-backend's `ShardedResidentDataset`).
-
-Why this is enough: an epoch's order is a pure function of
-`(seed, data epoch)` and the plan, and step `s` of it takes fixed rows, so
-"the remaining batches" after a resume are the steps `[s, steps_per_epoch)`
-of the same order. Step numbers stay those of the uninterrupted epoch.
+The cursor (`cursor_at`, `FitPosition`: the base of both backends' runs), what
+a resume may change (another number of replicas keeps the global batch, or is
+refused when the order is not global; `adapt`, `check_run`) and `capture`.
+Enough because an epoch's order is a function of `(seed, data epoch)` and the
+plan (docs/resume.md).
 """
 
 from __future__ import annotations

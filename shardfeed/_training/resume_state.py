@@ -1,12 +1,8 @@
-"""The resume state's file form, checked field by field.
+"""The resume state's file form (`ResumeState`), checked field by field.
 
-Separation of concerns: this module owns `ResumeState` (what a checkpoint
-adds to the weights: the cursor, the data's seed and shape, the world shape,
-the running loss and the metric variables' values) and its schema: each
-field's type and range, read from JSON that may have been edited, damaged or
-written by another run, with errors naming the file and the field. Checking
-the state against the dataset and the run (`adapt`, `check_run`) is
-`resume.py`'s; reading and writing the file is `backup.py`'s.
+What a checkpoint adds to the weights (cursor, the data's seed and shape, the
+world shape, running loss and metric values), each field's type and range,
+errors naming the file and field; and `epoch_span`.
 """
 
 from __future__ import annotations

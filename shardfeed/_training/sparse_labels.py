@@ -1,11 +1,9 @@
 """The sparse-label check, on either backend: sparse categorical labels against the model.
 
-Owns matching each sparse categorical crossentropy in a compiled model's loss
-with its label column and output size, and refusing out-of-range or
-fractional labels before the first step (under XLA they would give NaN, not
-Keras' error). The ranges come from the dataset (`ShardedResidentDataset.label_stats`),
-reduced where the rows live; the backend passes one batch's spec and how to
-gather every replica's ranges (`_tf/label_check.py` on TensorFlow, `_jax/inputs.py`).
+Each sparse categorical crossentropy matched with its label column and output
+size; out-of-range or fractional labels refused before the first step (under
+XLA they would give NaN). The ranges come from the dataset's `label_stats`; the
+backend passes a batch's spec and how to gather every replica's ranges.
 """
 
 from __future__ import annotations

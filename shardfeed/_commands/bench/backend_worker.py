@@ -1,22 +1,12 @@
 """The worker process of a bench variant on another Keras backend (`jax`, `jax-tuned`,
-`shardfeed-jax`, `floor-jax`, `jax-nightly-tuned`).
-
-Separation of concerns: this module owns the worker side of
-`variants._OtherBackend` -- checking that the backend imports, rebuilding the
-workload's data and the reference weights it is sent, then running the
-variant's `setup()` and one `epoch(e)` per request. What the variant does is
-`variants`' (the same `_KerasFit` and `_Tuned` classes as on TensorFlow) and
-`jax_variants`' (`shardfeed.fit` and the floor on JAX); this module only
-carries it across the process boundary.
+`shardfeed-jax`, `floor-jax`, `jax-nightly-tuned`): carries `variants._OtherBackend` across
+the process boundary.
 
 Protocol, one JSON object per line. In, on stdin: the set-up (`variant`,
-`workload`, `rows`, `seed`, `probe_budget_s`, `weights_path`, `keras_nightly`:
-whether the `keras` imported must be a dev build), then
-`{"epoch": e}` per epoch; end of input ends the process. Out, on the original
-stdout: `{"settings", "extra"}` or `{"skipped": why}`, then `{"seconds",
-"loss", "settings"}` per epoch. Everything else the process prints (the probe's lines,
-Keras, the backend, and first one line naming the Python, library versions and
-devices it runs) goes to stderr, which the bench shares.
+`workload`, `rows`, `seed`, `probe_budget_s`, `weights_path`, `keras_nightly`),
+then `{"epoch": e}` per epoch; end of input ends the process. Out, on the
+original stdout: `{"settings", "extra"}` or `{"skipped": why}`, then
+`{"seconds", "loss", "settings"}` per epoch; everything else goes to stderr.
 
 Run as `KERAS_BACKEND=jax python -m shardfeed._commands.bench.backend_worker`.
 """

@@ -1,20 +1,9 @@
 """`shardfeed bench --capacity`: the largest dataset that trains resident on one JAX device.
 
-Separation of concerns: this module owns the capacity probe -- growing a
-float32 dataset of `FEATURES` features (W2's rows and model) as shares of the
-device's memory, building each with the public `ShardedResidentDataset`
-(placement replicate, one device) and training one short epoch of it with
-`shardfeed.fit`, until the dataset refuses it (its memory check: a
-`MemoryError`) or the device runs out of memory; then the largest that
-trained, in bytes and as a share of the device's `memory_stats()["bytes_limit"]`.
-It uses only the public API: what the dataset holds per byte of rows is the
-dataset's business (its memory check counts the rows and an epoch's copy).
-
-The rows are one row broadcast (`np.broadcast_to`, no host memory): the probe
-measures memory, not learning, and a host copy of a dataset near an H200's
-141 GB would not fit beside it. On a CPU, whose devices report no
-`bytes_limit`, `--capacity-limit-bytes` stands in for it (passed to the
-dataset as `LoadOptions(device_memory_bytes=...)`), so the probe is testable.
+Grows a float32 dataset (W2's model) as shares of the device's memory, through
+the public API only, until the dataset's memory check refuses it or the device
+runs out. The rows are one row broadcast (no host copy); on a CPU,
+`--capacity-limit-bytes` stands in for the missing `bytes_limit`.
 """
 
 from __future__ import annotations

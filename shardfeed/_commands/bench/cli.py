@@ -1,10 +1,6 @@
 """`shardfeed bench`'s flags (`add_arguments`) and its run (`run`): workloads, engines, report.
 
-Separation of concerns: this module owns the command line and the order of
-the whole run -- machine info and conditions, each workload's schedule, the
-optional engines bench, then bench.json, bench.md and bench.png. What is
-timed and how lives in the other modules of this package. No TensorFlow at
-import: `shardfeed launch` builds the whole CLI parser.
+No TensorFlow at import: `shardfeed launch` builds the whole CLI parser.
 """
 
 from __future__ import annotations

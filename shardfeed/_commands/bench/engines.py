@@ -1,18 +1,9 @@
 """`shardfeed bench --engines`: per-step time of each engine, and what crosses.
 
-Separation of concerns: this module owns the engines benchmark only -- its
-worker processes, how each engine's are started, and its Markdown table.
-Each engine runs in its own worker process(es) -- logical CPU devices must be
-configured before TensorFlow starts, and MultiWorkerMirroredStrategy and
-Horovod need several processes -- running one bench workload (`workloads`;
-W2, the MLP 64-64-1 on 32 float32 features, unless `--engine-workloads` says
-otherwise, e.g. W5's embedding towers) with `shardfeed.fit` at the workload's
-batch per replica, one warm-up epoch then `--epochs` timed epochs (median),
-timed by `timing.epoch_timer`. Reported per engine: replicas, global batch,
-ms per step, seconds per epoch, the ratio to the single-device run, and the
-bytes each replica sends per step (the trainable variables' gradients:
-nothing else crosses during a step; an `Embedding`'s gradient sends only the
-rows its batch touched, with their indices).
+One worker process (or several) per engine, training a bench workload (W2
+unless `--engine-workloads` says otherwise) with `shardfeed.fit`; reported per
+engine: replicas, ms per step, seconds per epoch, the ratio to one device and
+the gradient bytes each replica sends per step.
 
 Run as a worker: `python -m shardfeed._commands.bench.engines --engine mirrored --out f.json`.
 """

@@ -1,22 +1,10 @@
 """The bench on Keras' JAX backend (`KERAS_BACKEND=jax`): its variants, no TensorFlow.
 
-Separation of concerns: this module owns what `shardfeed bench` times when
-Keras runs on JAX -- `jax` and `jax-tuned` (the same `_KerasFit` and `_Tuned`
-that a TensorFlow bench runs in a worker process, here in the bench's own
-process), `shardfeed` (`shardfeed.fit` on the JAX backend) and `floor` (the
-JAX loop's compiled training call -- Keras' own stateless train step in a
-jitted `lax.scan` -- on one fixed batch), and when named `jax-nightly-tuned`
-(`jax-tuned` on keras-nightly, in a worker process: the bench's own process
-keeps its Keras) -- and refusing the others, which train on TensorFlow.
-The data and models are `workloads`' (NumPy and Keras, backend-neutral); the
-schedule, timing, tuning probe and report are the TensorFlow bench's.
-
-W3 and W4: the bench's `transform` is TensorFlow ops, and Keras' own
-`model.fit` has no `augment=` (`shardfeed.augment`'s blocks run on JAX too),
-so on JAX every variant trains the same model: uint8 input, Keras'
-`Rescaling(1/255)` first, and for W4 Keras' `RandomFlip` and
-`RandomTranslation` inside the model (their seed state is a Keras variable,
-carried through every stateless step).
+`jax`, `jax-tuned` (the TensorFlow bench's `_KerasFit` and `_Tuned`, in this
+process), `shardfeed`, `floor` (the JAX loop's compiled training call on one
+fixed batch) and, when named, `jax-nightly-tuned` (a worker process).
+W3 and W4 train the same model for every variant here: `Rescaling(1/255)`
+and Keras' random layers inside it (the bench's `transform` is TensorFlow ops).
 """
 
 from __future__ import annotations

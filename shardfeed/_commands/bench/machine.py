@@ -1,8 +1,4 @@
-"""What the benchmark's numbers were measured on: CPU, cores, RAM, load, versions, date.
-
-Separation of concerns: this module only reads the machine and library
-versions for the report's header; it times and trains nothing.
-"""
+"""What the benchmark's numbers were measured on: CPU, cores, RAM, load, versions, date."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The bench report's Markdown tables and PNG chart (the JSON is the report dict itself).
-
-Separation of concerns: this module owns how a finished report reads -- the
-conditions header, the smoke-check warning, one table per workload, the
-tuning probe's line and the ratio-to-floor chart. It measures nothing; the
-engines table is `engines.to_markdown`.
-"""
+"""The bench report's Markdown tables and PNG chart (the JSON is the report dict itself)."""
 
 from __future__ import annotations
 

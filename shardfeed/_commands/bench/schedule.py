@@ -1,12 +1,8 @@
 """The schedule: one workload's variants set up, warmed up, then timed in rotated rounds.
 
-Separation of concerns: this module owns when each variant runs -- set-up,
-one warm-up epoch each (compilation included), then round-robin one epoch per
-variant per round in a rotated order so drift in machine load spreads over all
-of them -- and the per-variant numbers derived from those times (median,
-ms/step, ratio to the floor, speed-up over `model.fit(numpy)`). A variant
-that cannot run here (its Keras backend does not import) is reported as
-skipped, with why.
+Round-robin, one epoch per variant per round in a rotated order, so drift in
+machine load spreads over all of them; then each variant's median, ms/step and
+ratios. A variant whose backend does not import is reported skipped, with why.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """`shardfeed bench --shuffles`: what the three shuffles of several replicas cost.
 
-Separation of concerns: this module owns the shuffles benchmark only -- its
-worker processes and its Markdown table; processes start as in `engines.py`.
-Each setup (2 and 4 logical CPU devices under MirroredStrategy, 2
-MultiWorkerMirroredStrategy workers) trains the W2 workload (`workloads`)
-with `shardfeed.fit`, one warm-up epoch then `--epochs` timed epochs, four
-times: `placement="shard"` with the global order (the per-epoch exchange)
-at the default `exchange_buffer_bytes` and at 1 MiB (many rounds: what a
-round costs), `placement="shard"` with `shuffle="local"`, and
-`placement="replicate"`.
-Reported per row: epoch seconds (median), the exchange's bytes sent per
-replica, seconds, GB/s and share of the epoch, and device bytes per replica
-(rows, plus the exchange's staging bound for the global order).
+W2 trained under 2 and 4 logical CPU devices and 2 MultiWorkerMirrored workers,
+four ways: the global order at the default and a 1 MiB exchange buffer, the
+local shuffle, and `placement="replicate"`; reported per row: epoch seconds,
+the exchange's bytes, seconds and share of the epoch, device bytes per replica.
 
 Run as a worker: `python -m shardfeed._commands.bench.shuffles --setup mirrored4 --out f.json`.
 """

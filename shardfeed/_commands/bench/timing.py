@@ -1,9 +1,7 @@
 """The epoch timer: the one Keras callback that times epochs for bench, demo and engines.
 
-Separation of concerns: this module owns how an epoch is timed -- from
-`on_epoch_begin` to `on_epoch_end`, the loss read back first so the epoch's
-work is done -- and the optional time budget that stops a run; the callers
-decide what to do with the seconds. Keras is imported only when a timer is made.
+An epoch runs from `on_epoch_begin` to `on_epoch_end`, its loss read back
+first so its work is done; an optional time budget stops the run.
 """
 
 from __future__ import annotations

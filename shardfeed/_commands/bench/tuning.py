@@ -1,10 +1,8 @@
 """The tuning probe: the fastest `model.fit` steps_per_execution x jit_compile here.
 
-Separation of concerns: this module owns the probe the `tuned` and
-`jax-tuned` variants run before they are timed -- which settings it tries, on
-how many steps, under what time budget -- and the note that names the winner
-and flags a catastrophically slow XLA. The variants (in `variants`) train with
-the winner.
+What the `tuned` and `jax-tuned` variants run before they are timed: the
+settings tried, on how many steps, under what budget, and the note naming the
+winner (and flagging a catastrophically slow XLA).
 """
 
 from __future__ import annotations

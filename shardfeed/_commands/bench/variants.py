@@ -2,13 +2,10 @@
 Keras-nightly on JAX: jax-nightly-tuned), `shardfeed.fit` (also on JAX:
 shardfeed-jax), streaming, floor (also on JAX: floor-jax; and floor-opaque).
 
-Separation of concerns: this module owns what each variant does -- its set-up
-(a fresh model from the reference weights, its input pipeline or dataset) and
-one epoch of it, returning the epoch's seconds and loss. A variant on another
-Keras backend runs in a worker process of its own (Keras picks its backend once
-per process): `_OtherBackend` here drives it epoch by epoch, `backend_worker`
-is that process. When and in which order variants run is the `schedule`'s
-job; the settings probe is `tuning`'s.
+Each variant is a class: its set-up (a fresh model from the reference weights,
+its input pipeline or dataset) and one epoch, returning seconds and loss. A
+variant on another Keras backend runs in a worker process (`_OtherBackend`,
+`backend_worker`): Keras picks its backend once per process.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The benchmark workloads W1-W6: their data, models, losses and inputs.
 
-Separation of concerns: this module owns what is trained -- deterministic
-synthetic data, the seeded models, the loss and optimizer, the `transform`
-shardfeed applies and the tf.data pipeline the Keras variants read -- and
-nothing about timing or reporting. W2 is also what `shardfeed demo` and the
-engines bench (`engines`) train: one rule for its data and model. TensorFlow
-and Keras are imported only inside the functions that need them.
+Deterministic synthetic data, seeded models, the `transform` and the tf.data
+pipeline the Keras variants read. W2 is also what `shardfeed demo` and the
+engines bench train. TensorFlow and Keras are imported inside the functions.
 """
 
 from __future__ import annotations

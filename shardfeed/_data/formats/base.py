@@ -1,31 +1,9 @@
 """File leaves: the `FileArray` type, the ranged-read machinery, `concat`, `READERS`.
 
-Separation of concerns: this module owns what every file format shares. A
-leaf -- an object with `shape`, `dtype`, `ndim`, `len()` and `leaf[start:stop]`
--- is accepted by `ShardedResidentDataset` wherever it accepts a NumPy array.
-The sources layer still decides what a column is, the plan which rows a
-replica owns, and the storage how many rows to read at once; a leaf only
-answers "rows `[start, stop)` of this file". Each format's module builds its
-leaves; `concat` joins leaves along rows; `READERS` (`reader_for`) is the one
-table from a file suffix to its format's reader.
-
-Why not `np.load(mmap_mode="r")`: pages of a memory map that the upload has
-touched stay in the process' resident set until the kernel needs them back, so
-loading a 100 GB shard through a memmap looks (and is accounted, e.g. by a
-cgroup limit) like 100 GB of host memory. Reading each row range with one
-`readinto` at the right offset (`RawArray`) keeps the process' own memory at
-one chunk; the file's pages live only in the kernel's page cache.
-
-What a leaf holds: the path and what its header says (shape, dtype, offsets),
-never the data. Handles are opened on first read and dropped when pickled, so
-a leaf built on the chief can be sent to workers. A leaf is not safe to read
-from several threads at once (a compressed .npz member, an HDF5 or Parquet
-file keep one open handle and a read position).
-
-Verifies: that a file exists, that a raw file holds exactly the bytes its
-header describes (`check_size`, also on read: a file truncated later), that
-reads are contiguous row ranges, and that leaves joined by `concat` share a
-dtype and a row shape.
+A leaf (`shape`, `dtype`, `len()`, `leaf[start:stop]`) is accepted wherever an
+array is, and holds the path and header, never the data. Why not
+`np.load(mmap_mode="r")`: pages a memmap touched count as the process'
+memory; one `readinto` per range (`RawArray`) keeps it to one chunk.
 """
 
 from __future__ import annotations

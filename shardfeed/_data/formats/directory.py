@@ -1,15 +1,4 @@
-"""Shard directories: the reader `files.directory`.
-
-Separation of concerns: this module owns turning the files of a directory
-that match a glob into one leaf: sorted by name, one format for all (chosen
-by suffix from `base.READERS`), joined along rows by `base.concat`. Each
-shard is opened by its format's reader; only headers are read here.
-
-Verifies, when the leaf is built: at least one file matches, all have one
-supported suffix, `field` is given exactly when the format needs one, and
-(through `concat`) the shards share a dtype and a row shape; plus each
-format's own checks.
-"""
+"""Shard directories: the reader `files.directory` (a glob's files, sorted, joined by `concat`)."""
 
 from __future__ import annotations
 

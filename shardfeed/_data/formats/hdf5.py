@@ -1,16 +1,5 @@
-"""HDF5 files: the reader `files.hdf5`, through h5py.
-
-Separation of concerns: this module owns opening an HDF5 file (h5py, an
-optional dependency imported on use) and reading a dataset's rows with
-`read_direct`, which converts byte order into the output with no temporary.
-The file is opened at build time only for the dataset's shape and dtype, and
-reopened on the first read so the leaf can be pickled before it reads.
-
-Verifies, when the leaf is built: the file opens as HDF5, the dataset exists,
-its dtype is numeric and it has a row dimension. On read: what h5py and HDF5
-check (filter checksums such as Fletcher-32 only if the writer enabled them).
-Not detected: flipped bytes in datasets written without a checksum filter.
-"""
+"""HDF5 files: the reader `files.hdf5`, through h5py (imported on use; `read_direct`
+converts byte order with no temporary). What is verified: docs/data.md."""
 
 from __future__ import annotations
 

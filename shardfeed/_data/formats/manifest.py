@@ -1,28 +1,9 @@
-"""Split manifests: the reader `files.manifest` and the manifest format.
+"""Split manifests: the reader `files.manifest` and the manifest format (version 1).
 
-Separation of concerns: this module owns the *manifest* of a split dataset
-(written by `shardfeed._data.split`) and reading it back: mapping global row
-ranges to shard files, one lazy leaf per array (`base.concat` of one
-`_ShardFile` per shard). Each shard file is read by its format's reader.
-
-Manifest (`manifest.json`, format version 1)::
-
-    {"format": "shardfeed.split", "format_version": 1, "file_format": "npy",
-     "num_rows": 1000, "num_shards": 4,
-     "arrays": {"x": {"dtype": "<f4", "row_shape": [32]}, ...},
-     "shards": [{"shard_index": 0, "row_start": 0, "row_stop": 250, "num_rows": 250,
-                 "files": {"x": {"path": "x-00000-of-00004.npy", "bytes": 32128,
-                                 "sha256": "..."}, ...}}, ...]}
-
-File paths are relative to the manifest, so a split directory can be moved.
-
-Verifies, when the leaves are built (only `manifest.json` is read, plus a
-stat per shard file): format and version, rows that add up, each file
-entry's types, each shard file's path (relative, inside the manifest's
-directory after `..` and symlinks are resolved, checked before the file is
-looked at) and size. On a shard file's first read: with `verify=True` (the
-default) its sha256, then that its header matches the manifest, then the
-file format's own checks.
+`manifest.json` maps global row ranges to shard files (paths relative to it,
+confined to its directory, with sizes and sha256); each array reads back as
+one leaf over its shards. Written by `_data/split.py`; what is verified:
+docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""`.npy` files: the header parser and the reader `files.npy`.
-
-Separation of concerns: this module owns the .npy format -- its header
-(format version 1.0 or 2.0, read with NumPy's own helpers; pickled data is
-never loaded) and where the rows start. Reading rows is `base.RawArray`'s
-job: one positioned `readinto` per range. `npz` reuses the header parser for
-the .npy bytes inside an archive.
-
-Verifies, when the leaf is built: the header (numeric dtype, C order,
-dimensions >= 0) and that the file size equals header + `prod(shape) *
-itemsize`; on read: that the rows asked for are all there (a file truncated
-later). Not detected: flipped bytes (.npy has no checksum).
-"""
+"""`.npy` files: the header parser and the reader `files.npy` (rows read by
+`base.RawArray`; pickled data never loaded). What is verified: docs/data.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""`.npz` archives: the reader `files.npz`, for stored and compressed members.
-
-Separation of concerns: this module owns finding an array inside a zip
-archive and reading its rows: a stored member (`np.savez`) in place, like a
-.npy file (`base.RawArray`); a compressed one (`np.savez_compressed`) as a
-stream that remembers its position. The .npy header inside is parsed by `npy`.
-
-Verifies, when the leaf is built: the archive is a complete zip, the key
-exists, the member's .npy header (as `npy`) and its size. On read, with
-`verify=True` (the default): the member's CRC-32 from the central directory,
-once per process before the first row is returned (a compressed member is
-decompressed whole once for it). A broken deflate stream is an error naming
-the archive and the member in either mode. Not detected: flipped bytes in a
-stored member read with `verify=False`.
-"""
+"""`.npz` archives: the reader `files.npz`, for stored members (read in place) and
+compressed ones (a stream that remembers its position). What is verified: docs/data.md."""
 
 from __future__ import annotations
 

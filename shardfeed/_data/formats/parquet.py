@@ -1,17 +1,6 @@
-"""Parquet files: the readers `files.parquet` and `files.parquet_columns`.
-
-Separation of concerns: this module owns mapping a Parquet column to rows of
-a NumPy array (numbers; fixed-size lists; equal-length lists, nested ones
-N-D) and reading only the row groups that overlap a range, only that column,
-one row group at a time. pyarrow is an optional dependency imported on use.
-
-Verifies, when the leaf is built: the file is complete Parquet, the columns
-exist and hold numbers (or lists of them). On read: page CRC-32s where the
-writer stored them (`page_checksum_verification=True`; `shardfeed split`
-writes them), pages that do not decode, nulls, and lists whose length differs
-from the first row's. Not detected: flipped bytes in a file written without
-page checksums (pyarrow's default `write_page_checksum=False`).
-"""
+"""Parquet files: the readers `files.parquet` and `files.parquet_columns` (pyarrow,
+imported on use): one column, only the row groups a range overlaps. What is
+verified: docs/data.md."""
 
 from __future__ import annotations
 
