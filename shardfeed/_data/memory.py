@@ -134,7 +134,7 @@ def device_bytes(
 # The most device bytes per replica a compiled call of one replica gathers
 # at once: one gather per column for many steps, then contiguous rows per
 # step, instead of one gather per column per step inside XLA (on CPU, XLA's
-# gather cost W2 ~50 us of ~150 per step: docs/performance.md).
+# gather cost W2 ~50 us of ~150 per step: shardfeed/_commands/bench/NOTES.md).
 CALL_ROWS_BYTES = 32 * MIB
 
 

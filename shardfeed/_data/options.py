@@ -47,7 +47,7 @@ class LoadOptions:
             epoch keeps a copy of each replica's rows in step order, so a step
             slices contiguous rows instead of gathering them: `"auto"`
             (default) copies only on CPU devices, where it was measured
-            faster (docs/performance.md), and only when the copy and its
+            faster (shardfeed/_commands/bench/NOTES.md), and only when the copy and its
             exchange fit in `epoch_copy_bytes` and the memory check; True
             always copies (counted in the memory check); False never (device
             memory stays near one copy of the rows).

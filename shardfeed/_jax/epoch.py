@@ -472,7 +472,7 @@ def epoch_columns(
     tables, world = dataset.tables, dataset.world
     # Written into memory the process already has when it can: a new copy is
     # pages the OS faults in one by one (W2, 38 MB: ~9,400 faults, about 25 of
-    # the copy's 57 ms on the 2-core VM; docs/performance.md).
+    # the copy's 57 ms on the 2-core VM; shardfeed/_commands/bench/NOTES.md).
     if not _exchange.fits(spare, world, tables, slots):
         spare = None  # let go of before a new copy is made
     out = _exchange.new_copy(world, tables, slots) if spare is None else spare

@@ -168,7 +168,7 @@ def loop_for(
 
 # Layers whose convolutions XLA:CPU runs 6-21x slower inside a `while` loop
 # (a rolled `lax.scan`, even of length 1) than outside one
-# (docs/performance.md). A layer calling `keras.ops.conv` itself is not seen.
+# (shardfeed/_commands/bench/NOTES.md). A layer calling `keras.ops.conv` itself is not seen.
 _CONVOLUTIONS = (
     keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
     keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
@@ -180,7 +180,7 @@ _CONVOLUTIONS = (
 # "auto" steps per call of an unrolled loop, at most (and about ten calls per
 # epoch below that): on CPU the keras-io MNIST convnet and timeseries FCN ran
 # 8 unrolled steps per call 12-36% faster per step than 1, and 16-32 no
-# faster, while the compile grows with the steps (docs/performance.md).
+# faster, while the compile grows with the steps (shardfeed/_commands/bench/NOTES.md).
 UNROLLED_AUTO_STEPS = 8
 
 
@@ -384,7 +384,7 @@ class Loop:
                 if num_steps == 1:
                     # No scan: JAX lowers even a length-1 `lax.scan(unroll=True)`
                     # to a `while` loop, where XLA:CPU's convolutions run 6-21x
-                    # slower (docs/performance.md).
+                    # slower (shardfeed/_commands/bench/NOTES.md).
                     state, result = body(state, jnp.int32(0))
                     if mode != "predict":
                         return result, state

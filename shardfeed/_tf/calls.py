@@ -135,7 +135,7 @@ def _calls(
 # Pieces a one-replica XLA training call's rows are gathered in
 # (`gather_pieces`): `Loop._train_gathered` gathers the next piece while XLA
 # trains on this one. One: on the 2-core VM more pieces showed no gain in
-# `fit` and cost an XLA compile (docs/performance.md, "W2's gap per step");
+# `fit` and cost an XLA compile (shardfeed/_commands/bench/NOTES.md, "W2's gap per step");
 # a call whose rows exceed half the counted bytes still comes in pieces.
 GATHER_PIECES = 1
 

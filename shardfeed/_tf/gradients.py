@@ -3,7 +3,7 @@
 One exchange per step instead of Keras' per-gradient `all_reduce`: the dense
 gradients in one batched all-reduce, every `IndexedSlices` all-gathered as it
 is (values and indices packed); TensorFlow's own sparse all-reduce costs about
-ten collectives per step for two embedding towers (docs/performance.md).
+ten collectives per step for two embedding towers (shardfeed/_commands/bench/NOTES.md).
 `sparse_as_dense` densifies them first.
 """
 

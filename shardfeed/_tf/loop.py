@@ -77,7 +77,7 @@ def run_eagerly(model: keras.Model) -> bool:
 def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
     """`"auto"`: XLA on GPUs; on CPUs only for models without convolutions.
 
-    Measured on this project's 2-core CPU (docs/performance.md): XLA made the
+    Measured on this project's 2-core CPU (shardfeed/_commands/bench/NOTES.md): XLA made the
     MLPs faster per step, but the small CNN inside an XLA loop ran 2.5x slower
     (82 vs 33 ms/step).
     """

@@ -147,7 +147,7 @@ class _Exchange:
         self, optimizer: Any, distribution: Any, grads_and_vars: Any, learning_rate: Any
     ) -> None:
         """Keras' `_distributed_tf_update_step`, each variable's update on each
-        device one XLA call. Measured on W5 (docs/performance.md): outside
+        device one XLA call. Measured on W5 (shardfeed/_commands/bench/NOTES.md): outside
         XLA, Keras' dense Adam over a 9,724 x 50 table runs as a dozen
         separate kernels per device and step, each a pass over the table;
         fused, one pass. The same `update_step`, so the same arithmetic."""

@@ -129,7 +129,7 @@ def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: Loop) -> ValueError 
     """`err` explained when it is XLA refusing an op it has no kernel for.
 
     `FitOptions(jit_compile="auto")` turns XLA on for models without
-    convolutions also on CPUs (faster there, docs/performance.md), where
+    convolutions also on CPUs (faster there, shardfeed/_commands/bench/NOTES.md), where
     Keras' "auto" is off: an op without an XLA kernel (`tf.py_function`, a
     `tf.summary` write in `call`) then fails to compile, before any step ran.
     """
@@ -159,7 +159,7 @@ def _trace_gradients_dropped() -> Iterator[None]:
     optimizer files one per trace (`ReplicaContext.all_reduce` of the
     gradients, even on one device), so every fitted model's weights and
     optimizer slots stayed in memory after the model was dropped (measured:
-    +50 MiB per fit of a 4.3M-parameter model with Adam; docs/performance.md).
+    +50 MiB per fit of a 4.3M-parameter model with Adam; shardfeed/_commands/bench/NOTES.md).
     The gradients of our trace are taken while it is traced, and no one
     differentiates a compiled call afterwards, so its entries are dead once
     the trace is built. Entries of other graphs (a nested `tf.function` the

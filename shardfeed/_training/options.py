@@ -19,7 +19,7 @@ class FitOptions:
             `compile(steps_per_execution=k)` when `k > 1`, else about 10
             calls per epoch, at most 512 steps each (on JAX, a model with a
             convolution on CPU devices runs its steps unrolled, at most 8 per
-            call: docs/performance.md; an integer that differs
+            call: shardfeed/_commands/bench/NOTES.md; an integer that differs
             from such a `k` is refused: see `with_model_steps`). Only each
             call's logs come back to Python, so callbacks' `on_*_batch_end`
             hooks and the progress bar see one update per call.
