@@ -115,9 +115,10 @@ def test_each_replica_holds_only_its_rows_on_its_device():
 
 @pytest.mark.parametrize(
     ("rows", "replicas"),
-    # Shards 334/334/333, 250x3/249, 250x4, 251x3/250, 2/2/2/1 (fewer rows than a
-    # global batch). CI time: 1001 over 4 and over 2 (shapes these cover) were dropped.
-    [(1001, 3), (999, 4), (1000, 4), (1003, 4), (7, 4)],
+    # Shards 334/334/333, 250x3/249, 251x3/250, 2/2/2/1 (fewer rows than a
+    # global batch). CI time: 1001 over 4 and over 2, and 1000 over 4 (even
+    # shards, which test_replicas_equal_one_replica... covers) were dropped.
+    [(1001, 3), (999, 4), (1003, 4), (7, 4)],
 )
 def test_uneven_shards_train_and_evaluate_exactly(rows, replicas):
     x, y, w = _data(rows)
