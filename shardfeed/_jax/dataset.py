@@ -33,22 +33,6 @@ from shardfeed._jax.world import World, current_world, initialized_world
 logger = logging.getLogger("shardfeed")
 
 
-def _check_backend_args(strategy: Any, options: LoadOptions) -> None:
-    """What only the JAX backend refuses: a strategy, an epoch copy of streamed rows."""
-    if strategy is not None:
-        raise ValueError(
-            _errors.message(
-                "On the JAX backend the replicas are `shardfeed.init()`'s devices (or a "
-                "`keras.distribution.DataParallel`'s); a `tf.distribute` strategy has no role.",
-                f"strategy={strategy!r}",
-                "Leave `strategy=None`; to choose devices, call `shardfeed.init()` or set "
-                "`keras.distribution.set_distribution(DataParallel(...))` first.",
-            )
-        )
-    if options.streaming is True and options.epoch_copy is True:
-        raise ValueError(_STREAMED_COPY.format(streaming=True))
-
-
 _STREAMED_COPY = _errors.message(
     "A streamed dataset keeps no per-epoch copy: each chunk is already a copy of its "
     "rows in step order.",
@@ -156,7 +140,19 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     _TRANSFORM_EXAMPLE = "x.astype('float32') / 255"
 
     def _check_backend_args(self, strategy: Any, options: LoadOptions) -> None:
-        _check_backend_args(strategy, options)
+        """What only the JAX backend refuses: a strategy, an epoch copy of streamed rows."""
+        if strategy is not None:
+            raise ValueError(
+                _errors.message(
+                    "On the JAX backend the replicas are `shardfeed.init()`'s devices (or a "
+                    "`keras.distribution.DataParallel`'s); a `tf.distribute` strategy has no role.",
+                    f"strategy={strategy!r}",
+                    "Leave `strategy=None`; to choose devices, call `shardfeed.init()` or set "
+                    "`keras.distribution.set_distribution(DataParallel(...))` first.",
+                )
+            )
+        if options.streaming is True and options.epoch_copy is True:
+            raise ValueError(_STREAMED_COPY.format(streaming=True))
 
     def _take_world(self, strategy: Any) -> tuple[World, Callable[[], Any] | None]:
         return current_world(), initialized_world if initialized_world() is None else None

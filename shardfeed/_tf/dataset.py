@@ -113,13 +113,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
-        options = self._start(
+        opts = self._start(
             x, y, sample_weight, per_replica_batch_size=per_replica_batch_size,
             shuffle=shuffle, seed=seed, drop_remainder=drop_remainder, placement=placement,
             transform=transform, augment=augment, load_options=load_options, strategy=strategy,
         )
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
-        opts = options
         exchanged = _args.uses_exchange(self.shuffle, self.eval_plan)
         row_bytes = self.columns.row_bytes
         staged = (
