@@ -59,7 +59,7 @@ def _train_chunk_ops(dataset, in_xla=None):
     loop; `in_xla`: only those inside (True) or outside (False) a function
     compiled with XLA (one called with `_XlaMustCompile`, and what it calls)."""
     (loop,) = _compiled._LOOPS[dataset].values()
-    graph = loop.traces.train_chunk._list_all_concrete_functions()[0].graph
+    graph = loop.traces.call("train", "steps")._list_all_concrete_functions()[0].graph
     graphs = {"": graph}  # every function graph, by name
 
     def collect(g):

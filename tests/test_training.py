@@ -585,7 +585,7 @@ def _fit_gathering(per_call: bool, augment=None, class_weight=None, rows=ROWS, s
     loop = loop_for(model, ds, options)
     assert loop.gathers_per_call
     if not per_call:
-        loop._train_chunk_fn = loop.traces.train_chunk
+        loop.gathers_per_call = False
     hist = shardfeed.fit(
         model, ds, epochs=2, verbose=0, options=options, class_weight=class_weight
     )
@@ -652,7 +652,7 @@ def test_a_calls_pieces_hold_at_most_the_counted_rows(row_budget_steps, unordere
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, seed=3)
     options = FitOptions(jit_compile=True, steps_per_execution=8)
     shardfeed.fit(model, ds, epochs=1, verbose=0, options=options)
-    traced = loop_for(model, ds, options).traces.train_gathered
+    traced = loop_for(model, ds, options).traces.call("train", "gathered")
     graph = traced._list_all_concrete_functions()[0].graph
     gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"]
     calls = [op for op in graph.get_operations() if op.type == "StatefulPartitionedCall"]

@@ -1,6 +1,7 @@
 """An epoch's calls, as Keras' epoch iterator yields them: `Call` (Keras' step counter and
-the compiled pieces it runs), `EpochCalls` (what `Loop.epoch` returns; `run` runs one
-call and keeps the epoch's running loss), and `gather_pieces`."""
+the compiled pieces it runs), `EpochInputs` (what the calls take), `EpochCalls` (what
+`Loop.epoch` returns; `run` runs one call and keeps the epoch's running loss), and
+`gather_pieces`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import launch_env as _launch_env
-from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf.epoch import ResidentEpoch
 
 if TYPE_CHECKING:
     from shardfeed._tf.loop import Loop
+    from shardfeed._tf.traces import Mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,25 @@ class Call:
     pieces: tuple[tuple[int, int], ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochInputs:
+    """What the compiled calls of one epoch take (`Loop.run`).
+
+    Attributes:
+        order: The open epoch: its steps' slots, and the gather the calls trace.
+        plan: The epoch's plan (steps, the partial last step's rows).
+        epoch: The epoch's number (seeds augmentation).
+        handles: The columns' handles per local replica.
+        replicas: Each local replica's global id, placed on it (None: unused).
+    """
+
+    order: ResidentEpoch
+    plan: ShardPlan
+    epoch: int
+    handles: Any
+    replicas: Any
+
+
 class EpochCalls:
     """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
     `run` that executes one, holding the epoch open until `close`."""
@@ -46,9 +66,7 @@ class EpochCalls:
     def __init__(
         self,
         loop: Loop,
-        order: ResidentEpoch,
-        plan: ShardPlan,
-        epoch: int,
+        inputs: EpochInputs,
         training: bool,
         first: int,
         last: int,
@@ -56,16 +74,16 @@ class EpochCalls:
         totals: tuple[float, int],
     ) -> None:
         self._loop = loop
-        # What `Loop.run_piece` reads of the epoch it runs.
-        self.order, self.plan, self.epoch_index, self.training = order, plan, epoch, training
-        self.handles = loop.handles(order)
-        self.replicas = _augmenting.replica_ids(loop.engine)
+        self._inputs = inputs
+        self._mode: Mode = "train" if training else "test"
+        self._own = loop.model_steps.own(self._mode)
         self.totals = totals  # the epoch's running (loss sum, rows)
+        plan = inputs.plan
         self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
         self.calls = _calls(
             first, last, step_offset, self.steps_per_call,
             plan.full_steps_per_epoch if plan.has_partial_step else None,
-            order.call_bounds,
+            inputs.order.call_bounds,
         )
 
     def __iter__(self) -> Iterator[Call]:
@@ -78,8 +96,7 @@ class EpochCalls:
         self.close()
 
     def close(self) -> None:
-        self.order.close()
-        self._loop.close_epoch()
+        self._inputs.order.close()
 
     def logs(self) -> dict[str, Any]:
         """The epoch's logs so far (empty before its first step)."""
@@ -91,13 +108,11 @@ class EpochCalls:
         the compiled metrics, or what the model's own step returned."""
         _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
         value: Any = None
-        own = self._loop.model_steps.own(self.training)
-        with self._loop.traces.bound(self._loop):
-            for start, stop in call.pieces:
-                value, rows = self._loop.run_piece(self, start, stop)
-                if not own:
-                    self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
-        return self._loop.own_logs(value) if own else self.logs()
+        for start, stop in call.pieces:
+            value, rows = self._loop.run(self._inputs, self._mode, start, stop)
+            if not self._own:
+                self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        return self._loop.own_logs(value) if self._own else self.logs()
 
 
 def _calls(
@@ -133,7 +148,7 @@ def _calls(
 
 
 # Pieces a one-replica XLA training call's rows are gathered in
-# (`gather_pieces`): `Loop._train_gathered` gathers the next piece while XLA
+# (`gather_pieces`): `Loop.train_gathered` gathers the next piece while XLA
 # trains on this one. One: on the 2-core VM more pieces showed no gain in
 # `fit` and cost an XLA compile (shardfeed/_commands/bench/NOTES.md, "W2's gap per step");
 # a call whose rows exceed half the counted bytes still comes in pieces.

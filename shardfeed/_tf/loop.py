@@ -1,14 +1,15 @@
 """The compiled loop on TensorFlow (`Loop`): many steps per call, batches gathered on the device.
 
 Owns the step arithmetic (forward, backward, loss scaling, optimizer and metric
-updates, with exact global numbers) and the compiled functions that run `k`
-steps per call over a `[k, batch]` slice of the epoch's indices; batches come
-from `ResidentEpoch` (`handles`, `indices`, `gather`), distribution from the engine.
+updates, with exact global numbers), the bodies of the compiled calls that run `k`
+steps over a `[k, batch]` slice of the epoch's indices (one per mode and piece, built
+by `Traces.call`; `run` is the one host entry); batches come from the `ResidentEpoch`
+each body takes, distribution from the engine.
 
 Why columns go in as resource handles and a `Loop` holds its dataset weakly: a
 trace keeps the variables passed to it and Keras' optimizer keeps every trace,
 yet dropping a dataset must free its rows. A one-replica training call gathers
-with TensorFlow's kernel piece by piece beside the XLA loop (`_train_gathered`):
+with TensorFlow's kernel piece by piece beside the XLA loop (`train_gathered`):
 XLA's own gather cost more than the rest of W2's input per step.
 """
 
@@ -29,11 +30,11 @@ from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import model_steps as _model_steps
 from shardfeed._tf import predictions as _predictions
 from shardfeed._tf import step_optimizers as _step_optimizers
-from shardfeed._tf.calls import EpochCalls, gather_pieces
+from shardfeed._tf.calls import EpochCalls, EpochInputs, gather_pieces
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
-from shardfeed._tf.traces import Traces
+from shardfeed._tf.traces import Mode, Piece, Traces
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
 
@@ -114,12 +115,9 @@ class Loop:
     ) -> None:
         self.model = model
         self.class_weights = class_weights
-        # Weak: the loop is cached per dataset (`_training._loop_for`) and must
+        # Weak: the loop is cached per dataset (`compiled.loop_for`) and must
         # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
-        # The epoch a call runs on (its `gather` is traced); held only
-        # during an epoch's calls (`Loop.epoch`) or `predict`, for the same reason.
-        self._open: ResidentEpoch | None = None
         self.engine = engine
         self.options = options
         # `compile(run_eagerly=True)`: the same calls and steps, run as Python
@@ -139,35 +137,15 @@ class Loop:
         self._fb = forward_backward
         # A model's own `train_step`/`test_step`/`predict_step` replaces ours
         # (`model_steps.py`).
-        self.model_steps = steps = _model_steps.ModelSteps.of(model)
-        self._own = own = _model_steps.ModelStepCalls(self)
-        # What each compiled call of `traces` runs for this loop.
-        self.calls: dict[str, Callable[..., Any]] = {
-            "_train_chunk": own.train_chunk if steps.train else self._train_chunk,
-            "_train_gathered": self._train_gathered,
-            "_train_rows": self._train_rows,
-            "_test_chunk": own.test_chunk if steps.test else self._test_chunk,
-            "_predict_chunk": own.predict_chunk if steps.predict else self._predict_chunk,
-            "_train_partial": own.train_partial if steps.train else self._train_partial,
-            "_test_partial": own.test_partial if steps.test else self._test_partial,
-            "_predict_partial": own.predict_partial,
-        }
-        traced = self.traces
+        self.model_steps = _model_steps.ModelSteps.of(model)
+        self._own = _model_steps.ModelStepCalls(self)
         # Our own step on one replica under XLA gathers a call's rows up front
-        # (`_train_gathered`; the memory counted for it is the resident
+        # (`train_gathered`; the memory counted for it is the resident
         # dataset's: a streamed one's ring slots take the memory there);
         # otherwise each step gathers its batch.
         self.gathers_per_call = (
-            self.whole_loop_jit and not steps.train and not dataset.is_streaming
+            self.whole_loop_jit and not self.model_steps.train and not dataset.is_streaming
         )
-        self._train_chunk_fn = (
-            traced.train_gathered if self.gathers_per_call else traced.train_chunk
-        )
-        self._test_chunk_fn = traced.test_chunk
-        self._predict_chunk_fn = traced.predict_chunk
-        self._train_partial_fn = traced.train_partial
-        self._test_partial_fn = traced.test_partial
-        self._predict_partial_fn = traced.predict_partial
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -180,9 +158,12 @@ class Loop:
         """The columns' handles per local replica, for the compiled calls."""
         return self.engine.distribute(order.handles())
 
-    def gather(self, handles, indices, with_targets: bool = True):
-        """One step's batch gathered from the open epoch's rows (inside a trace)."""
-        return self._open_epoch().gather(handles, indices, with_targets)
+    def body(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
+        """What the compiled call `(mode, piece)` runs (see `Traces.call`):
+        the model's own step where it has one, else ours. Each body takes the
+        epoch, then the call's tensors."""
+        own = self.model_steps.own(mode) and piece in ("steps", "partial")
+        return getattr(self._own if own else self, f"{mode}_{piece}")
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -240,9 +221,11 @@ class Loop:
         self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 
-    def train_batch(self, handles, indices):
-        x, y, sw = self.gather(handles, indices)
-        if self.class_weights is not None:  # only training batches, as in Keras
+    def train_batch(self, epoch: ResidentEpoch, handles, indices):
+        """A training step's batch, with its class weights (only training
+        batches get them, as in Keras)."""
+        x, y, sw = epoch.gather(handles, indices)
+        if self.class_weights is not None:
             sw = self.class_weights.weights(y)
         return x, y, sw
 
@@ -254,9 +237,9 @@ class Loop:
         model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 
-    # -- compiled calls ------------------------------------------------------
+    # -- bodies of the compiled calls (`body`) ---------------------------------
 
-    def _train_chunk(self, handles, indices, where, replicas):
+    def train_steps(self, epoch, handles, indices, where, replicas):
         # The step loop sits outside `engine.run`: a strategy cannot merge
         # (all-reduce gradients) inside a while loop of the replica function.
         # Per-replica loss sums go to a sync-on-read accumulator, reduced once
@@ -264,7 +247,7 @@ class Loop:
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
         def replica(handles, indices, i, r):
-            x, y, sw = self.train_batch(handles, indices[i])
+            x, y, sw = self.train_batch(epoch, handles, indices[i])
             x = _augmenting.augmented(self.dataset, x, where, i, r)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
@@ -274,13 +257,14 @@ class Loop:
             self.engine.run(replica, (handles, indices, i, replicas))
         return self.engine.read_sum(self._loss_sum)
 
-    def _train_gathered(self, handles, indices, where, replicas):
+    def train_gathered(self, epoch, handles, indices, where, replicas):
         # One replica (no `engine.run`): a call's rows in one gather per column
         # and piece (TensorFlow's kernel, outside XLA), then the XLA step loop
-        # over them. Same steps, same rows, same order as `_train_chunk`.
+        # over them (`train_rows`). Same steps, same rows, same order as
+        # `train_steps`.
         steps, batch = indices.shape[:2]
-        epoch = self._open_epoch()
         pieces = gather_pieces(steps, epoch.steps_per_gather)
+        train_rows = self.traces.call("train", "rows")
 
         def rows_of(a: int, b: int, after: Any) -> Batch:
             # After the steps `after` ran: the rows of at most two pieces are
@@ -301,17 +285,16 @@ class Loop:
             if after is not None and overlap:
                 ahead = rows_of(*after, before)
             offset = tf.constant([0, a], tf.int64)
-            before = self.traces.train_rows(rows, where + offset, replicas)
+            before = train_rows(rows, where + offset, replicas)
             if after is not None:
                 rows = ahead if overlap else rows_of(*after, before)
         return self._loss_sum.read_value()
 
-    def _train_rows(self, rows, where, replicas):
-        # The XLA step loop of `_train_gathered`: step i reads rows[i].
+    def train_rows(self, epoch, rows, where, replicas):
+        # The XLA step loop of `train_gathered`: step i reads rows[i].
         # An optional input may be None; any other leaf gives the shape.
         leaf = next(t for t in keras.tree.flatten(rows.x) if t is not None)
         steps, batch = leaf.shape[:2]
-        epoch = self._open_epoch()
         for i in tf.range(steps):
             x, y, sw = _map_leaves(lambda t, i=i: t[i], rows)
             x = epoch.transformed(x)
@@ -322,24 +305,19 @@ class Loop:
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
         return tf.zeros([])
 
-    def _open_epoch(self) -> ResidentEpoch:
-        if self._open is None:
-            raise RuntimeError("The loop's compiled calls run inside an open epoch.")
-        return self._open
-
-    def _test_chunk(self, handles, indices):
+    def test_steps(self, epoch, handles, indices):
         def replica(handles, indices):
             loss_sum = tf.zeros([], tf.float32)
             for i in tf.range(indices.shape[0]):
-                x, y, sw = self.gather(handles, indices[i])
+                x, y, sw = epoch.gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
             return loss_sum
 
         return self.engine.sum_across_replicas(self.engine.run(replica, (handles, indices)))
 
-    def _train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
+    def train_partial(self, epoch, handles, indices, real_rows, all_rows, where, replicas):
         def replica(handles, indices, real_rows, r):
-            x, y, sw = self.train_batch(handles, indices[:real_rows])
+            x, y, sw = self.train_batch(epoch, handles, indices[:real_rows])
             x = _augmenting.augmented(self.dataset, x, where, 0, r)
             total = self.train_step(x, y, sw, real_rows, all_rows)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
@@ -348,10 +326,10 @@ class Loop:
         self.engine.run(replica, (handles, indices, real_rows, replicas))
         return self.engine.read_sum(self._loss_sum)
 
-    def _test_partial(self, handles, indices, real_rows):
+    def test_partial(self, epoch, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
             def step():
-                x, y, sw = self.gather(handles, indices[:real_rows])
+                x, y, sw = epoch.gather(handles, indices[:real_rows])
                 return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
                     real_rows, tf.float32
                 )
@@ -366,20 +344,25 @@ class Loop:
             self.engine.run(replica, (handles, indices, real_rows))
         )
 
-    def _predict_chunk(self, handles, indices):
+    def predict_steps(self, epoch, handles, indices, forward=None):
+        """Each replica's outputs for every step of the slice, stacked per
+        step: the model's call, or `forward(x)` (its own `predict_step`)."""
+        if forward is None:
+            forward = lambda x: self.model(x, training=False)  # noqa: E731
+
         def replica(handles, indices):
-            def forward(i):
-                x, _, _ = self.gather(handles, indices[i], with_targets=False)
-                return self.model(x, training=False)
+            def step(i):
+                x, _, _ = epoch.gather(handles, indices[i], with_targets=False)
+                return forward(x)
 
             steps = indices.shape[0]
             # The first step outside the loop gives the outputs' structure.
             outputs = keras.tree.map_structure(
-                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t), forward(0)
+                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t), step(0)
             )
             for i in tf.range(1, steps):
                 outputs = keras.tree.map_structure(
-                    lambda ta, t, i=i: ta.write(i, t), outputs, forward(i)
+                    lambda ta, t, i=i: ta.write(i, t), outputs, step(i)
                 )
             return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
 
@@ -387,43 +370,46 @@ class Loop:
 
     # -- host side -----------------------------------------------------------
 
-    def run_piece(
-        self, calls: EpochCalls, start: int, stop: int
-    ) -> tuple[Any, int]:
-        """Runs data steps `[start, stop)` of `calls`' epoch in one compiled
-        call (the partial last step alone); returns its value and real rows."""
-        plan, order, epoch = calls.plan, calls.order, calls.epoch_index
-        if plan.has_partial_step and start == plan.full_steps_per_epoch:
-            last_step = self.engine.distribute([i[0] for i in order.indices(start, start + 1)])
-            real_rows = sum(plan.last_step_rows)
-            if calls.training:
-                all_rows = real_rows if self.whole_loop_jit else tf.constant(real_rows, tf.int32)
-                value = self._train_partial_fn(
-                    calls.handles, last_step, self._real_rows(plan), all_rows,
-                    _augmenting.position(epoch, start), calls.replicas,
-                )
+    def run(self, inputs: EpochInputs, mode: Mode, start: int, stop: int) -> tuple[Any, int]:
+        """Runs data steps `[start, stop)` of the epoch `inputs` holds in one
+        compiled call of `mode` (the partial last step alone, where the mode
+        takes it apart); returns its value and the real rows it ran."""
+        plan, order, engine = inputs.plan, inputs.order, self.engine
+        call = self.traces.call
+        with self.traces.bound(self, order):
+            if start == plan.full_steps_per_epoch and self._partial_apart(mode, plan):
+                last = engine.distribute([i[0] for i in order.indices(start, start + 1)])
+                real_rows = self._real_rows(plan)
+                if mode == "train":
+                    all_rows = sum(plan.last_step_rows)
+                    if not self.whole_loop_jit:
+                        all_rows = tf.constant(all_rows, tf.int32)
+                    where = _augmenting.position(inputs.epoch, start)
+                    value = call(mode, "partial")(
+                        inputs.handles, last, real_rows, all_rows, where, inputs.replicas
+                    )
+                else:
+                    value = call(mode, "partial")(inputs.handles, last, real_rows)
+                return value, sum(plan.last_step_rows)
+            indices = engine.distribute(order.indices(start, stop))
+            if mode == "train":
+                piece: Piece = "gathered" if self.gathers_per_call else "steps"
+                where = _augmenting.position(inputs.epoch, start)
+                value = call(mode, piece)(inputs.handles, indices, where, inputs.replicas)
             else:
-                value = self._test_partial_fn(calls.handles, last_step, self._real_rows(plan))
-            return value, real_rows
-        indices = self._slices(order, start, stop)
-        if calls.training:
-            where = _augmenting.position(epoch, start)
-            value = self._train_chunk_fn(calls.handles, indices, where, calls.replicas)
-        else:
-            value = self._test_chunk_fn(calls.handles, indices)
-        return value, (stop - start) * plan.global_batch_size
+                value = call(mode, "steps")(inputs.handles, indices)
+            return value, (stop - start) * plan.global_batch_size
+
+    def _partial_apart(self, mode: Mode, plan: ShardPlan) -> bool:
+        """Whether the epoch's partial last step is a call of its own: ours
+        trains and evaluates it on its real rows; predicting, ours runs it
+        padded among full steps (`predictions` drops the padding) and only a
+        model's own `predict_step` sees just its real rows."""
+        return plan.has_partial_step and (mode != "predict" or self.model_steps.predict)
 
     def own_logs(self, value: Any) -> dict[str, Any]:
         """The logs of a call of the model's own step (what it returned)."""
         return self._own.logs(value)
-
-    def close_epoch(self) -> None:
-        """Lets go of the epoch the calls ran on (see `_open`)."""
-        self._open = None
-
-
-    def _slices(self, order: ResidentEpoch, start: int, stop: int) -> Any:
-        return self.engine.distribute(order.indices(start, stop))
 
     def steps_per_call(self, num_steps: int) -> int:
         """Steps per compiled call for an epoch of `num_steps` full steps
@@ -497,11 +483,12 @@ class Loop:
             plan = ds.plan if training else ds.eval_plan
         first, last = steps or (0, plan.steps_per_epoch)
         order = open_epoch(ds, epoch, training, 0, False, plan)
-        self._open = order
         if training and self.model_steps.train:
             self._own.create_variables(order)  # once, before the first training trace
-        return EpochCalls(self, order, plan, epoch, training, first, last, step_offset, totals)
-
+        inputs = EpochInputs(
+            order, plan, epoch, self.handles(order), _augmenting.replica_ids(self.engine)
+        )
+        return EpochCalls(self, inputs, training, first, last, step_offset, totals)
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""
@@ -515,30 +502,25 @@ class Loop:
         """Predictions for every row of every worker, in the original row order,
         on every worker."""
         order = self.dataset.epoch(0, training=False)
-        plan, self._open = order.plan, order
+        plan = order.plan
+        inputs = EpochInputs(order, plan, 0, self.handles(order), None)
         chunks: list[list[Any]] = [[] for _ in order.handles()]
         structure = None
-        handles = self.handles(order)
-        # A model's own `predict_step` sees only the real rows of the last step.
-        partial = self.model_steps.predict and plan.has_partial_step
+        partial = self._partial_apart("predict", plan)
         try:
-            with self.traces.bound(self):
-                steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
-                for start, stop in self.schedule(steps, order.call_bounds):
-                    out = self._predict_chunk_fn(handles, self._slices(order, start, stop))
-                    for local, value in enumerate(self._local_structures(out)):
-                        structure = value
-                        chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
-                if partial:
-                    step = plan.steps_per_epoch - 1
-                    last = self.engine.distribute([idx[0] for idx in order.indices(step, step + 1)])
-                    out = self._predict_partial_fn(handles, last, self._real_rows(plan))
-                    for local, value in enumerate(self._local_structures(out)):
-                        structure = self._own.padded(value, plan.per_replica_batch_size)
-                        chunks[local].append([t for t in keras.tree.flatten(structure)])
+            steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
+            for start, stop in self.schedule(steps, order.call_bounds):
+                out, _ = self.run(inputs, "predict", start, stop)
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = value
+                    chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
+            if partial:
+                out, _ = self.run(inputs, "predict", steps, steps + 1)
+                for local, value in enumerate(self._local_structures(out)):
+                    structure = self._own.padded(value, plan.per_replica_batch_size)
+                    chunks[local].append([t for t in keras.tree.flatten(structure)])
         finally:
             order.close()
-            self._open = None
         return _predictions.in_row_order(self.engine, order, chunks, structure)
 
     def _local_structures(self, out: Any) -> list[Any]:
@@ -548,3 +530,4 @@ class Loop:
             keras.tree.pack_sequence_as(out, [leaf[i] for leaf in per_leaf])
             for i in range(self.engine.world.replicas_in_process)
         ]
+

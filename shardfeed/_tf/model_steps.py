@@ -42,9 +42,9 @@ class ModelSteps:
     def any(self) -> bool:
         return self.train or self.test or self.predict
 
-    def own(self, training: bool) -> bool:
-        """Whether a training (or evaluation) epoch runs the model's step."""
-        return self.train if training else self.test
+    def own(self, mode: str) -> bool:
+        """Whether `mode`'s calls (train, test or predict) run the model's step."""
+        return {"train": self.train, "test": self.test, "predict": self.predict}[mode]
 
 
 def keras_data(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
@@ -89,7 +89,8 @@ class ModelStepCalls:
 
         def step(handles, indices):
             def replica(handles, indices):
-                return self.model.train_step(keras_data(*loop.train_batch(handles, indices)))
+                batch = loop.train_batch(order, handles, indices)
+                return self.model.train_step(keras_data(*batch))
 
             return engine.run(replica, (handles, indices))
 
@@ -100,30 +101,34 @@ class ModelStepCalls:
             for optimizer, variables in unbuilt:
                 optimizer.build(variables)
 
-    # -- in the compiled calls -------------------------------------------------
+    # -- bodies of the compiled calls (`Loop.body`) ------------------------------
 
     def _train(self, data: Any) -> Any:
         with _step_optimizers.synchronised(self.engine, self.loop.options.sparse_as_dense):
             return _averageable(self.model.train_step(data))
 
-    def _train_on_rows(self, handles, rows, where, i, r):
+    def _train_on_rows(self, epoch, handles, rows, where, i, r):
         loop = self.loop
-        x, y, sw = loop.train_batch(handles, rows)
+        x, y, sw = loop.train_batch(epoch, handles, rows)
         x = _augmenting.augmented(loop.dataset, x, where, i, r)
         return self._train(keras_data(x, y, sw))
 
-    def train_chunk(self, handles, indices, where, replicas):
+    def train_steps(self, epoch, handles, indices, where, replicas):
         loop, engine = self.loop, self.engine
         steps = engine.local_results(indices)[0].shape[0]
-        step = self._train_on_rows
         if engine.can_compile_whole_loop:
             # One replica, no strategy: the step is a function of its own, so
             # the loop's body and the last step below share one trace of the
             # model's `train_step` (Keras traces it at most twice; a strategy's
-            # merge call cannot run inside such a nested function).
+            # merge call cannot run inside such a nested function). It takes
+            # the bound epoch from `Traces.nested`.
             if self._train_fn is None:
                 self._train_fn = loop.traces.nested(self._train_on_rows)
             step = self._train_fn
+        else:
+
+            def step(handles, rows, where, i, r):
+                return self._train_on_rows(epoch, handles, rows, where, i, r)
 
         def replica(handles, indices, i, r):
             return step(handles, indices[i], where, i, r)
@@ -135,61 +140,45 @@ class ModelStepCalls:
         last = tf.constant(steps - 1, tf.int32)
         return self._reduced(engine.run(replica, (handles, indices, last, replicas)))
 
-    def train_partial(self, handles, indices, real_rows, all_rows, where, replicas):
+    def train_partial(self, epoch, handles, indices, real_rows, all_rows, where, replicas):
         del all_rows  # Keras' step weighs a partial batch itself.
-        loop = self.loop
 
         def replica(handles, indices, real_rows, r):
-            x, y, sw = loop.train_batch(handles, indices[:real_rows])
-            x = _augmenting.augmented(loop.dataset, x, where, 0, r)
-            return self._train(keras_data(x, y, sw))
+            return self._train_on_rows(epoch, handles, indices[:real_rows], where, 0, r)
 
         return self._reduced(self.engine.run(replica, (handles, indices, real_rows, replicas)))
 
-    def test_chunk(self, handles, indices):
-        loop, engine = self.loop, self.engine
+    def test_steps(self, epoch, handles, indices):
+        engine = self.engine
         steps = engine.local_results(indices)[0].shape[0]
 
         def replica(handles, indices, i):
-            batch = loop.gather(handles, indices[i])
+            batch = epoch.gather(handles, indices[i])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         for i in tf.range(steps - 1):
             engine.run(replica, (handles, indices, i))
         return self._reduced(engine.run(replica, (handles, indices, steps - 1)))
 
-    def test_partial(self, handles, indices, real_rows):
+    def test_partial(self, epoch, handles, indices, real_rows):
         # A replica without a real row runs the step on an empty batch, as a
         # replica handed an empty batch by `tf.distribute` does under Keras.
         def replica(handles, indices, real_rows):
-            batch = self.loop.gather(handles, indices[:real_rows])
+            batch = epoch.gather(handles, indices[:real_rows])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
         return self._reduced(self.engine.run(replica, (handles, indices, real_rows)))
 
-    def predict_chunk(self, handles, indices):
-        def replica(handles, indices):
-            def forward(i):
-                x, _, _ = self.loop.gather(handles, indices[i], with_targets=False)
-                return self.model.predict_step(keras_data(x))
+    def predict_steps(self, epoch, handles, indices):
+        return self.loop.predict_steps(epoch, handles, indices, self._predict_forward)
 
-            steps = indices.shape[0]
-            outputs = keras.tree.map_structure(
-                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t),
-                forward(0),
-            )
-            for i in tf.range(1, steps):
-                outputs = keras.tree.map_structure(
-                    lambda ta, t, i=i: ta.write(i, t), outputs, forward(i)
-                )
-            return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
+    def _predict_forward(self, x: Any) -> Any:
+        return self.model.predict_step(keras_data(x))
 
-        return self.engine.run(replica, (handles, indices))
-
-    def predict_partial(self, handles, indices, real_rows):
+    def predict_partial(self, epoch, handles, indices, real_rows):
         def replica(handles, indices, real_rows):
-            x, _, _ = self.loop.gather(handles, indices[:real_rows], with_targets=False)
-            return self.model.predict_step(keras_data(x))
+            x, _, _ = epoch.gather(handles, indices[:real_rows], with_targets=False)
+            return self._predict_forward(x)
 
         return self.engine.run(replica, (handles, indices, real_rows))
 

@@ -1,13 +1,13 @@
-"""The compiled calls of a loop (`Traces`), shared by loops whose traces are interchangeable
-(so `evaluate` on arrays does not retrace), and what TensorFlow files for a trace
-removed after it (`_trace_gradients_dropped`)."""
+"""The compiled calls of a loop (`Traces`, one builder over mode and piece), shared by loops
+whose traces are interchangeable (so `evaluate` on arrays does not retrace), and what
+TensorFlow files for a trace removed after it (`_trace_gradients_dropped`)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops  # the gradient registry
@@ -18,7 +18,17 @@ from shardfeed._tf.engine import Engine
 from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
+    from shardfeed._tf.epoch import ResidentEpoch
     from shardfeed._tf.loop import Loop
+
+Mode = Literal["train", "test", "predict"]
+
+
+# A compiled call's kind: `steps` runs a `[k, batch]` slice of the epoch's steps,
+# `partial` the partial last step alone (row counts per replica); one replica
+# under XLA trains `gathered` (a call's rows gathered with TensorFlow's kernel,
+# then XLA's step loop over them, `rows`).
+Piece = Literal["steps", "partial", "gathered", "rows"]
 
 
 class Traces:
@@ -32,14 +42,20 @@ class Traces:
     such loops (`compiled.loop_for` keys them) keeps TensorFlow from tracing
     every call again, and from warning about it.
 
-    Each compiled function runs the method of the loop it is `bound` to; a
-    trace made with one loop is right for all loops sharing the `Traces`. It
-    holds no loop between calls, so no model or dataset is kept alive by it.
+    `call(mode, piece)` is the one builder: a compiled function per kind of
+    call, made on first use, which runs `Loop.body(mode, piece)` of the loop
+    `bound` to it, with the epoch bound beside it as the body's first argument.
+    A trace made with one loop and epoch is right for every loop sharing the
+    `Traces` (the epoch gives only the gather's shape of things, its rows come
+    as handles). It holds neither between calls, so no model or dataset is
+    kept alive by it.
     """
 
     def __init__(self, engine: Engine, whole_loop_jit: bool, eager: bool = False) -> None:
-        self._loop: Loop | None = None
+        self._bound: tuple[Loop, ResidentEpoch] | None = None
         self._eager = eager
+        self._whole_loop_jit = whole_loop_jit
+        self._calls: dict[tuple[str, Piece], Callable[..., Any]] = {}
         with engine.scope():
             self.loss_sum = tf.Variable(
                 0.0,
@@ -47,73 +63,80 @@ class Traces:
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,
             )
-        jit = whole_loop_jit
 
-        def compiled(method: str, jit_compile: bool | None = jit) -> Callable[..., Any]:
+    def call(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
+        """The compiled call of `mode` (train, test or predict) and `piece`.
+
+        Under XLA for a whole-loop-XLA engine, except `gathered` (TensorFlow's
+        gather kernel, outside XLA: XLA's gather on CPU cost more than the rest
+        of a small step's input) whose `rows` loop is always XLA. The partial
+        last step's row counts differ per replica: with one replica they are
+        Python ints (static shapes, XLA as the loop), with several they are
+        per-replica tensors (no XLA)."""
+        key = (mode, piece)
+        fn = self._calls.get(key)
+        if fn is None:
+            jit = {"gathered": None, "rows": True}.get(piece, self._whole_loop_jit)
+            body = self._calling(mode, piece)
             # `run_eagerly=True`: the same Python, called as it is (every op
             # runs eagerly, one step after the other).
-            call = self._calling(method)
-            return call if eager else tf.function(call, jit_compile=jit_compile)
+            fn = self._calls[key] = body if self._eager else tf.function(body, jit_compile=jit)
+        return fn
 
-        self.train_chunk = compiled("_train_chunk")
-        # One replica under XLA: the call gathers its steps' rows with
-        # TensorFlow's kernel, then the XLA step loop reads them contiguously
-        # (XLA's gather on CPU costs more than the rest of a small step's input).
-        self.train_gathered = compiled("_train_gathered", None)
-        self.train_rows = compiled("_train_rows", True)
-        self.test_chunk = compiled("_test_chunk")
-        self.predict_chunk = compiled("_predict_chunk")
-        # The partial last step's row counts differ per replica, so it is its
-        # own call: with one replica they are Python ints (static shapes, XLA
-        # as the loop), with several they are per-replica tensors (no XLA).
-        self.train_partial = compiled("_train_partial")
-        self.test_partial = compiled("_test_partial")
-        self.predict_partial = compiled("_predict_partial")
-
-    def _calling(self, method: str) -> Callable[..., Any]:
-        """A new function per `Traces` calling the bound loop's `method`.
+    def _calling(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
+        """A new function per `Traces` and call, running the bound loop's body.
 
         TensorFlow counts traces (and warns of retracing) per Python function,
         and every instance of a method shares its function: with methods, the
         first trace of each new model would count as a retrace of the last."""
 
         def call(*args: Any) -> Any:
-            if self._loop is None:
-                raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+            loop, epoch = self._binding()
+            body = loop.body(mode, piece)  # ours, or the model's own step
             if self._eager:  # nothing is traced, so nothing is filed
-                return self._loop.calls[method](*args)
-            with _trace_gradients_dropped(), loss_trackers.keras_weights(self._loop.model):
-                return self._loop.calls[method](*args)  # ours, or the model's own step
+                return body(epoch, *args)
+            with _trace_gradients_dropped(), loss_trackers.keras_weights(loop.model):
+                return body(epoch, *args)
 
-        call.__name__ = call.__qualname__ = f"Loop.{method}"
+        call.__name__ = call.__qualname__ = f"Loop.{mode}_{piece}"
         return call
 
+    def _binding(self) -> tuple[Loop, ResidentEpoch]:
+        if self._bound is None:
+            raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
+        return self._bound
+
     def nested(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn` as a function of its own inside the compiled calls: traced
-        once per signature, wherever the calls use it (eager: `fn` itself).
-        What its traces file in TensorFlow's gradient registry is removed, as
-        for the calls' own traces."""
-        if self._eager:
-            return fn
+        """`fn(epoch, *args)` as a function of its own inside the compiled
+        calls, called with the bound epoch: traced once per signature,
+        wherever the calls use it (eager: `fn` itself). What its traces file
+        in TensorFlow's gradient registry is removed, as for the calls' own
+        traces."""
 
         def call(*args: Any) -> Any:
+            epoch = self._binding()[1]
+            if self._eager:
+                return fn(epoch, *args)
             with _trace_gradients_dropped():
-                return fn(*args)
+                return fn(epoch, *args)
 
+        if self._eager:
+            return call
         call.__name__ = call.__qualname__ = f"Loop.{getattr(fn, '__name__', 'step')}"
         return tf.function(call)
 
     @contextlib.contextmanager
-    def bound(self, loop: Loop) -> Iterator[None]:
-        """Runs the compiled functions with `loop`'s methods inside the block
-        (nested blocks, e.g. an `evaluate` in a callback, restore the outer).
+    def bound(self, loop: Loop, epoch: ResidentEpoch) -> Iterator[None]:
+        """Runs the compiled functions with `loop`'s bodies over `epoch` inside
+        the block (nested blocks, e.g. an `evaluate` in a callback, restore
+        the outer).
 
         Raises:
             ValueError: When XLA cannot compile an op of the model (instead of
                 TensorFlow's "Detected unsupported operations"), naming the
                 ops and the fix.
         """
-        outer, self._loop = self._loop, loop
+        outer, self._bound = self._bound, (loop, epoch)
         try:
             yield
         except tf.errors.InvalidArgumentError as err:
@@ -122,7 +145,7 @@ class Traces:
                 raise
             raise refusal from err
         finally:
-            self._loop = outer
+            self._bound = outer
 
 
 def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: Loop) -> ValueError | None:
