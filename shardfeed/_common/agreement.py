@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import json
 import numbers
-from typing import Any, Protocol
+from typing import Any
 
 from shardfeed._common import errors as _errors
-
-
-class _World(Protocol):
-    @property
-    def world_size(self) -> int: ...
-
-    def all_gather_bytes(self, payload: bytes, /) -> list[bytes]: ...
-
+from shardfeed._common.world import WorldLike
 
 _CALL_FIX = (
     "Pass the same arguments on every worker (read them from one config; a "
@@ -30,7 +23,7 @@ _CALL_FIX = (
 )
 
 
-def check_settings(world: _World, call: str, settings: dict[str, Any]) -> None:
+def check_settings(world: WorldLike, call: str, settings: dict[str, Any]) -> None:
     """Raises on every worker when the workers called `call` with other settings.
 
     A collective (one all-gather of `settings` as JSON): call it on every

@@ -9,17 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Protocol
 
-
-class _World(Protocol):
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def is_chief(self) -> bool: ...
-
-    def all_gather_bytes(self, payload: bytes, /) -> list[bytes]: ...
+from shardfeed._common.world import WorldLike
 
 
 class ChiefWriteError(RuntimeError):
@@ -31,7 +22,9 @@ class ChiefWriteError(RuntimeError):
     """
 
 
-def write_on_chief(world: _World, path: str | os.PathLike[str], write: Callable[[], None]) -> None:
+def write_on_chief(
+    world: WorldLike, path: str | os.PathLike[str], write: Callable[[], None]
+) -> None:
     """Runs `write` on the chief, then tells every rank how it went.
 
     A collective: every rank calls it at the same point, and it returns only

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
-
-
-class _World(Protocol):
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def rank(self) -> int: ...
-
-    def all_gather_bytes(self, payload: bytes, /) -> list[bytes]: ...
+from shardfeed._common.world import WorldLike
 
 
 def model_variables(model: Any) -> list[Any]:
@@ -78,7 +69,7 @@ _OUT_OF_SYNC_FIX = (
 )
 
 
-def check_in_sync(world: _World, variables: list[Any], action: str) -> None:
+def check_in_sync(world: WorldLike, variables: list[Any], action: str) -> None:
     """Raises on every worker when the workers' `variables` differ (one small
     all-gather of fingerprints), before `action` would use rank 0's alone.
 
@@ -104,7 +95,7 @@ def check_in_sync(world: _World, variables: list[Any], action: str) -> None:
             )
 
 
-def sync_variables(world: _World, variables: list[Any]) -> int:
+def sync_variables(world: WorldLike, variables: list[Any]) -> int:
     """Gives every worker rank 0's values of `variables`; returns how many
     differed on some rank (0: nothing was sent but the fingerprints).
 

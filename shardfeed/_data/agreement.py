@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import plain
+from shardfeed._common.world import WorldLike
 from shardfeed._data.sources import Columns
-
-if TYPE_CHECKING:  # either backend's World (only its size and all-gather are used)
-    from shardfeed._tf.world import World
 
 # Rows hashed per column: 16 rows of 1,000 are enough to see a permutation
 # (the chance that all 16 land on fixed points is negligible), and reading
@@ -123,7 +121,7 @@ def dataset_settings(
 
 
 def check_agreement(
-    columns: Columns, world: World, settings: dict[str, Any] | None = None
+    columns: Columns, world: WorldLike, settings: dict[str, Any] | None = None
 ) -> None:
     """Raises on every worker when the workers' datasets differ.
 

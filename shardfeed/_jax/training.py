@@ -60,20 +60,11 @@ def fit(
     needs_targets = not _inputs.overrides(model, "train_step")
     dataset = _inputs.check_dataset(dataset, needs_targets=needs_targets)
     # Before any other collective (a split or validation data builds datasets).
-    call = fit_args.begin(
-        model,
-        dataset,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        initial_step=initial_step,
-        steps_per_epoch=steps_per_epoch,
-        validation_data=validation_data,
-        validation_split=validation_split,
-        validation_freq=validation_freq,
-        class_weight=class_weight,
-        callbacks=callbacks,
-        options=options,
+    given = fit_args.FitArguments(  # in the signature's order
+        epochs, initial_epoch, initial_step, steps_per_epoch, validation_data,
+        validation_split, validation_freq, class_weight, callbacks, options,
     )
+    call = fit_args.begin(model, dataset, given)
     dataset = call.dataset
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform

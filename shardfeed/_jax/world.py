@@ -16,11 +16,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from shardfeed._common.world import ReplicaNumbering
+
 REPLICA_AXIS = "replica"
 
 
 @dataclasses.dataclass(frozen=True)
-class World:
+class World(ReplicaNumbering):
     """Where this process sits among the workers and replicas, on JAX.
 
     Attributes:
@@ -63,16 +65,6 @@ class World:
     @property
     def num_replicas_in_sync(self) -> int:
         return len(self.devices)
-
-    @property
-    def global_replica_ids(self) -> tuple[int, ...]:
-        first = self.rank * self.replicas_in_process
-        return tuple(range(first, first + self.replicas_in_process))
-
-    @property
-    def is_chief(self) -> bool:
-        """Whether this is worker 0, the one that writes files and prints."""
-        return self.rank == 0
 
     @property
     def mesh(self) -> Mesh:

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._tf.dataset import ShardedResidentDataset
-from shardfeed._tf.engine import Engine, engine_for
+from shardfeed._tf.engine import Engine
 from shardfeed._tf.loop import Loop, run_eagerly
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.traces import Traces
@@ -53,7 +53,7 @@ def loop_for(
     key = (id(model), compiled, options, class_weights, eager)
     loop = loops.get(key)
     if loop is None or loop.model is not model:
-        engine = engine_for(dataset.world)
+        engine = dataset.engine
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
         shared = _shared_traces(model)

@@ -32,6 +32,7 @@ from shardfeed._tf import order as _order
 from shardfeed._tf import storage as _storage
 from shardfeed._tf import streaming as _streaming
 from shardfeed._tf import tfdata as _tfdata
+from shardfeed._tf.engine import Engine, engine_for
 from shardfeed._tf.epoch import Batch
 from shardfeed._tf.world import World, current_world, initialized_world
 
@@ -113,6 +114,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         load_options: LoadOptions | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
+        self._engine: Engine | None = None
         opts = self._start(
             x, y, sample_weight, per_replica_batch_size=per_replica_batch_size,
             shuffle=shuffle, seed=seed, drop_remainder=drop_remainder, placement=placement,
@@ -196,9 +198,16 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         """
         return _tfdata.from_tf_dataset(cls, dataset, **kwargs)
 
-    # -- what it was built with ------------------------------------------------
-
     # -- what it holds -------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The engine its replicas run under (`tf.distribute` or Horovod),
+        built once with its world: the global shuffle's exchange, `fit`'s
+        compiled loop and the sparse-label check share it."""
+        if self._engine is None:
+            self._engine = engine_for(self.world)
+        return self._engine
 
     def _hold(self) -> _Held:
         """Allocates the device variables and uploads the rows (or the
@@ -220,7 +229,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if not self._exchanged:
             return _Held(stores, _order.ResidentRows(stores, self.seed, self.shuffle), None)
         exchange = _global_order.GlobalShuffle(
-            self.eval_plan, stores, self.world, self.columns.row_bytes, opts,
+            self.eval_plan, stores, self.engine, self.columns.row_bytes, opts,
             self.seed,  # type: ignore[arg-type]
         )
         return _Held(stores, exchange, exchange)

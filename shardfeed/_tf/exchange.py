@@ -22,7 +22,7 @@ from shardfeed._data.plan import ShardPlan
 from shardfeed._tf import alltoall as _alltoall
 from shardfeed._tf import order as _order
 from shardfeed._tf import storage as _storage
-from shardfeed._tf.engine import Engine, engine_for
+from shardfeed._tf.engine import Engine
 from shardfeed._tf.world import World
 
 logger = logging.getLogger("shardfeed")
@@ -95,7 +95,7 @@ class GlobalShuffle:
     Args:
         plan: The dataset's evaluation plan (which rows each replica holds).
         stores: This worker's replicas' storage.
-        world: Which replicas are local.
+        engine: The dataset's engine (its world says which replicas are local).
         row_bytes: Bytes of one row, all columns.
         options: `exchange_buffer_bytes`, `exchange_fraction`.
         seed: The dataset's seed.
@@ -105,17 +105,16 @@ class GlobalShuffle:
         self,
         plan: ShardPlan,
         stores: tuple[_storage.ReplicaStore, ...],
-        world: World,
+        engine: Engine,
         row_bytes: int,
         options: LoadOptions,
         seed: int,
     ) -> None:
         self.held = _exchange.initial_layout(plan)
         self.reports: list[ExchangeReport] = []
-        self._stores, self._world = stores, world
+        self._stores, self._engine, self._world = stores, engine, engine.world
         self._row_bytes, self._options, self._seed = row_bytes, options, seed
         self._num_rows = plan.num_rows
-        self._engine: Engine | None = None
         self._moves: _RoundMoves | None = None
 
     streamed = False
@@ -161,11 +160,9 @@ class GlobalShuffle:
         return [self.held[s.replica].copy() for s in self._stores]
 
     def _move(self, dest: np.ndarray, epoch: int) -> None:
-        if self._engine is None:
-            self._engine = engine_for(self._world)
+        if self._moves is None:
             self._moves = _RoundMoves(self._stores)
         engine, moves = self._engine, self._moves
-        assert moves is not None  # built with the engine
         traced = moves.tracing_count + engine.exchange_tracing_count
         # Rounds are sized by the words that cross (every column padded to a
         # word), so one round stages at most the buffer.

@@ -115,20 +115,11 @@ def fit(
     steps = ModelSteps.of(model)
     dataset = check_dataset(dataset, needs_targets=not steps.train)
     # Before any other collective (a split or validation data builds datasets).
-    call = fit_args.begin(
-        model,
-        dataset,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        initial_step=initial_step,
-        steps_per_epoch=steps_per_epoch,
-        validation_data=validation_data,
-        validation_split=validation_split,
-        validation_freq=validation_freq,
-        class_weight=class_weight,
-        callbacks=callbacks,
-        options=options,
+    given = fit_args.FitArguments(  # in the signature's order
+        epochs, initial_epoch, initial_step, steps_per_epoch, validation_data,
+        validation_split, validation_freq, class_weight, callbacks, options,
     )
+    call = fit_args.begin(model, dataset, given)
     dataset, validation_data = call.dataset, call.validation_data
     # A batch larger than the data trains one short step, as Keras
     # (`plan_shards` refuses only a step with no row on some replica).

@@ -14,9 +14,11 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._common.world import ReplicaNumbering
+
 
 @dataclasses.dataclass(frozen=True)
-class World:
+class World(ReplicaNumbering):
     """Where this process sits among the workers and replicas.
 
     Attributes:
@@ -48,16 +50,6 @@ class World:
     @property
     def num_replicas_in_sync(self) -> int:
         return self.world_size * self.replicas_in_process
-
-    @property
-    def global_replica_ids(self) -> tuple[int, ...]:
-        first = self.rank * self.replicas_in_process
-        return tuple(range(first, first + self.replicas_in_process))
-
-    @property
-    def is_chief(self) -> bool:
-        """Whether this is worker 0, the one that writes files and prints."""
-        return self.rank == 0
 
     def barrier(self) -> None:
         """Waits until every worker has reached its `barrier()` call.

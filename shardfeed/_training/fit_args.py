@@ -268,6 +268,23 @@ def epochs_to_run(
 
 
 @dataclasses.dataclass(frozen=True)
+class FitArguments:
+    """`fit`'s own arguments as the caller passed them, before any check
+    (`begin` checks them; the ranks compare them first, `settings`)."""
+
+    epochs: Any = 1
+    initial_epoch: Any = 0
+    initial_step: Any = 0
+    steps_per_epoch: Any = None
+    validation_data: Any = None
+    validation_split: Any = 0.0
+    validation_freq: Any = 1
+    class_weight: Any = None
+    callbacks: Any = None
+    options: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class FitCall:
     """`fit`'s arguments once the checks both backends share have passed (`begin`).
 
@@ -291,21 +308,7 @@ class FitCall:
     should_validate: Callable[[int], bool]
 
 
-def begin(
-    model: keras.Model,
-    dataset: Any,
-    *,
-    epochs: Any,
-    initial_epoch: Any,
-    initial_step: Any,
-    steps_per_epoch: Any,
-    validation_data: Any,
-    validation_split: Any,
-    validation_freq: Any,
-    class_weight: Any,
-    callbacks: Any,
-    options: Any,
-) -> FitCall:
+def begin(model: keras.Model, dataset: Any, given: FitArguments) -> FitCall:
     """The head of both backends' `fit`, after their own model and dataset
     checks: the call's first collective (`start_call`: the ranks agree on
     `settings`, before a split builds datasets), then `validation_split`,
@@ -315,54 +318,29 @@ def begin(
         ValueError: For ranks that disagree, and as `split_validation`,
             `epochs_to_run`, `validation_schedule` and `check_steps`.
     """
-    given = settings(
-        model,
-        dataset,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        initial_step=initial_step,
-        steps_per_epoch=steps_per_epoch,
-        validation_data=validation_data,
-        validation_split=validation_split,
-        validation_freq=validation_freq,
-        class_weight=class_weight,
-        callbacks=callbacks,
-        options=options,
-    )
-    start_call(dataset.world, "fit", given)
-    if validation_split:
-        dataset, validation_data = split_validation(dataset, validation_split, validation_data)
+    start_call(dataset.world, "fit", settings(model, dataset, given))
+    validation_data = given.validation_data
+    if given.validation_split:
+        dataset, validation_data = split_validation(
+            dataset, given.validation_split, validation_data
+        )
     # stacklevel 4: the frame that called `fit`, as before this head was shared.
-    epochs, initial_epoch = epochs_to_run(epochs, initial_epoch, stacklevel=4)
-    should_validate = validation_schedule(validation_freq)
-    steps_per_epoch = max_steps(steps_per_epoch, stacklevel=4)
-    check_steps(initial_step, steps_per_epoch, dataset.plan.steps_per_epoch)
+    epochs, initial_epoch = epochs_to_run(given.epochs, given.initial_epoch, stacklevel=4)
+    should_validate = validation_schedule(given.validation_freq)
+    steps_per_epoch = max_steps(given.steps_per_epoch, stacklevel=4)
+    check_steps(given.initial_step, steps_per_epoch, dataset.plan.steps_per_epoch)
     return FitCall(
         dataset,
         validation_data,
         epochs,
         initial_epoch,
-        int(initial_step),
+        int(given.initial_step),
         None if steps_per_epoch is None else int(steps_per_epoch),
         should_validate,
     )
 
 
-def settings(
-    model: keras.Model,
-    dataset: Any,
-    *,
-    epochs: Any,
-    initial_epoch: Any,
-    initial_step: Any,
-    steps_per_epoch: Any,
-    validation_data: Any,
-    validation_split: Any,
-    validation_freq: Any,
-    class_weight: Any,
-    callbacks: Any,
-    options: Any,
-) -> dict[str, Any]:
+def settings(model: keras.Model, dataset: Any, given: FitArguments) -> dict[str, Any]:
     """What decides how many steps and collectives this rank's `fit` runs, as
     the ranks compare it (before any check of the values, so ranks that
     disagree hear it rather than one raising while another waits): one rank
@@ -374,23 +352,23 @@ def settings(
     `save_freq` may not."""
     backups = [
         getattr(c, "save_freq", None)
-        for c in callbacks or []
+        for c in given.callbacks or []
         if isinstance(c, keras.callbacks.BackupAndRestore)
     ]
-    given = {
-        "epochs": epochs,
-        "initial_epoch": initial_epoch,
-        "initial_step": initial_step,
-        "steps_per_epoch": steps_per_epoch,
+    compared = {
+        "epochs": given.epochs,
+        "initial_epoch": given.initial_epoch,
+        "initial_step": given.initial_step,
+        "steps_per_epoch": given.steps_per_epoch,
         "dataset steps per epoch": getattr(getattr(dataset, "plan", None), "steps_per_epoch", None),
-        "validation_split": validation_split,
-        "validation_freq": validation_freq,
-        "validation_data": _data_shape(validation_data),
-        "class_weight": class_weight,
+        "validation_split": given.validation_split,
+        "validation_freq": given.validation_freq,
+        "validation_data": _data_shape(given.validation_data),
+        "class_weight": given.class_weight,
         "BackupAndRestore save_freq": backups,
-        **options_settings(model, options),
+        **options_settings(model, given.options),
     }
-    return {name: plain(value) for name, value in given.items()}
+    return {name: plain(value) for name, value in compared.items()}
 
 
 def options_settings(model: keras.Model, options: Any) -> dict[str, Any]:
