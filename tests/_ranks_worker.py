@@ -6,14 +6,17 @@
 `save WHAT PATH`: `save_model` to PATH, or `fit` with a `BackupAndRestore`
 writing to PATH. `fitargs all fit`: the `FIT_CASES`, one `fit` each with one
 argument other on rank 1 (`fit_setting_outcomes`, which the JAX tier's
-two-process test runs too), outcomes joined by newlines. Either way each
-rank records what it raised (or "ok") in `OUT.rankN.txt`, so the test sees
-every rank's error, not only the first.
+two-process test runs too), outcomes joined by newlines. Each case is one
+`--case TASK MODE ARG`; a job may run several, in order, each on a model and
+arrays of its own (the ranks refuse together, so they stay in step for the
+next). Each rank records what each case raised (or "ok"), a JSON list in
+`OUT.rankN.json`, so the test sees every rank's error, not only the first.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -122,58 +125,65 @@ def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str
     return outcomes
 
 
+def case_outcome(keras, shardfeed, world, task: str, mode: str, arg: str) -> str:
+    """What one case raised on this rank (or "ok"); a model of its own."""
+    with world.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = _arrays(mode if mode in ("rows", "permuted") else "same", world.rank)
+    try:
+        if task == "fitargs":
+            ds = shardfeed.ShardedResidentDataset(
+                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
+            )
+            return "\n".join(fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank))
+        if task == "data":
+            if arg == "fit":
+                # "seed": another seed on rank 1, replicated (each rank draws its own
+                # share of the order: some rows trained twice, some never).
+                other = mode == "seed" and world.rank == 1
+                ds = shardfeed.ShardedResidentDataset(
+                    x, y, per_replica_batch_size=50, seed=1 if other else 0,
+                    placement="replicate" if mode == "seed" else "shard",
+                    strategy=world.strategy,
+                )
+                shardfeed.fit(model, ds, epochs=1, verbose=0)
+            elif arg == "evaluate":
+                shardfeed.evaluate(model, x, y, verbose=0)
+            else:
+                shardfeed.predict(model, x)
+        elif mode == "save_model":
+            shardfeed.save_model(model, arg)
+        else:
+            ds = shardfeed.ShardedResidentDataset(
+                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
+            )
+            backup = keras.callbacks.BackupAndRestore(arg)
+            shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[backup])
+        return "ok"
+    except Exception as err:  # recorded for the test, whatever it is
+        return f"{type(err).__name__}: {err}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("task", choices=["data", "save", "fitargs"])
-    p.add_argument("mode")
-    p.add_argument("arg")
+    p.add_argument(
+        "--case", nargs=3, action="append", required=True, metavar=("TASK", "MODE", "ARG")
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    for task, _, _ in args.case:
+        if task not in ("data", "save", "fitargs"):
+            p.error(f"unknown task {task!r}")
 
     import keras
 
     import shardfeed
 
     world = shardfeed.init()
-    with world.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    x, y = _arrays(args.mode if args.mode in ("rows", "permuted") else "same", world.rank)
-    try:
-        if args.task == "fitargs":
-            ds = shardfeed.ShardedResidentDataset(
-                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
-            )
-            outcome = "\n".join(fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank))
-        elif args.task == "data":
-            if args.arg == "fit":
-                # "seed": another seed on rank 1, replicated (each rank draws its own
-                # share of the order: some rows trained twice, some never).
-                other = args.mode == "seed" and world.rank == 1
-                ds = shardfeed.ShardedResidentDataset(
-                    x, y, per_replica_batch_size=50, seed=1 if other else 0,
-                    placement="replicate" if args.mode == "seed" else "shard",
-                    strategy=world.strategy,
-                )
-                shardfeed.fit(model, ds, epochs=1, verbose=0)
-            elif args.arg == "evaluate":
-                shardfeed.evaluate(model, x, y, verbose=0)
-            else:
-                shardfeed.predict(model, x)
-        elif args.mode == "save_model":
-            shardfeed.save_model(model, args.arg)
-        else:
-            ds = shardfeed.ShardedResidentDataset(
-                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
-            )
-            backup = keras.callbacks.BackupAndRestore(args.arg)
-            shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[backup])
-        if args.task != "fitargs":
-            outcome = "ok"
-    except Exception as err:  # recorded for the test, whatever it is
-        outcome = f"{type(err).__name__}: {err}"
-    with open(f"{args.out}.rank{world.rank}.txt", "w") as f:
-        f.write(outcome)
+    outcomes = [case_outcome(keras, shardfeed, world, *case) for case in args.case]
+    with open(f"{args.out}.rank{world.rank}.json", "w") as f:
+        json.dump(outcomes, f)
     return 0
 
 

@@ -184,8 +184,15 @@ def _fit(augment, steps_per_execution=2, shuffle=True, epochs=2, **kwargs):
     return model, ds
 
 
-def test_two_runs_with_one_seed_give_identical_weights_and_augment_changes_them():
-    a, _ = _fit(AUGMENT)
+@pytest.fixture(scope="module")
+def augmented():
+    """`_fit(AUGMENT)`'s model and dataset, made once (CI time): the first of
+    the two runs compared below, and the model evaluate and predict read."""
+    return _fit(AUGMENT)
+
+
+def test_two_runs_with_one_seed_give_identical_weights_and_augment_changes_them(augmented):
+    a, _ = augmented
     b, _ = _fit(AUGMENT)
     for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_array_equal(wa, wb)
@@ -203,8 +210,8 @@ def test_draws_depend_on_the_step_not_on_steps_per_execution():
         np.testing.assert_allclose(wa, wb, rtol=1e-6, atol=1e-7)
 
 
-def test_evaluate_and_predict_see_unaugmented_rows():
-    model, ds = _fit(AUGMENT)
+def test_evaluate_and_predict_see_unaugmented_rows(augmented):
+    model, ds = augmented
     images, labels = _images()
     expected = model.evaluate(_scale(images), labels, batch_size=64, verbose=0, return_dict=True)
     got = shardfeed.evaluate(model, ds, verbose=0, return_dict=True)

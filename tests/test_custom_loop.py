@@ -36,12 +36,34 @@ def _world(replicas):
 
 REPLICAS = [1, pytest.param(3, marks=pytest.mark.multi_device)]
 
+# CI time: the references (fit's weights; the uninterrupted eager loop's) are
+# computed once per replica count, each on a world of its own, and shared by
+# the cases that compare against them (both are seeded: the same run gives the
+# same weights).
+_REFERENCES: dict[tuple[str, int], np.ndarray] = {}
+
+
+def _fit_reference(replicas):
+    if ("fit", replicas) not in _REFERENCES:
+        _REFERENCES["fit", replicas] = cl.fit_weights(_world(replicas))
+    return _REFERENCES["fit", replicas]
+
+
+def _uninterrupted_reference(replicas):
+    if ("uninterrupted", replicas) not in _REFERENCES:
+        world = _world(replicas)
+        m = cl.model(world)
+        it = cl.dataset(world).iterator()
+        cl.train_eagerly(world, m, it.epochs(cl.EPOCHS))
+        _REFERENCES["uninterrupted", replicas] = cl.weights(m)
+    return _REFERENCES["uninterrupted", replicas]
+
 
 @pytest.mark.parametrize("replicas", REPLICAS)
 @pytest.mark.parametrize("form", ["eager", "in_graph"])
 def test_custom_loop_ends_at_fits_weights(replicas, form):
     world = _world(replicas)
-    expected = cl.fit_weights(world)
+    expected = _fit_reference(replicas)
     loop = cl.custom_weights if form == "eager" else cl.in_graph_weights
     np.testing.assert_allclose(loop(world), expected, rtol=RTOL, atol=ATOL)
 
@@ -106,10 +128,7 @@ def _resumed(world, restore):
 @pytest.mark.parametrize("how", ["set_state", "checkpoint"])
 def test_resumed_custom_loop_equals_uninterrupted(replicas, how, tmp_path):
     world = _world(replicas)
-    m = cl.model(world)
-    it = cl.dataset(world).iterator()
-    cl.train_eagerly(world, m, it.epochs(cl.EPOCHS))
-    uninterrupted = cl.weights(m)
+    uninterrupted = _uninterrupted_reference(replicas)
 
     def checkpoint(path, model, iterator):
         ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, data=iterator)

@@ -115,10 +115,15 @@ def test_each_replica_holds_only_its_rows_on_its_device():
 
 @pytest.mark.parametrize(
     ("rows", "replicas"),
-    # Shards 334/334/333, 250x3/249, 251x3/250, 2/2/2/1 (fewer rows than a
-    # global batch). CI time: 1001 over 4 and over 2, and 1000 over 4 (even
-    # shards, which test_replicas_equal_one_replica... covers) were dropped.
-    [(1001, 3), (999, 4), (1003, 4), (7, 4)],
+    # Shards 334/334/333 (batch 50: a partial last step of 34/34/33 rows) and
+    # 2/2/2/1 (batch 1: the last step would leave replica 3 empty, so training
+    # drops it and evaluate/predict pad that replica). CI time: 1001 over 4 and
+    # over 2, and 1000 over 4 (even shards, which test_replicas_equal_one_replica...
+    # covers) were dropped; so were 999 over 4 (250x3/249: a partial last step
+    # of 50/50/50/49, the path 1001 over 3 takes; 4 replicas with a partial step
+    # of other sizes run in test_replicas_equal_one_replica...[1001-4]) and 1003
+    # over 4 (251x3/250: an empty replica in the last step, the path 7 over 4 takes).
+    [(1001, 3), (7, 4)],
 )
 def test_uneven_shards_train_and_evaluate_exactly(rows, replicas):
     x, y, w = _data(rows)

@@ -44,11 +44,22 @@ def _assert_same_weights(a, b, rtol=1e-5, atol=1e-7):
         np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 3, 32])
-def test_train_step_is_called_and_trains_what_keras_trains(steps_per_execution):
+@pytest.fixture(scope="module")
+def keras_train_step():
+    """Keras' own `fit` of the custom-`train_step` model, its History and its
+    predictions: made once (CI time), the reference of every case below."""
     x, y = regression_data()
     keras_model = custom_train_step_model()
     want = keras_model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return keras_model, want, keras_model.predict(x, verbose=0)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3, 32])
+def test_train_step_is_called_and_trains_what_keras_trains(
+    steps_per_execution, keras_train_step
+):
+    x, y = regression_data()
+    keras_model, want, keras_predictions = keras_train_step
     model = custom_train_step_model()
     options = FitOptions(steps_per_execution=steps_per_execution)
     got = shardfeed.fit(model, _dataset(x, y), epochs=2, verbose=0, options=options)
@@ -62,7 +73,7 @@ def test_train_step_is_called_and_trains_what_keras_trains(steps_per_execution):
     # Keras' own predict_step on x alone: the train_step (which needs y) is
     # not traced for prediction.
     np.testing.assert_allclose(
-        shardfeed.predict(model, x), keras_model.predict(x, verbose=0), rtol=1e-5, atol=1e-7
+        shardfeed.predict(model, x), keras_predictions, rtol=1e-5, atol=1e-7
     )
 
 

@@ -13,6 +13,7 @@ by the launcher's and the test's timeouts: no rank may hang.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -31,16 +32,54 @@ from shardfeed._data.sources import columns_from_arrays
 from shardfeed._training import fit_args
 
 WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
-# Set-up (two TensorFlow workers) takes ~15 s here; a hang would take TIMEOUT_S.
+# Set-up (two TensorFlow workers) takes ~15 s here, a case a few more; a hang
+# would take the launcher's timeout (TIMEOUT_S - 20 = 220 s).
 BOUNDED_S = 120
+SHARED_BOUNDED_S = 180  # the shared job's eight cases
 
 
-def _outcomes(tmp_path, *args, engine="multiworker"):
+def _job(tmp_path, *cases, engine="multiworker", bounded_s=BOUNDED_S):
+    """Runs the cases (each `(task, mode, arg)`, in order) in one job of 2
+    workers; per case, each rank's outcome."""
     out = tmp_path / "res"
+    argv = [word for case in cases for word in ("--case", *case)]
     start = time.monotonic()
-    _run(_launch(2, str(WORKER), *args, "--out", str(out), engine=engine), ROOT)
-    assert time.monotonic() - start < BOUNDED_S
-    return [Path(f"{out}.rank{r}.txt").read_text() for r in range(2)]
+    _run(_launch(2, str(WORKER), *argv, "--out", str(out), engine=engine), ROOT)
+    assert time.monotonic() - start < bounded_s
+    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
+    assert [len(outcomes) for outcomes in ranks] == [len(cases)] * 2
+    return [list(case) for case in zip(*ranks, strict=True)]
+
+
+def _outcomes(tmp_path, *case, engine="multiworker"):
+    """One case in a job of its own: each rank's outcome."""
+    return _job(tmp_path, case, engine=engine)[0]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The two-worker cases on the multiworker engine, in one job (CI time: one
+    launch of 2 TensorFlow workers instead of eight, ~85 s of CI's CPU); each
+    test below asserts on its case's outcomes. The chief's failed writes come
+    last: they raise on every rank together too, so every case after a refusal
+    still starts in step (the cases of `fitargs` show that within one call)."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    # We run as root, so permissions stop nothing: a regular file as the parent does.
+    blocker = tmp / "not_a_dir"
+    blocker.write_text("")
+    paths = {"save_model": blocker / "model.keras", "backup": blocker / "backup"}
+    cases = {
+        "rows predict": ("data", "rows", "predict"),
+        "rows fit": ("data", "rows", "fit"),
+        "permuted": ("data", "permuted", "fit"),
+        "seed": ("data", "seed", "fit"),
+        "same": ("data", "same", "fit"),
+        "fitargs": ("fitargs", "all", "fit"),
+        "save_model": ("save", "save_model", str(paths["save_model"])),
+        "backup": ("save", "backup", str(paths["backup"])),
+    }
+    outcomes = _job(tmp, *cases.values(), bounded_s=SHARED_BOUNDED_S)
+    return {"paths": paths, **dict(zip(cases, outcomes, strict=True))}
 
 
 # -- one process: the fingerprint and the words --------------------------------
@@ -119,8 +158,8 @@ def _assert_both_refuse(outcomes, difference):
 @pytest.mark.multi_process
 @pytest.mark.slow
 @pytest.mark.parametrize("call", ["predict", "fit"])
-def test_two_workers_with_other_row_counts_both_raise(call, tmp_path):
-    outcomes = _outcomes(tmp_path, "data", "rows", call)
+def test_two_workers_with_other_row_counts_both_raise(call, shared):
+    outcomes = shared[f"rows {call}"]
     if call == "fit":  # a dataset of each rank's rows: the rows' agreement
         _assert_both_refuse(outcomes, "rank 1 has 1037 rows, rank 0 has 1000")
     else:
@@ -141,8 +180,8 @@ def _assert_both_refuse_predict_rows(outcomes):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_with_rows_permuted_per_rank_both_raise(tmp_path):
-    outcomes = _outcomes(tmp_path, "data", "permuted", "fit")
+def test_two_workers_with_rows_permuted_per_rank_both_raise(shared):
+    outcomes = shared["permuted"]
     _assert_both_refuse(outcomes, "column x: rows ")
     assert "differ between ranks 0 and 1" in outcomes[0]
     assert "the arrays were shuffled or loaded differently per rank" in outcomes[0]
@@ -150,9 +189,9 @@ def test_two_workers_with_rows_permuted_per_rank_both_raise(tmp_path):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_with_other_seeds_both_raise(tmp_path):
+def test_two_workers_with_other_seeds_both_raise(shared):
     # Before: rc 0, and each epoch about a quarter of the rows trained twice, as many never.
-    for outcome in _outcomes(tmp_path, "data", "seed", "fit"):
+    for outcome in shared["seed"]:
         assert outcome.startswith(
             "ValueError: Every worker must build the dataset with the same arguments. "
             "Received: rank 1 has seed=1, rank 0 has 0. Pass the same dataset arguments "
@@ -181,8 +220,8 @@ def test_settings_are_compared_before_rows():
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_with_the_same_rows_pass(tmp_path):
-    assert _outcomes(tmp_path, "data", "same", "fit") == ["ok", "ok"]
+def test_two_workers_with_the_same_rows_pass(shared):
+    assert shared["same"] == ["ok", "ok"]
 
 
 @pytest.mark.multi_process
@@ -205,12 +244,16 @@ def test_horovod_ranks_with_other_row_counts_both_raise(tmp_path):
         pytest.param("save_model", "horovod", marks=[pytest.mark.horovod, NO_HOROVOD]),
     ],
 )
-def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, engine, tmp_path):
-    # We run as root, so permissions stop nothing: a regular file as the parent does.
-    blocker = tmp_path / "not_a_dir"
-    blocker.write_text("")
-    path = blocker / ("model.keras" if what == "save_model" else "backup")
-    outcomes = _outcomes(tmp_path, "save", what, str(path), engine=engine)
+def test_a_chief_that_cannot_write_fails_every_rank_by_name(what, engine, tmp_path, request):
+    if engine == "multiworker":  # in the shared job
+        shared = request.getfixturevalue("shared")
+        path, outcomes = shared["paths"][what], shared[what]
+    else:
+        # We run as root, so permissions stop nothing: a regular file as the parent does.
+        blocker = tmp_path / "not_a_dir"
+        blocker.write_text("")
+        path = blocker / ("model.keras" if what == "save_model" else "backup")
+        outcomes = _outcomes(tmp_path, "save", what, str(path), engine=engine)
     for outcome in outcomes:
         assert outcome.startswith(f"ChiefWriteError: rank 0 could not write {path}: "), outcome
         assert "NotADirectoryError" in outcome, outcome
@@ -273,8 +316,8 @@ def test_fit_settings_describe_what_decides_the_steps():
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_with_other_fit_arguments_both_raise(tmp_path):
-    assert_fit_case_outcomes(_outcomes(tmp_path, "fitargs", "all", "fit"))
+def test_two_workers_with_other_fit_arguments_both_raise(shared):
+    assert_fit_case_outcomes(shared["fitargs"])
 
 
 def test_sync_model_names_a_model_built_otherwise_on_a_rank():

@@ -162,6 +162,29 @@ def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path):
     assert not (tmp_path / "backup").exists()  # deleted at the end, as Keras does
 
 
+@pytest.fixture(scope="module")
+def four_replica_runs(tmp_path_factory):
+    """Per placement, the uninterrupted 4-replica run's weights and the backup
+    of the 4-replica run preempted at epoch 1, step 7: made once (CI time) and
+    shared by the cases that resume from them on 4 and on 1 replica."""
+    runs = {}
+
+    def runs_for(placement):
+        if placement not in runs:
+            straight, _ = _fit(4, 48, [], placement=placement)
+            backup = tmp_path_factory.mktemp(f"interrupted_{placement}") / "backup"
+            with pytest.raises(KeyboardInterrupt):
+                _fit(
+                    4, 48,
+                    [keras.callbacks.BackupAndRestore(str(backup), save_freq=3), Preempt(1, 7)],
+                    placement=placement,
+                )
+            runs[placement] = straight.get_weights(), backup
+        return runs[placement]
+
+    return runs_for
+
+
 @pytest.mark.multi_device
 @pytest.mark.parametrize(
     ("placement", "replicas"),
@@ -170,7 +193,7 @@ def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path):
     [("replicate", 1), ("shard", 4), ("shard", 1)],
 )
 def test_resume_on_another_number_of_replicas_keeps_the_global_batch(
-    tmp_path, replicas, placement
+    tmp_path, replicas, placement, four_replica_runs
 ):
     """Backed up on 4 replicas (per-replica batch 12, global 48), resumed on 4,
     2 and 1: per-replica batch 12, 24, 48; the same global batches, so every
@@ -178,13 +201,9 @@ def test_resume_on_another_number_of_replicas_keeps_the_global_batch(
     4-replica run (to float summation order). Sharded rows take the global
     order through the exchange, which starts from whatever the new replicas
     hold."""
-    straight, _ = _fit(4, 48, [], placement=placement)
+    straight_weights, interrupted = four_replica_runs(placement)
     backup = str(tmp_path / "backup")
-    with pytest.raises(KeyboardInterrupt):
-        _fit(
-            4, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3), Preempt(1, 7)],
-            placement=placement,
-        )
+    shutil.copytree(interrupted, backup)  # the resumed run deletes it at the end
     resumed, hist = _fit(
         replicas, 48, [keras.callbacks.BackupAndRestore(backup, save_freq=3)], placement=placement
     )
@@ -192,7 +211,7 @@ def test_resume_on_another_number_of_replicas_keeps_the_global_batch(
     assert hist.params["global_batch_size"] == 48
     _assert_every_row_once(hist)
     rtol = 0 if replicas == 4 else 1e-5
-    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+    for a, b in zip(straight_weights, resumed.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * 1e-2)
 
 

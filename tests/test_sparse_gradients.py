@@ -107,9 +107,16 @@ def _fit_two_replicas(options, rows=256, with_dense=False):
     return model, dataset, history
 
 
-def test_embedding_gradients_cross_sparse_in_one_all_gather():
-    _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=False))
-    ops = _train_chunk_ops(dataset)
+@pytest.fixture(scope="module")
+def fitted_without_xla():
+    """The dataset of one 2-replica fit, 4 steps per call, no XLA: made once
+    (CI time), its traced calls read by the two tests that check that fit."""
+    model, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=False))
+    return model, dataset  # the model kept alive with its traced calls
+
+
+def test_embedding_gradients_cross_sparse_in_one_all_gather(fitted_without_xla):
+    ops = _train_chunk_ops(fitted_without_xla[1])
     per_step = [t for t, _ in ops if t.startswith("Collective")]
     # Two replicas, each: the vector's length, then the vector (four sparse
     # gradients; TensorFlow's per-gradient all-reduce needed 3 each).
@@ -195,11 +202,14 @@ def test_packed_sum_equals_the_dense_sum_when_replicas_touch_different_rows():
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_with_xla_each_replicas_update_of_the_tables_is_compiled(jit_compile):
+def test_with_xla_each_replicas_update_of_the_tables_is_compiled(jit_compile, request):
     """A loop of two replicas is not one XLA cluster; with XLA on, each
     device's update of each table (Keras' dense Adam: a dozen passes over
     the table outside XLA) is compiled on its own; without, it is not."""
-    _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=jit_compile))
+    if jit_compile:
+        _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=True))
+    else:  # the fit test_embedding_gradients_cross_sparse_in_one_all_gather reads
+        _, dataset = request.getfixturevalue("fitted_without_xla")
     tables = [(USERS, WIDTH), (ITEMS, WIDTH), (USERS, 1), (ITEMS, 1)]
 
     def weight_updates(in_xla):
