@@ -303,14 +303,16 @@ def test_fit_settings_describe_what_decides_the_steps():
              "class_weight": {1: 2.0}, "options": None,
              "callbacks": [tf.keras.callbacks.BackupAndRestore("b", save_freq=4),
                            tf.keras.callbacks.TerminateOnNaN()]}
-    settings = fit_args.settings(model, ds, **given)
+    settings = fit_args.settings(model, ds, fit_args.FitArguments(**given))
     assert settings["dataset steps per epoch"] == 20
     assert settings["validation_freq"] == [1, 2]
     assert settings["class_weight"] == {"1": 2.0}
     assert settings["BackupAndRestore save_freq"] == [4]
     assert settings["options.steps_per_execution"] == "auto"
     assert settings["compile's steps_per_execution"] == 1
-    with_data = fit_args.settings(model, ds, **{**given, "validation_data": ds})
+    with_data = fit_args.settings(
+        model, ds, fit_args.FitArguments(**{**given, "validation_data": ds})
+    )
     assert with_data["validation_data"] == {"rows": 1000, "per_replica_batch_size": 50}
 
 
