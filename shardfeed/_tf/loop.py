@@ -379,18 +379,16 @@ class Loop:
         with self.traces.bound(self, order):
             if start == plan.full_steps_per_epoch and self._partial_apart(mode, plan):
                 last = engine.distribute([i[0] for i in order.indices(start, start + 1)])
-                real_rows = self._real_rows(plan)
+                real_rows, all_rows = self._real_rows(plan), sum(plan.last_step_rows)
                 if mode == "train":
-                    all_rows = sum(plan.last_step_rows)
-                    if not self.whole_loop_jit:
-                        all_rows = tf.constant(all_rows, tf.int32)
+                    total = all_rows if self.whole_loop_jit else tf.constant(all_rows, tf.int32)
                     where = _augmenting.position(inputs.epoch, start)
                     value = call(mode, "partial")(
-                        inputs.handles, last, real_rows, all_rows, where, inputs.replicas
+                        inputs.handles, last, real_rows, total, where, inputs.replicas
                     )
                 else:
                     value = call(mode, "partial")(inputs.handles, last, real_rows)
-                return value, sum(plan.last_step_rows)
+                return value, all_rows
             indices = engine.distribute(order.indices(start, stop))
             if mode == "train":
                 piece: Piece = "gathered" if self.gathers_per_call else "steps"
