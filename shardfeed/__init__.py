@@ -23,6 +23,7 @@ _EXPORTS = {
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._tf.dataset",
     "World": "shardfeed._tf.world",
+    "disable_keras_hooks": "shardfeed._training.keras_hooks",
     "evaluate": "shardfeed._tf.evaluation",
     "fit": "shardfeed._tf.training",
     "init": "shardfeed._tf.initialize",
@@ -30,6 +31,7 @@ _EXPORTS = {
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._tf.evaluation",
+    "resident_arrays": "shardfeed._training.resident_arrays",
     "save_model": "shardfeed._tf.saving",
     "sync_model": "shardfeed._tf.sync",
 }
@@ -47,6 +49,7 @@ _JAX_EXPORTS: dict[str, str | None] = {
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._jax.dataset",
     "World": "shardfeed._jax.world",
+    "disable_keras_hooks": "shardfeed._training.keras_hooks",
     "evaluate": "shardfeed._jax.evaluation",
     "fit": "shardfeed._jax.training",
     "init": "shardfeed._jax.initialize",
@@ -54,12 +57,18 @@ _JAX_EXPORTS: dict[str, str | None] = {
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
+    "resident_arrays": "shardfeed._training.resident_arrays",
     "save_model": "shardfeed._jax.saving",
     "sync_model": "shardfeed._jax.sync",
 }
 
 # Same module on every backend: resolved without asking Keras for its backend.
 _NEUTRAL = frozenset(name for name, module in _JAX_EXPORTS.items() if module == _EXPORTS[name])
+
+# Names that need Keras' own `fit`/`evaluate`/`predict` to take a resident
+# dataset: resolving one installs the hooks (docs/keras.md, "Inside Keras").
+_HOOKED = (frozenset(_EXPORTS) - _NEUTRAL) | {"resident_arrays"}
+_HOOKS = {"jax": "shardfeed._jax.keras_hooks"}  # every other backend: TensorFlow's
 
 # The fix a name without a JAX implementation names (none today; the default
 # says to use the TensorFlow backend).
@@ -85,7 +94,9 @@ if _typing.TYPE_CHECKING:
     from shardfeed._tf.training import fit as fit
     from shardfeed._tf.world import World as World
     from shardfeed._training.callbacks import on_chief as on_chief
+    from shardfeed._training.keras_hooks import disable_keras_hooks as disable_keras_hooks
     from shardfeed._training.options import FitOptions as FitOptions
+    from shardfeed._training.resident_arrays import resident_arrays as resident_arrays
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -93,8 +104,17 @@ def __getattr__(name: str) -> _typing.Any:
         raise AttributeError(f"module 'shardfeed' has no attribute {name!r}")
     module = _EXPORTS[name] if name in _NEUTRAL else _module_for_backend(name)
     value = getattr(_importlib.import_module(module), name)
+    if name in _HOOKED:
+        _install_keras_hooks()
     globals()[name] = value
     return value
+
+
+def _install_keras_hooks() -> None:
+    import keras
+
+    backend = keras.backend.backend()
+    _importlib.import_module(_HOOKS.get(backend, "shardfeed._tf.keras_hooks")).install()
 
 
 def _module_for_backend(name: str) -> str:
@@ -116,5 +136,7 @@ def _module_for_backend(name: str) -> str:
             )
         )
     return module
+
+
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})

@@ -16,6 +16,7 @@ EXPECTED = [
     "ShardPlan",
     "ShardedResidentDataset",
     "World",
+    "disable_keras_hooks",
     "evaluate",
     "fit",
     "init",
@@ -23,6 +24,7 @@ EXPECTED = [
     "on_chief",
     "plan_shards",
     "predict",
+    "resident_arrays",
     "save_model",
     "sync_model",
 ]
@@ -39,6 +41,7 @@ EXPECTED_JAX = {
     "ShardPlan": "shardfeed._data.plan",
     "ShardedResidentDataset": "shardfeed._jax.dataset",
     "World": "shardfeed._jax.world",
+    "disable_keras_hooks": "shardfeed._training.keras_hooks",
     "evaluate": "shardfeed._jax.evaluation",
     "fit": "shardfeed._jax.training",
     "init": "shardfeed._jax.initialize",
@@ -46,6 +49,7 @@ EXPECTED_JAX = {
     "on_chief": "shardfeed._training.callbacks",
     "plan_shards": "shardfeed._data.plan",
     "predict": "shardfeed._jax.evaluation",
+    "resident_arrays": "shardfeed._training.resident_arrays",
     "save_model": "shardfeed._jax.saving",
     "sync_model": "shardfeed._jax.sync",
 }
@@ -90,10 +94,11 @@ def test_public_names_snapshot():
 def test_both_backends_export_the_same_names():
     assert shardfeed._JAX_EXPORTS == EXPECTED_JAX
     assert sorted(EXPECTED_JAX) == EXPECTED
-    # Backend-neutral names (the same module on both) never need Keras to resolve.
+    # Backend-neutral names (the same module on both) resolve without asking Keras
+    # for its backend; of them, `resident_arrays` asks it to install the hooks.
     assert shardfeed._NEUTRAL == {
-        "Batch", "FitOptions", "LoadOptions", "MemoryPlan", "ShardPlan", "memory_plan",
-        "on_chief", "plan_shards",
+        "Batch", "FitOptions", "LoadOptions", "MemoryPlan", "ShardPlan", "disable_keras_hooks",
+        "memory_plan", "on_chief", "plan_shards", "resident_arrays",
     }
 
 

@@ -1,0 +1,27 @@
+"""TensorFlow's side of Keras' own entry points (`_training/keras_hooks.py`):
+its dataset, `fit`/`evaluate`/`predict`, and where a model's arrays go."""
+
+from __future__ import annotations
+
+import keras
+
+from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.evaluation import evaluate, predict
+from shardfeed._tf.training import fit
+from shardfeed._tf.world import current_world
+from shardfeed._training import keras_hooks as _hooks
+
+
+def _where(model: keras.Model) -> _hooks.Where:
+    world = current_world(model.distribute_strategy)
+    return _hooks.Where(
+        world.num_replicas_in_sync, world.is_chief, id(world.strategy),
+        {"strategy": world.strategy},
+    )
+
+
+BACKEND = _hooks.Backend("tensorflow", ShardedResidentDataset, fit, evaluate, predict, _where)
+
+
+def install() -> None:
+    _hooks.install(BACKEND)
