@@ -36,6 +36,7 @@ if (Path(__file__).parent / "jax").exists():
 BACKEND_NEUTRAL_TEST_FILES = frozenset(
     {
         "test_exchange.py",
+        "test_keras_entry.py",
         "test_relayout.py",
         "test_device_memory.py",
         "test_launch.py",

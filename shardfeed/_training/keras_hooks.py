@@ -55,6 +55,8 @@ class Backend:
 
 
 _lock = threading.Lock()
+# `FitOptions` for what the hooks run, set by `resident_arrays(options=)`.
+_options: Any = None
 _installed: dict[str, tuple[type, Callable[..., Any]]] = {}
 _backend: Backend | None = None
 _disabled = False
@@ -86,6 +88,19 @@ def uninstall(for_good: bool = True) -> None:
         for name, (owner, original) in _installed.items():
             setattr(owner, name, original)
         _installed.clear()
+
+
+def set_options(options: Any) -> Any:
+    """The `FitOptions` the routed calls take (None: shardfeed's defaults);
+    returns the previous ones."""
+    global _options
+    previous, _options = _options, options
+    return previous
+
+
+def with_options(given: dict[str, Any]) -> dict[str, Any]:
+    """`given` with the routed calls' `options`, when set."""
+    return given if _options is None else {**given, "options": _options}
 
 
 def installed() -> bool:
@@ -217,14 +232,14 @@ def _fit_dataset(backend: Backend, model: keras.Model, given: dict[str, Any]) ->
             f"(shuffle={dataset.shuffle!r}).",
             stacklevel=4,
         )
-    return backend.fit(model, dataset, **given)
+    return backend.fit(model, dataset, **with_options(given))
 
 
 def _evaluate_dataset(backend: Backend, model: keras.Model, given: dict[str, Any]) -> Any:
     dataset = given.pop("x")
     _check_data_arguments(dataset, given)
     given.setdefault("verbose", "auto")  # Keras' default (shardfeed.evaluate's is 0)
-    return backend.evaluate(model, dataset, **given)
+    return backend.evaluate(model, dataset, **with_options(given))
 
 
 def _predict_dataset(backend: Backend, model: keras.Model, given: dict[str, Any]) -> Any:
@@ -240,7 +255,7 @@ def predict_with_bar(
     shows its bar, complete once the predictions are back (they come back
     together); other arguments as `shardfeed.predict` takes them."""
     verbose = given.pop("verbose", "auto")
-    out = backend.predict(model, dataset, **given)
+    out = backend.predict(model, dataset, **with_options(given))
     if verbose not in (0, "auto", 1, 2):
         raise ValueError(
             _errors.message(

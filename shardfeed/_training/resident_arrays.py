@@ -31,6 +31,7 @@ from shardfeed._data.dataset_args import DatasetBase
 from shardfeed._data.options import LoadOptions
 from shardfeed._training import keras_hooks as _hooks
 from shardfeed._training.arguments import DEFAULT_EVAL_BATCH_SIZE
+from shardfeed._training.options import FitOptions
 
 logger = logging.getLogger("shardfeed")
 
@@ -66,13 +67,17 @@ class resident_arrays:
     Args:
         enabled: True (default) to turn it on, False to turn it off (and
             drop every upload it holds).
+        options: `FitOptions` for every call Keras' entry points hand to
+            shardfeed while it is on (a resident dataset's too), e.g.
+            `FitOptions(steps_per_execution=1)` for Keras' batch hooks at
+            every step; None: shardfeed's defaults.
 
     Example:
         >>> with shardfeed.resident_arrays():
         ...     tuner.search(x, y, epochs=3, validation_data=(x_val, y_val))
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, *, options: FitOptions | None = None) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(
                 _errors.message(
@@ -91,13 +96,22 @@ class resident_arrays:
                     "`ShardedResidentDataset` directly.",
                 )
             )
-        self._previous = set_enabled(enabled)
+        if options is not None and not isinstance(options, FitOptions):
+            raise TypeError(
+                _errors.message(
+                    "`options` must be a `shardfeed.FitOptions` or None.",
+                    f"type(options)={type(options).__name__}",
+                    "Pass e.g. `options=shardfeed.FitOptions(steps_per_execution=1)`.",
+                )
+            )
+        self._previous = set_enabled(enabled), _hooks.set_options(options if enabled else None)
 
     def __enter__(self) -> resident_arrays:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        set_enabled(self._previous)
+        set_enabled(self._previous[0])
+        _hooks.set_options(self._previous[1])
 
     def __repr__(self) -> str:
         return f"shardfeed.resident_arrays({is_enabled()})"
@@ -203,7 +217,7 @@ class _Cache:
         with self.lock:
             self._entries = [
                 e for e in self._entries
-                if not (e.rows == rows and e.where == where and _same(e.x_leaves, x_leaves))
+                if not (e.rows == rows and e.where == where.key and _same(e.x_leaves, x_leaves))
             ][-(MAX_ENTRIES - 1):]
             before = _refs(leaves)
             try:
@@ -216,7 +230,7 @@ class _Cache:
                 before = _refs(leaves)
                 dataset = self._make(backend, where, parts, rows, per_replica_batch_size,
                                      shuffle, training)
-            entry = _Entry(dataset, x_leaves, leaves, rows, where, per_replica_batch_size,
+            entry = _Entry(dataset, x_leaves, leaves, rows, where.key, per_replica_batch_size,
                            shuffle, _fingerprints(leaves, rows), ())
             after = _refs(leaves)
             # What the dataset took, the entry's two tuples, `_refs`' argument.
@@ -401,7 +415,7 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
     keep = ("epochs", "verbose", "callbacks", "class_weight", "initial_epoch",
             "steps_per_epoch", "validation_freq")
     rest = {k: given[k] for k in keep if k in given}
-    return backend.fit(model, train, validation_data=validation_data, **rest)
+    return backend.fit(model, train, validation_data=validation_data, **_hooks.with_options(rest))
 
 
 def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
@@ -423,8 +437,8 @@ def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str
         _say(f"the arrays do not fit on the devices ({str(error).splitlines()[0]})", verbose,
              where)
         return _hooks.PASS
-    rest = {k: given[k] for k in ("callbacks", "return_dict") if k in given}
-    return backend.evaluate(model, dataset, verbose=verbose, **rest)
+    rest: dict[str, Any] = {k: given[k] for k in ("callbacks", "return_dict") if k in given}
+    return backend.evaluate(model, dataset, verbose=verbose, **_hooks.with_options(rest))
 
 
 def _predict_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
