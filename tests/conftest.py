@@ -37,6 +37,7 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
     {
         "test_exchange.py",
         "test_keras_entry.py",
+        "test_keras_tools.py",
         "test_relayout.py",
         "test_device_memory.py",
         "test_launch.py",

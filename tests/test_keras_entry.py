@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -223,6 +223,9 @@ def _fit_dataset(backend: Backend, model: keras.Model, given: dict[str, Any]) ->
                 "`model.fit(train, validation_data=val)`.",
             )
         )
+    validation = _array_routes.get("validation_data")
+    if validation is not None and "validation_data" in given:
+        given["validation_data"] = validation(backend, model, given)
     shuffle = given.pop("shuffle", None)
     if shuffle is not None and bool(shuffle) != bool(dataset.shuffle):
         # Keras' own behaviour for a dataset: the dataset decides, with a warning.

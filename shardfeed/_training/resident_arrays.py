@@ -246,8 +246,16 @@ class _Cache:
         rows: tuple[int, int], per_replica_batch_size: int, shuffle: bool, training: bool,
     ) -> DatasetBase[Any]:
         start, stop = rows
+        floatx = np.dtype(keras.config.floatx())
+
+        def rows_as_keras_reads_them(a: np.ndarray) -> np.ndarray:
+            # Keras' array adapter casts every other float to floatx (a host
+            # copy here, held by the dataset, gone with it).
+            a = a[start:stop]
+            return a.astype(floatx) if a.dtype.kind == "f" and a.dtype != floatx else a
+
         x, y, sample_weight = (
-            None if p is None else keras.tree.map_structure(lambda a: a[start:stop], p)
+            None if p is None else keras.tree.map_structure(rows_as_keras_reads_them, p)
             for p in parts
         )
         # Evaluation pads rather than drops: shrink a batch larger than the rows.
@@ -391,15 +399,8 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
                 backend, where, parts, (at, num_rows),
                 given.get("validation_batch_size", given.get("batch_size")),
             )
-        elif validation_data is not None and not isinstance(validation_data, DatasetBase):
-            if not (isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3):
-                raise _Fallback("validation_data is not a tuple (x, y[, sample_weight])")
-            val_parts = (*validation_data, None)[:3]
-            _check({}, val_parts, ())
-            validation_data = _eval_dataset(
-                backend, where, val_parts, (0, _num_rows(val_parts)),
-                given.get("validation_batch_size", given.get("batch_size")),
-            )
+        elif validation_data is not None:
+            validation_data = _validation(backend, where, validation_data, given)
         leaves = _leaves(parts[0]) + _leaves(parts[1]) + _leaves(parts[2])
         train = CACHE.find(leaves, train_rows, where.key, batch=per_replica, shuffle=bool(shuffle))
         if train is None:
@@ -416,6 +417,36 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
             "steps_per_epoch", "validation_freq")
     rest = {k: given[k] for k in keep if k in given}
     return backend.fit(model, train, validation_data=validation_data, **_hooks.with_options(rest))
+
+
+def _validation(
+    backend: _hooks.Backend, where: _hooks.Where, validation_data: Any, given: dict[str, Any]
+) -> Any:
+    """`validation_data` arrays `(x, y[, sample_weight])` as a cached upload
+    (a dataset stays as it is)."""
+    if isinstance(validation_data, DatasetBase):
+        return validation_data
+    if not (isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3):
+        raise _Fallback("validation_data is not a tuple (x, y[, sample_weight])")
+    parts = (*validation_data, None)[:3]
+    _check({}, parts, ())
+    return _eval_dataset(
+        backend, where, parts, (0, _num_rows(parts)),
+        given.get("validation_batch_size", given.get("batch_size")),
+    )
+
+
+def _validation_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
+    """`validation_data` next to a resident dataset: arrays uploaded once in
+    resident mode (KerasTuner's trials), else as `shardfeed.fit` takes them."""
+    validation_data = given["validation_data"]
+    if not _enabled:
+        return validation_data
+    CACHE.sweep()
+    try:
+        return _validation(backend, backend.where(model), validation_data, given)
+    except (_Fallback, MemoryError):
+        return validation_data  # shardfeed.fit takes them, or says why not
 
 
 def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
@@ -466,3 +497,4 @@ def _predict_route(backend: _hooks.Backend, model: keras.Model, given: dict[str,
 _hooks.set_array_route("fit", _fit_route)
 _hooks.set_array_route("evaluate", _evaluate_route)
 _hooks.set_array_route("predict", _predict_route)
+_hooks.set_array_route("validation_data", _validation_route)
