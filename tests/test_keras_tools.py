@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import shardfeed
-from shardfeed._training import resident_arrays as resident_module
 
 
 @pytest.fixture
