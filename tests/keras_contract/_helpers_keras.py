@@ -21,6 +21,10 @@ These functions are the only adaptation, and it is data plumbing only:
 
 `SHARDFEED_KERAS_CONTROL=1` runs the same tests on plain `model.fit` (the
 control: Keras' assertions hold there; `conftest.py` then marks nothing).
+`SHARDFEED_KERAS_RESIDENT=1` runs them through Keras' own `model.fit`/
+`evaluate`/`predict` in resident mode (`shardfeed.resident_arrays`, with the
+same `FitOptions` as above): the arrays are made resident by the hooks, with
+Keras' meaning of every argument (its default `shuffle=True` included).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 
 CONTROL = os.environ.get("SHARDFEED_KERAS_CONTROL") == "1"
+RESIDENT = os.environ.get("SHARDFEED_KERAS_RESIDENT") == "1"
 # Why a file is skipped in the JAX tier (a venv without TensorFlow): Keras'
 # TensorBoard and SwapEMAWeights tests read TensorFlow's event files / contexts.
 NEEDS_TENSORFLOW = (
@@ -55,6 +60,9 @@ def fit(
 ) -> Any:
     if CONTROL:
         return model.fit(x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+    if RESIDENT:
+        with shardfeed.resident_arrays(options=_options(model)):
+            return model.fit(x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
     dataset = ShardedResidentDataset(
         x,
         y,
@@ -75,6 +83,11 @@ def evaluate(
 ) -> Any:
     if CONTROL:
         return model.evaluate(x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+    if RESIDENT:
+        with shardfeed.resident_arrays(options=_options(model)):
+            return model.evaluate(
+                x, y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
+            )
     return shardfeed.evaluate(
         model,
         x,
@@ -89,6 +102,9 @@ def evaluate(
 def predict(model: Any, x: Any, batch_size: int | None = None, **kwargs: Any) -> Any:
     if CONTROL:
         return model.predict(x, batch_size=batch_size, **kwargs)
+    if RESIDENT:
+        with shardfeed.resident_arrays(options=_options(model)):
+            return model.predict(x, batch_size=batch_size, **kwargs)
     return shardfeed.predict(
         model,
         x,
