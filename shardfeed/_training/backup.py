@@ -52,6 +52,69 @@ def _file_error(path: str, constraint: str, received: str) -> ValueError:
     )
 
 
+def read_state_file(
+    backup_dir: str,
+) -> tuple[ResumeState, str, _checked_open.FileIdentity] | None:
+    """A backup's saved resume state, the weights file it names and that
+    file's identity; None when there is no backup.
+
+    The state file and the weights file it names are opened without
+    following links (`checked_open`); the weights file must be one of the
+    two names the backup writes, in `backup_dir`. The state is checked field
+    by field (`ResumeState.from_dict`); `fit` checks it against the dataset
+    and the run (`resume.adapt`).
+
+    Raises:
+        ValueError: Naming the file (and the field), for a file that is
+            not the JSON the backup writes.
+    """
+    path = os.path.join(backup_dir, STATE_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with os.fdopen(_checked_open.open_checked(path), "rb") as f:
+            raw = f.read()
+    except _checked_open.NotTheCheckedFile as err:
+        raise _file_error(
+            path, "must be a regular file (not a link, FIFO or device)", str(err)
+        ) from err
+    try:
+        saved = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise _file_error(path, "must be UTF-8 JSON", str(err)) from None
+    except json.JSONDecodeError as err:
+        problem = f"{err.msg}: line {err.lineno} column {err.colno} (char {err.pos})"
+        raise _file_error(path, "must be JSON", problem) from None
+    if not isinstance(saved, dict) or set(saved) != {"weights", "state"}:
+        got = f"fields={sorted(saved)}" if isinstance(saved, dict) else (
+            f"type={type(saved).__name__}"
+        )
+        raise _file_error(
+            path, 'must be a JSON object with the fields "weights" and "state"', got
+        )
+    weights = saved["weights"]
+    if weights not in WEIGHTS_FILES:
+        raise _file_error(
+            path,
+            f"must name one of the weights files this backup writes ({WEIGHTS_FILES[0]!r} "
+            f"or {WEIGHTS_FILES[1]!r}, in the backup directory)",
+            f"weights={weights!r}",
+        )
+    state = ResumeState.from_dict(saved["state"], source=path)
+    weights_path = os.path.join(backup_dir, weights)
+    try:
+        status = os.lstat(weights_path)
+    except OSError as err:
+        raise _file_error(path, "must name a weights file that exists", str(err)) from None
+    if not stat.S_ISREG(status.st_mode):
+        raise _file_error(
+            path,
+            "must name a regular weights file (not a link, FIFO or device)",
+            f"weights={weights!r}: {weights_path} is {_checked_open.kind(status.st_mode)}",
+        )
+    return state, weights, _checked_open.identity(status)
+
+
 class ResumableBackup(keras.callbacks.Callback):
     """Backs up weights, optimizer and resume state; restores them at the start.
 
@@ -96,64 +159,12 @@ class ResumableBackup(keras.callbacks.Callback):
     # -- restore -------------------------------------------------------------
 
     def read_state(self) -> ResumeState | None:
-        """The saved resume state, or None when there is no backup.
-
-        The state file and the weights file it names are opened without
-        following links (`checked_open`); the weights file must be one of the
-        two names this callback writes, in the backup directory. The state is
-        checked field by field (`ResumeState.from_dict`); `fit` checks it
-        against the dataset and the run (`resume.adapt`).
-
-        Raises:
-            ValueError: Naming the file (and the field), for a file that is
-                not the JSON this callback writes.
-        """
-        path = self._state_path
-        if not os.path.lexists(path):
+        """The saved resume state, or None when there is no backup
+        (`read_state_file`); remembers the weights file it names."""
+        found = read_state_file(self.backup_dir)
+        if found is None:
             return None
-        try:
-            with os.fdopen(_checked_open.open_checked(path), "rb") as f:
-                raw = f.read()
-        except _checked_open.NotTheCheckedFile as err:
-            raise _file_error(
-                path, "must be a regular file (not a link, FIFO or device)", str(err)
-            ) from err
-        try:
-            saved = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            raise _file_error(path, "must be UTF-8 JSON", str(err)) from None
-        except json.JSONDecodeError as err:
-            problem = f"{err.msg}: line {err.lineno} column {err.colno} (char {err.pos})"
-            raise _file_error(path, "must be JSON", problem) from None
-        if not isinstance(saved, dict) or set(saved) != {"weights", "state"}:
-            got = f"fields={sorted(saved)}" if isinstance(saved, dict) else (
-                f"type={type(saved).__name__}"
-            )
-            raise _file_error(
-                path, 'must be a JSON object with the fields "weights" and "state"', got
-            )
-        weights = saved["weights"]
-        if weights not in WEIGHTS_FILES:
-            raise _file_error(
-                path,
-                f"must name one of the weights files this backup writes ({WEIGHTS_FILES[0]!r} "
-                f"or {WEIGHTS_FILES[1]!r}, in the backup directory)",
-                f"weights={weights!r}",
-            )
-        state = ResumeState.from_dict(saved["state"], source=path)
-        weights_path = os.path.join(self.backup_dir, weights)
-        try:
-            status = os.lstat(weights_path)
-        except OSError as err:
-            raise _file_error(path, "must name a weights file that exists", str(err)) from None
-        if not stat.S_ISREG(status.st_mode):
-            raise _file_error(
-                path,
-                "must name a regular weights file (not a link, FIFO or device)",
-                f"weights={weights!r}: {weights_path} is {_checked_open.kind(status.st_mode)}",
-            )
-        self._weights_file = weights
-        self._weights_identity = _checked_open.identity(status)
+        state, self._weights_file, self._weights_identity = found
         return state
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:

@@ -29,6 +29,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _dataset_args
 from shardfeed._data.dataset_args import DatasetBase
 from shardfeed._data.options import LoadOptions
+from shardfeed._training import backup as _backup
 from shardfeed._training import keras_hooks as _hooks
 from shardfeed._training.arguments import DEFAULT_EVAL_BATCH_SIZE
 from shardfeed._training.options import FitOptions
@@ -177,6 +178,7 @@ class _Cache:
     def find(
         self, leaves: tuple[np.ndarray, ...], rows: tuple[int, int], where: Hashable,
         x_only: bool = False, batch: int | None = None, shuffle: bool | None = None,
+        seed: int | None = None,
     ) -> DatasetBase[Any] | None:
         """An upload of these arrays' rows on these devices (of this batch and
         shuffle when given) whose contents are unchanged; one whose arrays
@@ -191,6 +193,7 @@ class _Cache:
                     or entry.where != where
                     or (batch is not None and entry.batch != batch)
                     or (shuffle is not None and entry.shuffle != shuffle)
+                    or (seed is not None and entry.dataset.seed != seed)
                 ):
                     continue
                 if _fingerprints(entry.leaves, rows) != entry.crcs:
@@ -204,6 +207,7 @@ class _Cache:
     def build(
         self, backend: _hooks.Backend, where: _hooks.Where, parts: tuple[Any, Any, Any],
         rows: tuple[int, int], per_replica_batch_size: int, shuffle: bool, training: bool,
+        seed: int | None = None,
     ) -> DatasetBase[Any]:
         """Uploads `parts` (`(x, y, sample_weight)`, rows `rows` of them) and
         keeps the dataset; an upload of the same arrays' rows is dropped first.
@@ -222,14 +226,14 @@ class _Cache:
             before = _refs(leaves)
             try:
                 dataset = self._make(backend, where, parts, rows, per_replica_batch_size,
-                                     shuffle, training)
+                                     shuffle, training, seed)
             except MemoryError:
                 if not self._entries:
                     raise
                 self._entries.clear()
                 before = _refs(leaves)
                 dataset = self._make(backend, where, parts, rows, per_replica_batch_size,
-                                     shuffle, training)
+                                     shuffle, training, seed)
             entry = _Entry(dataset, x_leaves, leaves, rows, where.key, per_replica_batch_size,
                            shuffle, _fingerprints(leaves, rows), ())
             after = _refs(leaves)
@@ -244,6 +248,7 @@ class _Cache:
     def _make(
         self, backend: _hooks.Backend, where: _hooks.Where, parts: tuple[Any, Any, Any],
         rows: tuple[int, int], per_replica_batch_size: int, shuffle: bool, training: bool,
+        seed: int | None,
     ) -> DatasetBase[Any]:
         start, stop = rows
         floatx = np.dtype(keras.config.floatx())
@@ -265,7 +270,7 @@ class _Cache:
         kwargs = dict(
             per_replica_batch_size=batch, shuffle=shuffle,
             # Keras' seeded generators (`keras.utils.set_random_seed`) seed Python's too.
-            seed=random.getrandbits(62) if shuffle else None,
+            seed=(random.getrandbits(62) if seed is None else seed) if shuffle else None,
             # Rows that do not fit go to Keras' own path, not to streaming.
             load_options=LoadOptions(streaming=False), **where.dataset_kwargs,
         )
@@ -402,10 +407,13 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
         elif validation_data is not None:
             validation_data = _validation(backend, where, validation_data, given)
         leaves = _leaves(parts[0]) + _leaves(parts[1]) + _leaves(parts[2])
-        train = CACHE.find(leaves, train_rows, where.key, batch=per_replica, shuffle=bool(shuffle))
+        # A backup resumes only on its own order: take its seed.
+        seed = _backed_up_seed(given.get("callbacks")) if shuffle else None
+        train = CACHE.find(leaves, train_rows, where.key, batch=per_replica,
+                           shuffle=bool(shuffle), seed=seed)
         if train is None:
             train = CACHE.build(backend, where, parts, train_rows, per_replica, bool(shuffle),
-                                training=True)
+                                training=True, seed=seed)
     except _Fallback as reason:
         _say(str(reason), verbose, where)
         return _hooks.PASS
@@ -417,6 +425,16 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
             "steps_per_epoch", "validation_freq")
     rest = {k: given[k] for k in keep if k in given}
     return backend.fit(model, train, validation_data=validation_data, **_hooks.with_options(rest))
+
+
+def _backed_up_seed(callbacks: Any) -> int | None:
+    """The seed a `BackupAndRestore` among `callbacks` saved (None without one)."""
+    for callback in callbacks or ():
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            found = _backup.read_state_file(str(callback.backup_dir))
+            if found is not None:
+                return found[0].seed
+    return None
 
 
 def _validation(
