@@ -18,6 +18,7 @@ from shardfeed._commands.bench.engines import default_rows
 from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
+from shardfeed._commands.bench.search import SEARCH_VARIANTS
 from shardfeed._commands.bench.variants import (
     OPTIONAL_VARIANTS,
     VARIANT_ALIASES,
@@ -161,6 +162,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none), passed to the dataset as LoadOptions(device_memory_bytes=...)",
     )
     parser.add_argument(
+        "--search",
+        action="store_true",
+        help="also time a KerasTuner RandomSearch over W2's model (--search-trials trials of "
+        "--search-epochs epochs, W2's rows times --rows-scale), each variant in a fresh "
+        "process, compile and upload included: trials per minute; alone unless --workloads "
+        "is given",
+    )
+    parser.add_argument(
+        "--search-variants",
+        type=_csv_choice(SEARCH_VARIANTS, {}),
+        default=list(SEARCH_VARIANTS),
+        help=f"comma-separated, from {','.join(SEARCH_VARIANTS)} (default: all; the jax* ones "
+        "run in --jax-python)",
+    )
+    parser.add_argument(
+        "--search-trials", type=_positive(int), default=10, help="trials (default: 10)"
+    )
+    parser.add_argument(
+        "--search-epochs", type=_positive(int), default=3, help="epochs per trial (default: 3)"
+    )
+    parser.add_argument(
         "--horovod-python",
         help="a Python with Horovod (e.g. the venv .ci/horovod_env.sh "
         "prints) for the Horovod row of --engines",
@@ -190,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     names, notes, types, baseline, on_jax = _variants_for_backend(args)
-    workloads = args.workloads or ([] if args.capacity else list(WORKLOADS))
+    workloads = args.workloads or ([] if args.capacity or args.search else list(WORKLOADS))
     args = argparse.Namespace(**{**vars(args), "variants": names, "workloads": workloads})
     report: dict[str, Any] = {
         "machine": machine_info(None if on_jax else args.jax_python),
@@ -225,6 +247,16 @@ def run(args: argparse.Namespace) -> int:
 
         report["capacity"] = _capacity.run_capacity(args.capacity_limit_bytes, args.seed)
         extra_markdown.append(_capacity.to_markdown(report["capacity"]))
+    if args.search:
+        from shardfeed._commands.bench import search as _search
+
+        rows = max(2 * _search.BATCH_SIZE, round(WORKLOADS["W2"].rows * args.rows_scale))
+        jax_python = sys.executable if on_jax else args.jax_python
+        report["search"] = _search.run_search(
+            args.search_variants, rows, args.search_trials, args.search_epochs, args.seed,
+            jax_python,
+        )
+        extra_markdown.append(_search.to_markdown(report["search"]))
     shuffle_rows = args.engine_rows or default_rows("W2")  # the shuffles train W2's model
     if args.shuffles:
         from shardfeed._commands.bench import shuffles as _shuffles

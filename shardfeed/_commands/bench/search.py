@@ -1,0 +1,187 @@
+"""`shardfeed bench --search`: a KerasTuner hyperparameter search, in trials per minute.
+
+KerasTuner's `RandomSearch` over W2's model (units and learning rate
+searched), `--search-trials` trials of `--search-epochs` epochs, timed whole:
+building, compiling, uploading, training and validating every trial. Each
+variant runs in a fresh process (cold caches, as a user's search starts):
+Keras' `fit` from NumPy, from `tf.data`, tuned (`steps_per_execution=128`,
+XLA), and shardfeed through Keras' own `model.fit`, on a resident dataset
+and on arrays in resident mode (each upload counted once, inside the time);
+the TensorFlow variants in this Python, the JAX ones in `--jax-python`.
+
+Run a variant alone as `python -m shardfeed._commands.bench.search VARIANT
+ROWS TRIALS EPOCHS SEED`: one JSON line out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+# variant -> (Keras backend, what it is)
+SEARCH_VARIANTS: dict[str, tuple[str, str]] = {
+    "numpy": ("tensorflow", "Keras `fit` from NumPy (`batch_size=256`)"),
+    "tfdata": ("tensorflow", "Keras `fit` from `tf.data` (cache, shuffle, batch, prefetch)"),
+    "tuned": ("tensorflow", "`tfdata`, compiled with `steps_per_execution=128, jit_compile=True`"),
+    "resident": ("tensorflow", "Keras `fit` on a `ShardedResidentDataset` (resident mode on)"),
+    "resident-mode": ("tensorflow", "Keras `fit` from NumPy in `shardfeed.resident_arrays()`"),
+    "jax": ("jax", "Keras on JAX, `fit` from NumPy"),
+    "jax-tuned": ("jax", "`jax`, compiled with `steps_per_execution=128, jit_compile=True`"),
+    "jax-resident": ("jax", "Keras on JAX, `fit` on a `ShardedResidentDataset`"),
+    "jax-resident-mode": ("jax", "Keras on JAX, `fit` from NumPy in resident mode"),
+}
+BATCH_SIZE = 256
+WORKER_TIMEOUT_S = 3600.0
+
+
+def _hypermodel(compile_kw: dict[str, Any]) -> Any:
+    import keras
+
+    def build(hp: Any) -> Any:
+        units = hp.Int("units", 32, 256, step=32)
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(units, activation="relu"),
+                keras.layers.Dense(units, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        rate = hp.Choice("learning_rate", [1e-3, 3e-3])
+        model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse", **compile_kw)
+        return model
+
+    return build
+
+
+def run_variant(variant: str, rows: int, trials: int, epochs: int, seed: int) -> dict[str, Any]:
+    """One variant's search in this process (its backend already chosen)."""
+    import keras
+    import keras_tuner
+
+    from shardfeed._commands.bench.workloads import WORKLOADS, make_data
+
+    x, y = make_data(WORKLOADS["W2"], rows, seed)
+    x_val, y_val = make_data(WORKLOADS["W2"], max(BATCH_SIZE, rows // 10), seed + 1)
+    tuned = variant.endswith("tuned")
+    compile_kw = {"steps_per_execution": 128, "jit_compile": True} if tuned else {}
+    keras.utils.set_random_seed(seed)
+    with tempfile.TemporaryDirectory() as folder:
+        tuner = keras_tuner.RandomSearch(
+            _hypermodel(compile_kw), objective="val_loss", max_trials=trials, seed=seed,
+            overwrite=True, directory=folder, project_name="search",
+        )
+        start = time.perf_counter()
+        if variant in ("resident", "jax-resident"):
+            import shardfeed
+
+            with shardfeed.resident_arrays():  # the validation arrays: uploaded once too
+                train = shardfeed.ShardedResidentDataset(
+                    x, y, per_replica_batch_size=BATCH_SIZE, seed=seed
+                )
+                tuner.search(train, epochs=epochs, validation_data=(x_val, y_val), verbose=0)
+        elif variant.endswith("resident-mode"):
+            import shardfeed
+
+            with shardfeed.resident_arrays():
+                tuner.search(x, y, batch_size=BATCH_SIZE, epochs=epochs,
+                             validation_data=(x_val, y_val), verbose=0)
+        elif variant in ("tfdata", "tuned"):
+            from shardfeed._commands.bench.workloads import tf_data
+
+            train = tf_data(x, y, WORKLOADS["W2"])
+            val = tf_data(x_val, y_val, WORKLOADS["W2"])
+            tuner.search(train, epochs=epochs, validation_data=val, verbose=0)
+        else:
+            tuner.search(x, y, batch_size=BATCH_SIZE, epochs=epochs,
+                         validation_data=(x_val, y_val), verbose=0)
+        seconds = time.perf_counter() - start
+        best = tuner.oracle.get_best_trials(1)[0].score
+    done = len(tuner.oracle.trials)
+    return {
+        "variant": variant,
+        "backend": keras.backend.backend(),
+        "trials": done,
+        "epochs": epochs,
+        "rows": rows,
+        "seconds": seconds,
+        "trials_per_minute": 60.0 * done / seconds,
+        "best_val_loss": float(best),
+    }
+
+
+def run_search(
+    names: list[str], rows: int, trials: int, epochs: int, seed: int, jax_python: str
+) -> list[dict[str, Any]]:
+    """Each variant in a process of its own; a variant that cannot run (no
+    KerasTuner, no JAX in `jax_python`) is reported skipped with the reason."""
+    results = []
+    for name in names:
+        backend = SEARCH_VARIANTS[name][0]
+        python = jax_python if backend == "jax" else sys.executable
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        command = [python, "-m", "shardfeed._commands.bench.search", name, str(rows),
+                   str(trials), str(epochs), str(seed)]
+        done = subprocess.run(command, capture_output=True, text=True, env=env,
+                              timeout=WORKER_TIMEOUT_S, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            results.append({"variant": name, "backend": backend, "skipped": why})
+        else:
+            results.append(json.loads(lines[-1]))
+        print(f"search {name}: {results[-1]}", file=sys.stderr, flush=True)
+    return results
+
+
+def to_markdown(results: list[dict[str, Any]]) -> str:
+    """The table: trials per minute per variant, and against Keras' `fit`
+    from NumPy on the same backend."""
+    base = {
+        r["backend"]: r["trials_per_minute"]
+        for r in results
+        if r["variant"] in ("numpy", "jax") and "skipped" not in r
+    }
+    first = next((r for r in results if "skipped" not in r), None)
+    head = (
+        f"### Hyperparameter search (KerasTuner RandomSearch, W2's model, "
+        f"{first['rows']:,} rows, {first['trials']} trials x {first['epochs']} epochs, "
+        "compile and upload included)\n\n"
+        if first
+        else "### Hyperparameter search\n\n"
+    )
+    lines = [
+        head + "| variant | backend | seconds | trials per minute | x Keras fit(numpy) | "
+        "best val_loss |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        what = SEARCH_VARIANTS[r["variant"]][1]
+        if "skipped" in r:
+            lines.append(f"| {r['variant']}: {what} | {r['backend']} | skipped: "
+                         f"{r['skipped']} | | | |")
+            continue
+        ratio = r["trials_per_minute"] / base[r["backend"]] if r["backend"] in base else None
+        lines.append(
+            f"| {r['variant']}: {what} | {r['backend']} | {r['seconds']:.1f} | "
+            f"{r['trials_per_minute']:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{r['best_val_loss']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    variant, rows, trials, epochs, seed = argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = run_variant(variant, int(rows), int(trials), int(epochs), int(seed))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
