@@ -202,7 +202,9 @@ def test_bench_says_why_keras_on_jax_is_skipped_when_jax_does_not_import(tmp_pat
     variants = json.loads((tmp_path / "bench.json").read_text())["workloads"]["W2"]["variants"]
     reason = (
         "jax is not importable in the worker process (ImportError: No module named jax "
-        '(test)); install it: pip install "shardfeed[jax]" (CPU JAX)'
+        "(test)); make a venv of its own for Keras on JAX, without TensorFlow (`python -m "
+        'venv .venv-jax && .venv-jax/bin/pip install "shardfeed[jax]"`), and pass '
+        "`--jax-python .venv-jax/bin/python` (or set SHARDFEED_JAX_PYTHON)"
     )
     for name, label in KERAS_ON_JAX.items():
         assert variants[name] == {"label": label, "skipped": reason}

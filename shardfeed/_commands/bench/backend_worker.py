@@ -25,7 +25,13 @@ from shardfeed._common.errors import message
 # What a variant's backend needs, per `KERAS_BACKEND`: the module to import
 # and how to install it.
 BACKEND_MODULES = {"jax": "jax"}
-INSTALL_HINTS = {"jax": 'pip install "shardfeed[jax]" (CPU JAX)'}
+# Not into this environment: TensorFlow imports JAX whenever it is installed beside
+# it (slower imports, other memory; requirements-jax.txt says more).
+INSTALL_HINTS = {
+    "jax": 'make a venv of its own for Keras on JAX, without TensorFlow (`python -m venv '
+    '.venv-jax && .venv-jax/bin/pip install "shardfeed[jax]"`), and pass `--jax-python '
+    '.venv-jax/bin/python` (or set SHARDFEED_JAX_PYTHON)'
+}
 
 
 def _send(out: TextIO, reply: dict[str, Any]) -> None:
@@ -89,7 +95,7 @@ def main() -> int:
     except ImportError as error:
         reason = (
             f"{backend} is not importable in the worker process ({type(error).__name__}: "
-            f"{error}); install it: {INSTALL_HINTS[backend]}"
+            f"{error}); {INSTALL_HINTS[backend]}"
         )
         _send(replies, {"skipped": reason})
         return 0
