@@ -9,9 +9,13 @@ model after each call. `loop_for` keeps each model's loops across calls.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
+import threading
+import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Literal
 
 import jax
@@ -22,6 +26,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from keras.src import backend as keras_backend
+from keras.src.models.functional import Functional
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
@@ -193,6 +198,110 @@ def unrolls_steps(model: keras.Model, world: World) -> bool:
     return on_cpu and any(isinstance(layer, _CONVOLUTIONS) for layer in model._flatten_layers())
 
 
+# Compiled calls shared by models of one architecture: KerasTuner's trials and
+# repeated fits build new models whose steps compute the same function of their
+# state, so one trace (and XLA executable) serves them all. Only models whose
+# whole computation their configs name: Sequential or functional models of
+# Keras' own layers, compiled with Keras' own optimizer, losses and metrics
+# (`architecture_key`); anything with code of its own (a subclass, a custom
+# layer, loss or metric, a step override) keeps its own traces. Bounded, least
+# recently used first out.
+MAX_SHARED_ARCHITECTURES = 16
+
+
+@dataclasses.dataclass
+class _Shared:
+    """One architecture's compiled calls, and the loop whose model a trace
+    reads (set for the length of each call, under `lock`)."""
+
+    jitted: dict[tuple[Mode, bool], Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    current: Loop | None = None
+    traces: int = 0  # Python traces of its calls (tests count them)
+
+
+_STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "call")
+_SHARED: collections.OrderedDict[Hashable, _Shared] = collections.OrderedDict()
+_SHARED_LOCK = threading.Lock()
+
+
+def _keras_own(value: Any) -> bool:
+    """Whether `value` (a compile argument) is Keras' own: a name, a number, or
+    an object or function from Keras' modules (with no user code inside)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_keras_own(v) for v in value)
+    if isinstance(value, dict):
+        return all(_keras_own(v) for v in value.values())
+    module = getattr(type(value), "__module__", "") or ""
+    if isinstance(value, types.FunctionType):
+        module = value.__module__ or ""
+    if not module.startswith("keras."):
+        return False
+    wrapped = getattr(value, "fn", None)  # LossFunctionWrapper / MeanMetricWrapper
+    return wrapped is None or _keras_own(wrapped)
+
+
+def architecture_key(model: keras.Model) -> str | None:
+    """A key equal for models whose steps compute the same function of their
+    state (the layer names, which differ per model, replaced by their place),
+    or None when the model may hold code of its own."""
+    if type(model) not in (keras.Sequential, Functional):
+        return None
+    if any(name in vars(model) for name in _STEPS):  # a step set on the instance
+        return None
+    layers = list(model._flatten_layers(include_self=False))
+    if any(not type(layer).__module__.startswith("keras.") for layer in layers):
+        return None
+    compile_config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not isinstance(compile_config, dict) or not _keras_own(compile_config):
+        return None
+    try:
+        config = model.get_config()
+        compiled = model.get_compile_config()
+    except Exception:  # a config Keras cannot serialize: nothing to compare
+        return None
+    places = {layer.name: f"@{i}" for i, layer in enumerate([model, *layers])}
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        places[optimizer.name] = "@optimizer"  # `adam_3`: a name, not a computation
+        serialized = compiled.get("optimizer")
+        learning_rate = getattr(optimizer, "_learning_rate", None)
+        if isinstance(learning_rate, keras.Variable) and isinstance(serialized, dict):
+            # A float learning rate is a variable of the optimizer's state, read
+            # by the step: trials that differ only there share the trace.
+            serialized.get("config", {}).pop("learning_rate", None)
+
+    def placed(value: Any) -> Any:
+        if isinstance(value, str):
+            return places.get(value, value)
+        if isinstance(value, list | tuple):
+            return [placed(v) for v in value]
+        if isinstance(value, dict):
+            return {placed(k): placed(v) for k, v in value.items()}
+        return value
+
+    # Several outputs name their logs after the output layers: keep those names.
+    outputs = list(model.output_names) if len(model.outputs or []) > 1 else []
+    try:
+        return json.dumps(
+            [type(model).__name__, placed(config), placed(compiled), outputs],
+            sort_keys=True, default=repr,
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _shared_for(key: Hashable) -> _Shared:
+    with _SHARED_LOCK:
+        shared = _SHARED.pop(key, None) or _Shared()
+        _SHARED[key] = shared
+        while len(_SHARED) > MAX_SHARED_ARCHITECTURES:
+            _SHARED.popitem(last=False)
+        return shared
+
+
 class Loop:
     """Compiled train/test/predict calls for one model on one world.
 
@@ -228,8 +337,15 @@ class Loop:
         self.jit = jit
         self.replicated = NamedSharding(world.mesh, P())
         self._stacked = NamedSharding(world.mesh, P(None, REPLICA_AXIS))
-        self._jitted: dict[tuple[Mode, bool], Callable[..., Any]] = {}
         self.unroll = unrolls_steps(model, world)
+        # Another model of this architecture's compiled calls, where it can
+        # share them (the key names what else shapes a trace).
+        architecture = architecture_key(model) if jit else None
+        self._shared = (
+            _shared_for((architecture, world.mesh, steps_per_execution, class_weights, self.unroll))
+            if architecture is not None
+            else _Shared()
+        )
 
     @property
     def model(self) -> keras.Model:
@@ -336,8 +452,9 @@ class Loop:
 
     def _compiled(self, mode: Mode, partial: bool) -> Callable[..., Any]:
         key = (mode, partial)
-        if key in self._jitted:
-            return self._jitted[key]
+        shared = self._shared
+        if key in shared.jitted:
+            return shared.jitted[key]
         # Logs and state come back replicated; predict's outputs stay sharded
         # along the batch (stacked per step under the scan).
         if mode == "predict":
@@ -349,9 +466,12 @@ class Loop:
         if partial:
 
             # The model's step is looked up when tracing: the compiled call
-            # must not hold the model (`_LOOPS` keys it weakly).
+            # must not hold the model (`_LOOPS` keys it weakly), and may serve
+            # another model of the architecture (`_Shared`).
             def one(state: Any, batch: Any) -> Any:
-                return self._step(mode)(state, _data(self._weighted(mode, batch)))
+                loop = shared.current or self
+                shared.traces += 1
+                return loop._step(mode)(state, _data(loop._weighted(mode, batch)))
 
             fn = jax.jit(one, donate_argnums=donate, out_shardings=out) if self.jit else one
         elif not self.jit:
@@ -373,11 +493,13 @@ class Loop:
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
-                step = self._step(mode)
+                loop = shared.current or self
+                shared.traces += 1
+                step = loop._step(mode)
 
                 def body(state: Any, i: Any) -> tuple[Any, Any]:
                     # The schedule asks full steps only: no per-step check.
-                    batch = self._weighted(mode, batch_fn.unchecked(arrays, start + i))
+                    batch = loop._weighted(mode, batch_fn.unchecked(arrays, start + i))
                     result, state = step(state, _data(batch))
                     return state, result
 
@@ -396,7 +518,7 @@ class Loop:
                 return results, state
 
             fn = jax.jit(many, static_argnums=(3, 4), donate_argnums=donate, out_shardings=out)
-        self._jitted[key] = fn
+        shared.jitted[key] = fn
         return fn
 
     def run(self, mode: Mode, epoch: Any, call: Call) -> Any:
@@ -412,12 +534,18 @@ class Loop:
         # donated state is deleted once the call starts (`interrupts.py`).
         with _interrupts.CALL:
             state = self.state(mode)
-            if call.partial:
-                result, state = fn(state, batch)
-            else:
-                result, state = fn(
-                    state, arrays, np.int32(call.start), epoch.batch_fn, call.stop - call.start
-                )
+            with self._shared.lock:  # a trace reads this loop's model
+                self._shared.current = self
+                try:
+                    if call.partial:
+                        result, state = fn(state, batch)
+                    else:
+                        result, state = fn(
+                            state, arrays, np.int32(call.start), epoch.batch_fn,
+                            call.stop - call.start,
+                        )
+                finally:
+                    self._shared.current = None
             self.write_back(mode, state)
         if not call.partial:
             epoch.ran(result)

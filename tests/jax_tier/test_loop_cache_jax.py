@@ -170,3 +170,89 @@ def test_a_convolution_on_cpu_runs_up_to_8_steps_per_call_unrolled_by_default():
         dense = ShardedResidentDataset(x.reshape(640, -1)[:, :8], y, per_replica_batch_size=4,
                                        seed=0)
         assert "while" in _lowered_train_call(mlp(), dense, 3)
+
+
+# --- models of one architecture share compiled calls (KerasTuner's trials) ---
+
+
+def _shared_traces(model: keras.Model) -> int:
+    from shardfeed._jax import loop as _loop
+
+    key = _loop.architecture_key(model)
+    assert key is not None
+    return sum(s.traces for k, s in _loop._SHARED.items() if k[0] == key)
+
+
+def test_a_new_model_of_one_architecture_compiles_nothing(monkeypatch):
+    from shardfeed._jax import loop as _loop
+
+    x, y = regression_data(203)  # 6 full steps of 32 and a partial one
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
+    first = mlp(seed=1, optimizer=keras.optimizers.Adam(1e-2))
+    fit(first, ds, epochs=1, verbose=0, validation_data=(x[:50], y[:50]))
+    traced = _shared_traces(first)
+    assert traced > 0
+    # Other initial weights, another learning rate (optimizer state): no trace.
+    second = mlp(seed=2, optimizer=keras.optimizers.Adam(3e-3))
+    history = fit(second, ds, epochs=2, verbose=0, validation_data=(x[:50], y[:50]))
+    assert _shared_traces(second) == traced
+    # ...and the same numbers as the model tracing its own calls.
+    monkeypatch.setattr(_loop, "architecture_key", lambda model: None)
+    alone = mlp(seed=2, optimizer=keras.optimizers.Adam(3e-3))
+    expected = fit(alone, ds, epochs=2, verbose=0, validation_data=(x[:50], y[:50]))
+    for a, b in zip(second.get_weights(), alone.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for name in expected.history:
+        np.testing.assert_allclose(history.history[name], expected.history[name], rtol=1e-6)
+
+
+def test_what_shares_and_what_does_not():
+    from shardfeed._jax import loop as _loop
+
+    def key(**compile_kwargs):
+        return _loop.architecture_key(mlp(**compile_kwargs))
+
+    assert key() == key()  # layer names differ, the key does not
+    assert key(optimizer=keras.optimizers.Adam(1e-2)) == key(
+        optimizer=keras.optimizers.Adam(5e-3)
+    )  # a float learning rate is optimizer state
+    assert key(optimizer=keras.optimizers.Adam(1e-2, beta_1=0.8)) != key(
+        optimizer=keras.optimizers.Adam(1e-2)
+    )  # a constant of the step
+    assert key(loss="mae") != key(loss="mse")
+
+    def scaled(alpha):
+        def loss(y_true, y_pred):
+            return alpha * keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+        return loss
+
+    # User code (a loss closing over a number, a layer, a subclass): never shared.
+    assert key(loss=scaled(1.0)) is None
+    assert _loop.architecture_key(_counted_model()) is None
+
+    class Mine(keras.Sequential):
+        pass
+
+    model = Mine([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    assert _loop.architecture_key(model) is None
+
+
+def test_several_outputs_keep_their_own_log_names():
+    x, y = regression_data(128)
+
+    def two_outputs(names):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(4)(inputs)
+        outputs = [keras.layers.Dense(1, name=n)(hidden) for n in names]
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer="adam", loss=["mse", "mse"])
+        return model
+
+    ds = ShardedResidentDataset(x, (y, y), per_replica_batch_size=32, seed=0)
+    first = fit(two_outputs(["a", "b"]), ds, epochs=1, verbose=0)
+    second = fit(two_outputs(["c", "d"]), ds, epochs=1, verbose=0)
+    assert {"a_loss", "b_loss"} <= set(first.history)
+    assert {"c_loss", "d_loss"} <= set(second.history)
