@@ -45,7 +45,7 @@ def main(folder: Path, setup_s: str | None = None, horovod: str = "", top: int =
 
 # Which pytest runs share a lane (`.ci/test`): they run one after another.
 LANES = {
-    "lane 1": ("main", "keras"),
+    "lane 1": ("main", "keras", "keras-resident"),
     "lane 2": ("jax-pinned", "jax-newest", "horovod", "beside"),
 }
 

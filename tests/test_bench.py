@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -303,3 +304,24 @@ def test_bench_capacity_is_refused_on_tensorflow(tmp_path):
     )
     assert not (tmp_path / "bench.json").exists()
 
+
+
+def test_bench_search_reports_trials_per_minute(tmp_path):
+    """`--search` at its smallest: each variant's KerasTuner search runs in its
+    own process and the table has trials per minute and the ratio to Keras'
+    `fit` from NumPy (a smoke check of the plumbing, not a measurement)."""
+    argv = ["bench", "--search", "--search-variants", "numpy,resident,resident-mode"]
+    argv += ["--rows-scale", "0.0006", "--search-trials", "2", "--search-epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["workloads"] == {}
+    results = {r["variant"]: r for r in report["search"]}
+    assert list(results) == ["numpy", "resident", "resident-mode"]
+    for result in results.values():
+        assert result["backend"] == "tensorflow" and result["trials"] == 2
+        assert result["rows"] == 600 and result["trials_per_minute"] > 0
+        assert math.isfinite(result["best_val_loss"])
+    markdown = (tmp_path / "bench.md").read_text()
+    head = "### Hyperparameter search (KerasTuner RandomSearch, W2's model, 600 rows, 2 trials"
+    assert head in markdown
+    assert re.search(r"^\| numpy: Keras `fit` from NumPy .* \| 1\.00x \|", markdown, re.M)

@@ -441,6 +441,10 @@ def test_what_cannot_be_resident_runs_keras_own_path(capsys: pytest.CaptureFixtu
         assert "shuffle='batch' (only True or False are resident)" in capsys.readouterr().out
         mlp().fit(x, y, validation_data=(x, y), validation_steps=2, epochs=1, verbose=2)
         assert "`validation_steps` has no resident meaning" in capsys.readouterr().out
+        # Arrays the dataset refuses get Keras' own error, in Keras' words.
+        with pytest.raises(ValueError, match="same number of samples"):
+            mlp().fit(x, y[:100], epochs=1, verbose=2)
+        assert "the arrays were refused (" in capsys.readouterr().out
     assert resident_module.CACHE.uploads == uploads
 
 

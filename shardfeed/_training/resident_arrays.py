@@ -274,11 +274,18 @@ class _Cache:
             # Rows that do not fit go to Keras' own path, not to streaming.
             load_options=LoadOptions(streaming=False), **where.dataset_kwargs,
         )
+        try:
+            if training:
+                dataset = backend.dataset_type(x, y, sample_weight, **kwargs)
+            else:
+                with _dataset_args.for_evaluation():
+                    dataset = backend.dataset_type(x, y, sample_weight, **kwargs)
+        except (TypeError, ValueError) as error:
+            # Arrays the dataset refuses (lengths that differ, ...): Keras' own
+            # path says it in Keras' words, or takes them.
+            raise _Fallback(f"the arrays were refused ({str(error).splitlines()[0]})") from None
         self.uploads += 1
-        if training:
-            return backend.dataset_type(x, y, sample_weight, **kwargs)
-        with _dataset_args.for_evaluation():
-            return backend.dataset_type(x, y, sample_weight, **kwargs)
+        return dataset
 
 
 CACHE = _Cache()
@@ -344,6 +351,8 @@ def _num_rows(parts: tuple[Any, Any, Any]) -> int:
 
 
 def _check(given: dict[str, Any], parts: tuple[Any, Any, Any], refused: tuple[str, ...]) -> None:
+    if parts[0] is None:
+        raise _Fallback("`x` is None")
     for name, value in zip(("x", "y", "sample_weight"), parts, strict=True):
         reason = why_not(value, name)
         if reason:
@@ -468,14 +477,15 @@ def _validation_route(backend: _hooks.Backend, model: keras.Model, given: dict[s
 
 
 def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
-    if not _enabled:
+    if not _enabled or "_use_cached_eval_dataset" in given:
+        # Keras' own `fit` validating (a call resident mode let Keras run).
         return _hooks.PASS
     CACHE.sweep()
     verbose = given.get("verbose", "auto")
     where = None
     try:
         parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
-        _check(given, parts, ("steps", "_use_cached_eval_dataset"))
+        _check(given, parts, ("steps",))
         where = backend.where(model)
         dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
                                 given.get("batch_size"))

@@ -66,8 +66,10 @@ def run_variant(variant: str, rows: int, trials: int, epochs: int, seed: int) ->
 
     from shardfeed._commands.bench.workloads import WORKLOADS, make_data
 
-    x, y = make_data(WORKLOADS["W2"], rows, seed)
-    x_val, y_val = make_data(WORKLOADS["W2"], max(BATCH_SIZE, rows // 10), seed + 1)
+    # One teacher for both: the validation rows follow the training rows.
+    val_rows = max(BATCH_SIZE, rows // 10)
+    x_all, y_all = make_data(WORKLOADS["W2"], rows + val_rows, seed)
+    x, y, x_val, y_val = x_all[:rows], y_all[:rows], x_all[rows:], y_all[rows:]
     tuned = variant.endswith("tuned")
     compile_kw = {"steps_per_execution": 128, "jit_compile": True} if tuned else {}
     keras.utils.set_random_seed(seed)
