@@ -287,8 +287,13 @@ def architecture_key(model: keras.Model) -> str | None:
             return {placed(k): placed(v) for k, v in value.items()}
         return value
 
-    # Several outputs name their logs after the output layers: keep those names.
-    outputs = list(model.output_names) if len(model.outputs or []) > 1 else []
+    # Several outputs name their logs after the output layers: keep those names
+    # (a Sequential has one, and may not be built yet).
+    outputs = (
+        list(model.output_names)
+        if isinstance(model, Functional) and len(model.outputs) > 1
+        else []
+    )
     try:
         return json.dumps(
             [type(model).__name__, placed(config), placed(compiled), outputs],
@@ -522,7 +527,9 @@ class Loop:
                     results = jax.tree.map(lambda r: r[-1], results)  # logs after the last step
                 return results, state
 
-            if mode == "predict" or self.unroll:
+            # Predictions stack per step (a static length); unrolled steps and
+            # one step per call run without a loop (see `many`).
+            if mode == "predict" or self.unroll or self.steps_per_execution == 1:
                 fn = jax.jit(
                     many, static_argnums=(3, 4), donate_argnums=donate, out_shardings=out
                 )
