@@ -458,3 +458,24 @@ def test_a_batch_that_does_not_divide_over_the_replicas_runs_keras(
         except Exception as error:  # Keras' own path fails there on TensorFlow
             assert not ON_JAX and "AddN must have the same size" in str(error)
     assert "batch_size=25 does not divide over 2 replicas" in capsys.readouterr().out
+
+
+def test_workers_agree_on_resident_modes_seed() -> None:
+    """An unseeded worker draws its own seed; every worker takes rank 0's
+    (else their datasets disagree on `seed` and are refused)."""
+    import random
+
+    class TwoRanks:
+        world_size = 2
+
+        def __init__(self, rank0_seed: int) -> None:
+            self.rank0 = rank0_seed.to_bytes(8, "little")
+
+        def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+            return [self.rank0, payload]
+
+    assert resident_module.agreed_seed(TwoRanks(12345)) == 12345
+    random.seed(7)
+    first = resident_module.agreed_seed(None)
+    random.seed(7)
+    assert resident_module.agreed_seed(None) == first  # set_random_seed repeats it

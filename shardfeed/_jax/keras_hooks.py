@@ -17,7 +17,7 @@ def _where(model: keras.Model) -> _hooks.Where:
     world = current_world()
     return _hooks.Where(
         world.num_replicas_in_sync, world.is_chief,
-        (world.rank, world.world_size, *(str(d) for d in world.local_devices)), {},
+        (world.rank, world.world_size, *(str(d) for d in world.local_devices)), {}, world,
     )
 
 

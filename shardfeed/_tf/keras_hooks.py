@@ -25,7 +25,7 @@ def _where(model: keras.Model) -> _hooks.Where:
         else world.strategy
     )
     return _hooks.Where(
-        world.num_replicas_in_sync, world.is_chief, key, {"strategy": world.strategy}
+        world.num_replicas_in_sync, world.is_chief, key, {"strategy": world.strategy}, world
     )
 
 

@@ -33,12 +33,14 @@ _ORIGINAL = "_shardfeed_original"
 class Where:
     """Where arrays given with a model would live: the replicas of the
     model's world, whether this process prints, a key for the cache (the
-    same key, the same devices) and the dataset's backend keyword arguments."""
+    same key, the same devices), the dataset's backend keyword arguments and
+    the world itself."""
 
     replicas: int
     is_chief: bool
     key: Hashable
     dataset_kwargs: dict[str, Any]
+    world: Any = None  # a `WorldLike`: its ranks agree on a drawn seed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -269,8 +269,7 @@ class _Cache:
         )
         kwargs = dict(
             per_replica_batch_size=batch, shuffle=shuffle,
-            # Keras' seeded generators (`keras.utils.set_random_seed`) seed Python's too.
-            seed=(random.getrandbits(62) if seed is None else seed) if shuffle else None,
+            seed=(agreed_seed(where.world) if seed is None else seed) if shuffle else None,
             # Rows that do not fit go to Keras' own path, not to streaming.
             load_options=LoadOptions(streaming=False), **where.dataset_kwargs,
         )
@@ -289,6 +288,18 @@ class _Cache:
 
 
 CACHE = _Cache()
+
+
+def agreed_seed(world: Any) -> int:
+    """A new shuffle seed, the same on every worker: drawn from Python's
+    generator (which `keras.utils.set_random_seed` seeds, so a seeded script
+    repeats), then rank 0's taken by all (an unseeded worker draws its own,
+    and the ranks' datasets would disagree)."""
+    seed = random.getrandbits(62)
+    if world is None or world.world_size == 1:
+        return seed
+    drawn = world.all_gather_bytes(seed.to_bytes(8, "little"))
+    return int.from_bytes(drawn[0], "little")
 
 
 def _leaves(structure: Any) -> tuple[np.ndarray, ...]:
