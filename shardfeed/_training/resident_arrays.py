@@ -13,7 +13,6 @@ Keras' own path with a one-line reason.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import random
 import sys
@@ -33,8 +32,6 @@ from shardfeed._training import backup as _backup
 from shardfeed._training import keras_hooks as _hooks
 from shardfeed._training.arguments import DEFAULT_EVAL_BATCH_SIZE
 from shardfeed._training.options import FitOptions
-
-logger = logging.getLogger("shardfeed")
 
 # Keras' default `batch_size` for arrays.
 KERAS_BATCH_SIZE = 32
