@@ -84,12 +84,13 @@ def install(backend: Backend) -> None:
 def uninstall(for_good: bool = True) -> None:
     """Puts Keras' own methods back; with `for_good`, `install` does nothing
     from then on in this process."""
-    global _disabled
+    global _disabled, _backend
     with _lock:
         _disabled = _disabled or for_good
         for name, (owner, original) in _installed.items():
             setattr(owner, name, original)
         _installed.clear()
+        _backend = None
 
 
 def set_options(options: Any) -> Any:
