@@ -236,7 +236,7 @@ def _fit_dataset(backend: Backend, model: keras.Model, given: dict[str, Any]) ->
             f"`shuffle={shuffle!r}` was passed, but will be ignored since the data `x` "
             f"was provided as a ShardedResidentDataset, which shuffles as it was built "
             f"(shuffle={dataset.shuffle!r}).",
-            stacklevel=4,
+            stacklevel=3,  # the caller of `model.fit`
         )
     return backend.fit(model, dataset, **with_options(given))
 
@@ -261,7 +261,6 @@ def predict_with_bar(
     shows its bar, complete once the predictions are back (they come back
     together); other arguments as `shardfeed.predict` takes them."""
     verbose = given.pop("verbose", "auto")
-    out = backend.predict(model, dataset, **with_options(given))
     if verbose not in (0, "auto", 1, 2):
         raise ValueError(
             _errors.message(
@@ -270,6 +269,7 @@ def predict_with_bar(
                 "Pass verbose=0 for no output.",
             )
         )
+    out = backend.predict(model, dataset, **with_options(given))
     if verbose != 0 and backend.where(model).is_chief:
         steps = dataset.eval_plan.steps_per_epoch
         bar = keras.utils.Progbar(steps, verbose=1 if verbose == "auto" else verbose)
