@@ -96,8 +96,7 @@ def main(argv=None):
             placement=args.placement,
         )
 
-    history = shardfeed.fit(  # shardfeed: instead of model.fit
-        model,
+    history = model.fit(  # shardfeed: Keras' own fit, on the resident dataset
         train,
         epochs=args.epochs,
         validation_data=(x_val, y_val),
