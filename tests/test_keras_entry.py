@@ -479,3 +479,49 @@ def test_workers_agree_on_resident_modes_seed() -> None:
     first = resident_module.agreed_seed(None)
     random.seed(7)
     assert resident_module.agreed_seed(None) == first  # set_random_seed repeats it
+
+
+def test_resident_mode_drains_a_finite_tf_data_pipeline_once() -> None:
+    """A batched pipeline without a shuffle: drained once, in one pass, into
+    the same batches Keras reads, so the same weights; a shuffled one trains
+    in a seeded order of ours; one that repeats forever runs Keras' path."""
+    if ON_JAX:
+        pytest.skip("needs TensorFlow's tf.data; the JAX tier's venv has none")
+    import tensorflow as tf
+
+    x, y = data()
+    xv, yv = data(70, seed=3)
+    pipeline = tf.data.Dataset.from_tensor_slices((x, y)).batch(20)
+    validation = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(32)
+    theirs, ours = mlp(), mlp()
+    # shuffle=False: Keras warns that its default does not shuffle a pipeline.
+    expected = theirs.fit(pipeline, epochs=2, validation_data=validation, shuffle=False,
+                          verbose=0)
+    uploads = resident_module.CACHE.uploads
+    with shardfeed.resident_arrays():
+        history = ours.fit(pipeline, epochs=2, validation_data=validation, verbose=0)
+        ours.fit(pipeline, epochs=1, verbose=0)
+        ours.evaluate(pipeline, verbose=0)
+        assert resident_module.CACHE.uploads == uploads + 2  # training and validation rows
+        assert history.params["steps"] == 15
+        shuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(300).batch(30)
+        ours.fit(shuffled, epochs=1, verbose=0)
+        rows, shuffles, batch = resident_module.drained(shuffled)
+        assert shuffles and batch == 30 and rows[0].shape == (300, 8)
+    assert weight_diff(ours, theirs) > 0  # the later fits trained on
+    assert_logs_close(history.history, expected.history)
+
+
+def test_a_pipeline_that_repeats_forever_runs_keras_own_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if ON_JAX:
+        pytest.skip("needs TensorFlow's tf.data; the JAX tier's venv has none")
+    import tensorflow as tf
+
+    x, y = data()
+    forever = tf.data.Dataset.from_tensor_slices((x, y)).batch(50).repeat()
+    with shardfeed.resident_arrays():
+        mlp().fit(forever, steps_per_epoch=3, epochs=1, shuffle=False, verbose=2)
+    assert "shardfeed: the tf.data pipeline repeats forever; running Keras' own input path." \
+        in capsys.readouterr().out

@@ -5,9 +5,10 @@ it is on, the hooks (`keras_hooks.py`) send arrays here: each set of arrays is
 uploaded once into a `ShardedResidentDataset` and kept in `_Cache` for later
 calls on the same arrays (KerasTuner's trials, repeated `fit`s, `evaluate`
 after `fit`), checked against the arrays' contents on every use, and let go
-once nothing but the cache holds them. What cannot be made resident (other
-inputs, arguments with no resident meaning, rows that do not fit) goes to
-Keras' own path with a one-line reason.
+once nothing but the cache holds them; a finite `tf.data` pipeline is drained
+once into arrays (`drained`). What cannot be made resident (other inputs,
+arguments with no resident meaning, rows that do not fit) goes to Keras' own
+path with a one-line reason.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import math
 import random
 import sys
 import threading
+import weakref
 import zlib
 from collections.abc import Hashable
 from typing import Any
 
 import keras
 import numpy as np
+from keras.src.trainers.data_adapters import is_tf_dataset
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _dataset_args
@@ -122,6 +125,7 @@ def set_enabled(enabled: bool) -> bool:
         previous, _enabled = _enabled, enabled
     if not enabled:
         CACHE.clear()
+        _DRAINED.clear()
     return previous
 
 
@@ -349,6 +353,65 @@ class _Fallback(Exception):
     """Resident mode cannot take this call: Keras' own path runs."""
 
 
+# tf.data's `cardinality()` for a pipeline that repeats forever, or whose
+# length it cannot tell (a `filter`, ...).
+_INFINITE, _UNKNOWN = -1, -2
+
+# tf.data pipelines drained once: id -> (the pipeline, weakly; its rows as
+# `(x, y, sample_weight)` arrays; whether it shuffles; its batch). The arrays
+# are what the upload cache keys on, so a pipeline's upload is reused while
+# the pipeline lives.
+_DRAINED: dict[int, tuple[Any, tuple[Any, Any, Any], bool, int]] = {}
+
+
+def _stages(pipeline: Any) -> Any:
+    yield pipeline
+    for parent in pipeline._inputs():
+        yield from _stages(parent)
+
+
+def drained(pipeline: Any) -> tuple[tuple[Any, Any, Any], bool, int]:
+    """A finite `tf.data` pipeline's rows as arrays, read once in one pass
+    (so `(x, y)` pairs stay pairs, whatever the pipeline's order), whether it
+    shuffles and its batch; the same arrays again while the pipeline lives.
+
+    Raises:
+        _Fallback: For a pipeline that repeats forever, of unknown length,
+            empty, or whose batches do not join into arrays.
+    """
+    found = _DRAINED.get(id(pipeline))
+    if found is not None and found[0]() is pipeline:
+        return found[1], found[2], found[3]
+    cardinality = int(pipeline.cardinality())
+    if cardinality == _INFINITE:
+        raise _Fallback("the tf.data pipeline repeats forever")
+    if cardinality == _UNKNOWN:
+        raise _Fallback("the tf.data pipeline's length is unknown (e.g. a filter)")
+    batches = list(pipeline.as_numpy_iterator())
+    if not batches:
+        raise _Fallback("the tf.data pipeline is empty")
+    first = batches[0]
+    width = len(first) if isinstance(first, tuple) and 1 <= len(first) <= 3 else 0
+    elements = batches if width else [(b,) for b in batches]
+    try:
+        parts = tuple(
+            keras.tree.map_structure(
+                lambda *leaves: np.concatenate(leaves), *[e[i] for e in elements]
+            )
+            for i in range(max(width, 1))
+        )
+    except (ValueError, TypeError) as error:
+        raise _Fallback(f"the tf.data batches do not join into arrays ({error})") from None
+    x, y, sample_weight = (*parts, None, None)[:3]
+    shuffles = any("Shuffle" in type(stage).__name__ for stage in _stages(pipeline))
+    first_x = _leaves(elements[0][0])
+    batch = int(first_x[0].shape[0]) if first_x else 0  # the first batch's rows
+    key = id(pipeline)
+    alive = weakref.ref(pipeline, lambda _: _DRAINED.pop(key, None))
+    _DRAINED[key] = (alive, (x, y, sample_weight), shuffles, batch)
+    return (x, y, sample_weight), shuffles, batch
+
+
 def _say(reason: str, verbose: Any, where: _hooks.Where | None) -> None:
     if verbose != 0 and (where is None or where.is_chief):
         print(f"shardfeed: {reason}; running Keras' own input path.")
@@ -402,6 +465,12 @@ def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any
     where = None
     try:
         parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
+        if is_tf_dataset(parts[0]):
+            if parts[1] is not None or parts[2] is not None:
+                raise _Fallback("`y` or `sample_weight` next to a tf.data pipeline")
+            # Its batch and its shuffling (a seeded order of ours) decide.
+            parts, shuffles, batch = drained(parts[0])
+            given = {**given, "batch_size": batch, "shuffle": shuffles}
         _check(given, parts, ("validation_steps",))
         where = backend.where(model)
         per_replica = _per_replica(given.get("batch_size", KERAS_BATCH_SIZE), where)
@@ -461,6 +530,10 @@ def _validation(
     (a dataset stays as it is)."""
     if isinstance(validation_data, DatasetBase):
         return validation_data
+    if is_tf_dataset(validation_data):
+        parts = drained(validation_data)[0]
+        _check({}, parts, ())
+        return _eval_dataset(backend, where, parts, (0, _num_rows(parts)), None)
     if not (isinstance(validation_data, tuple) and 2 <= len(validation_data) <= 3):
         raise _Fallback("validation_data is not a tuple (x, y[, sample_weight])")
     parts = (*validation_data, None)[:3]
@@ -493,6 +566,8 @@ def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str
     where = None
     try:
         parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
+        if is_tf_dataset(parts[0]) and parts[1] is None and parts[2] is None:
+            parts = drained(parts[0])[0]
         _check(given, parts, ("steps",))
         where = backend.where(model)
         dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
@@ -516,6 +591,8 @@ def _predict_route(backend: _hooks.Backend, model: keras.Model, given: dict[str,
     where = None
     try:
         parts = (given.get("x"), None, None)
+        if is_tf_dataset(parts[0]):
+            parts = (drained(parts[0])[0][0], None, None)
         _check(given, parts, ("steps", "callbacks"))
         where = backend.where(model)
         dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
