@@ -196,12 +196,15 @@ def test_a_dying_worker_stops_the_job_with_its_rank_and_code(tmp_path):
         "    def on_epoch_end(self, epoch, logs=None):\n"
         "        if os.environ['SHARDFEED_RANK'] == '1':\n"
         "            os._exit(3)\n"
-        "import shardfeed._tf.training as t\n"
-        "_fit = t.fit\n"
+        # The example trains with Keras' model.fit, which the hooks send to the
+        # backend's shardfeed.fit: the callback is added there.
+        "import dataclasses, shardfeed\n"
+        "from shardfeed._training import keras_hooks as hooks\n"
+        "shardfeed.init  # installs the hooks\n"
+        "_fit = hooks._backend.fit\n"
         "def fit(*a, callbacks=None, **k):\n"
         "    return _fit(*a, callbacks=[*(callbacks or []), Die()], **k)\n"
-        "import shardfeed\n"
-        "shardfeed.fit = fit\n"
+        "hooks._backend = dataclasses.replace(hooks._backend, fit=fit)\n"
         f"runpy.run_path({str(TRAIN)!r}, run_name='__main__')\n"
     )
     start = time.monotonic()

@@ -71,7 +71,8 @@ def install(backend: Backend) -> None:
     with _lock:
         if _disabled:
             return
-        _backend = backend
+        if _backend is None:  # Keras' backend is fixed for the process: the first stays
+            _backend = backend
         for name in _METHODS:
             if name in _installed:
                 continue
