@@ -218,7 +218,18 @@ class _Shared:
     jitted: dict[tuple[Mode, bool], Callable[..., Any]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     current: Loop | None = None
+    # The loop that last asked for the calls, weakly: a trace outside `run`
+    # (`fn.lower(...)`) reads its model.
+    last: Any = None
     traces: int = 0  # Python traces of its calls (tests count them)
+
+    def tracing(self) -> Loop:
+        """The loop whose model a trace reads: the one calling now, else the
+        one that last asked for the calls (never one that made them first:
+        its model may be gone)."""
+        loop = self.current or (self.last() if self.last is not None else None)
+        assert loop is not None, "a shared call is traced for a live loop"
+        return loop
 
 
 _STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "call")
@@ -463,6 +474,7 @@ class Loop:
     def _compiled(self, mode: Mode, partial: bool) -> Callable[..., Any]:
         key = (mode, partial)
         shared = self._shared
+        shared.last = weakref.ref(self)
         if key in shared.jitted:
             return shared.jitted[key]
         # Logs and state come back replicated; predict's outputs stay sharded
@@ -479,7 +491,7 @@ class Loop:
             # must not hold the model (`_LOOPS` keys it weakly), and may serve
             # another model of the architecture (`_Shared`).
             def one(state: Any, batch: Any) -> Any:
-                loop = shared.current or self
+                loop = shared.tracing()
                 shared.traces += 1
                 return loop._step(mode)(state, _data(loop._weighted(mode, batch)))
 
@@ -503,7 +515,7 @@ class Loop:
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
-                loop = shared.current or self
+                loop = shared.tracing()
                 shared.traces += 1
                 step = loop._step(mode)
 
@@ -548,7 +560,7 @@ class Loop:
         (0.2-0.45 s each for W2's MLP on this CPU)."""
 
         def rolled(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: Any) -> Any:
-            loop = shared.current or self
+            loop = shared.tracing()
             shared.traces += 1
             step = loop._step(mode)
 

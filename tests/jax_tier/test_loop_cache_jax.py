@@ -256,3 +256,19 @@ def test_several_outputs_keep_their_own_log_names():
     second = fit(two_outputs(["c", "d"]), ds, epochs=1, verbose=0)
     assert {"a_loss", "b_loss"} <= set(first.history)
     assert {"c_loss", "d_loss"} <= set(second.history)
+
+
+def test_a_shared_call_traced_outside_run_reads_a_live_model():
+    """The first model of an architecture is gone; a second one's call,
+    lowered outside `run` (as the program checks above do), traces with the
+    second model, not with the loop that made the call first."""
+    x, y = regression_data(40)
+    with replicas(2):
+        dense = ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=0)
+        first = mlp()
+        _lowered_train_call(first, dense, 1)
+        del first
+        gc.collect()
+        # Other rows: the call traces again (its arrays' shapes differ).
+        other = ShardedResidentDataset(x[:24], y[:24], per_replica_batch_size=4, seed=0)
+        assert "while" not in _lowered_train_call(mlp(), other, 1)
