@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 import zlib
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import keras
@@ -457,60 +457,80 @@ def _eval_dataset(
     return CACHE.build(backend, where, parts, rows, batch, shuffle=False, training=False)
 
 
-def _fit_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
-    if not _enabled:
-        return _hooks.PASS
-    CACHE.sweep()
-    verbose = given.get("verbose", "auto")
-    where = None
-    try:
-        parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
-        if is_tf_dataset(parts[0]):
-            if parts[1] is not None or parts[2] is not None:
-                raise _Fallback("`y` or `sample_weight` next to a tf.data pipeline")
-            # Its batch and its shuffling (a seeded order of ours) decide.
-            parts, shuffles, batch = drained(parts[0])
-            given = {**given, "batch_size": batch, "shuffle": shuffles}
-        _check(given, parts, ("validation_steps",))
+Run = Callable[[], Any]
+
+
+def _resident(route: Callable[[_hooks.Backend, keras.Model, dict[str, Any], _hooks.Where], Run]
+              ) -> _hooks.Route:
+    """The hooks' route for arrays: `route` makes the call's resident data
+    and returns the shardfeed call to run; with resident mode off, or when
+    the call cannot be resident (`_Fallback`, rows that do not fit), Keras'
+    own path runs, the reason said at `verbose` > 0."""
+
+    def attempt(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
+        # `_use_cached_eval_dataset`: Keras' own `fit` validating, a call
+        # resident mode let Keras run.
+        if not _enabled or "_use_cached_eval_dataset" in given:
+            return _hooks.PASS
+        CACHE.sweep()
+        verbose = given.get("verbose", "auto")
         where = backend.where(model)
-        per_replica = _per_replica(given.get("batch_size", KERAS_BATCH_SIZE), where)
-        shuffle = given.get("shuffle", True)
-        if not isinstance(shuffle, bool | np.bool_):
-            raise _Fallback(f"shuffle={shuffle!r} (only True or False are resident)")
-        num_rows = _num_rows(parts)
-        train_rows = (0, num_rows)
-        validation_data = given.get("validation_data")
-        split = given.get("validation_split", 0.0)
-        if split and validation_data is None:
-            at = math.floor(num_rows * (1.0 - split))  # Keras' split
-            if at in (0, num_rows):
-                raise _Fallback("validation_split leaves a side empty (Keras says so)")
-            train_rows = (0, at)
-            validation_data = _eval_dataset(
-                backend, where, parts, (at, num_rows),
-                given.get("validation_batch_size", given.get("batch_size")),
-            )
-        elif validation_data is not None:
-            validation_data = _validation(backend, where, validation_data, given)
-        leaves = _leaves(parts[0]) + _leaves(parts[1]) + _leaves(parts[2])
-        # A backup resumes only on its own order: take its seed.
-        seed = _backed_up_seed(given.get("callbacks")) if shuffle else None
-        train = CACHE.find(leaves, train_rows, where.key, batch=per_replica,
-                           shuffle=bool(shuffle), seed=seed)
-        if train is None:
-            train = CACHE.build(backend, where, parts, train_rows, per_replica, bool(shuffle),
-                                training=True, seed=seed)
-    except _Fallback as reason:
-        _say(str(reason), verbose, where)
-        return _hooks.PASS
-    except MemoryError as error:
-        _say(f"the arrays do not fit on the devices ({str(error).splitlines()[0]})", verbose,
-             where)
-        return _hooks.PASS
+        try:
+            run = route(backend, model, given, where)
+        except _Fallback as reason:
+            _say(str(reason), verbose, where)
+            return _hooks.PASS
+        except MemoryError as error:
+            first = str(error).splitlines()[0]
+            _say(f"the arrays do not fit on the devices ({first})", verbose, where)
+            return _hooks.PASS
+        return run()  # outside the `try`: shardfeed's own errors are raised
+
+    return attempt
+
+
+def _fit_route(
+    backend: _hooks.Backend, model: keras.Model, given: dict[str, Any], where: _hooks.Where
+) -> Run:
+    parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
+    if is_tf_dataset(parts[0]):
+        if parts[1] is not None or parts[2] is not None:
+            raise _Fallback("`y` or `sample_weight` next to a tf.data pipeline")
+        # Its batch and its shuffling (a seeded order of ours) decide.
+        parts, shuffles, batch = drained(parts[0])
+        given = {**given, "batch_size": batch, "shuffle": shuffles}
+    _check(given, parts, ("validation_steps",))
+    per_replica = _per_replica(given.get("batch_size", KERAS_BATCH_SIZE), where)
+    shuffle = given.get("shuffle", True)
+    if not isinstance(shuffle, bool | np.bool_):
+        raise _Fallback(f"shuffle={shuffle!r} (only True or False are resident)")
+    num_rows = _num_rows(parts)
+    train_rows = (0, num_rows)
+    validation_data = given.get("validation_data")
+    split = given.get("validation_split", 0.0)
+    if split and validation_data is None:
+        at = math.floor(num_rows * (1.0 - split))  # Keras' split
+        if at in (0, num_rows):
+            raise _Fallback("validation_split leaves a side empty (Keras says so)")
+        train_rows = (0, at)
+        validation_data = _eval_dataset(
+            backend, where, parts, (at, num_rows),
+            given.get("validation_batch_size", given.get("batch_size")),
+        )
+    elif validation_data is not None:
+        validation_data = _validation(backend, where, validation_data, given)
+    leaves = _leaves(parts[0]) + _leaves(parts[1]) + _leaves(parts[2])
+    # A backup resumes only on its own order: take its seed.
+    seed = _backed_up_seed(given.get("callbacks")) if shuffle else None
+    train = CACHE.find(leaves, train_rows, where.key, batch=per_replica,
+                       shuffle=bool(shuffle), seed=seed)
+    if train is None:
+        train = CACHE.build(backend, where, parts, train_rows, per_replica, bool(shuffle),
+                            training=True, seed=seed)
     keep = ("epochs", "verbose", "callbacks", "class_weight", "initial_epoch",
             "steps_per_epoch", "validation_freq")
-    rest = {k: given[k] for k in keep if k in given}
-    return backend.fit(model, train, validation_data=validation_data, **_hooks.with_options(rest))
+    rest = _hooks.with_options({k: given[k] for k in keep if k in given})
+    return lambda: backend.fit(model, train, validation_data=validation_data, **rest)
 
 
 def _backed_up_seed(callbacks: Any) -> int | None:
@@ -557,57 +577,33 @@ def _validation_route(backend: _hooks.Backend, model: keras.Model, given: dict[s
         return validation_data  # shardfeed.fit takes them, or says why not
 
 
-def _evaluate_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
-    if not _enabled or "_use_cached_eval_dataset" in given:
-        # Keras' own `fit` validating (a call resident mode let Keras run).
-        return _hooks.PASS
-    CACHE.sweep()
-    verbose = given.get("verbose", "auto")
-    where = None
-    try:
-        parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
-        if is_tf_dataset(parts[0]) and parts[1] is None and parts[2] is None:
-            parts = drained(parts[0])[0]
-        _check(given, parts, ("steps",))
-        where = backend.where(model)
-        dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
-                                given.get("batch_size"))
-    except _Fallback as reason:
-        _say(str(reason), verbose, where)
-        return _hooks.PASS
-    except MemoryError as error:
-        _say(f"the arrays do not fit on the devices ({str(error).splitlines()[0]})", verbose,
-             where)
-        return _hooks.PASS
+def _evaluate_route(
+    backend: _hooks.Backend, model: keras.Model, given: dict[str, Any], where: _hooks.Where
+) -> Run:
+    parts = (given.get("x"), given.get("y"), given.get("sample_weight"))
+    if is_tf_dataset(parts[0]) and parts[1] is None and parts[2] is None:
+        parts = drained(parts[0])[0]
+    _check(given, parts, ("steps",))
+    dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)), given.get("batch_size"))
     rest: dict[str, Any] = {k: given[k] for k in ("callbacks", "return_dict") if k in given}
-    return backend.evaluate(model, dataset, verbose=verbose, **_hooks.with_options(rest))
+    rest = _hooks.with_options({**rest, "verbose": given.get("verbose", "auto")})
+    return lambda: backend.evaluate(model, dataset, **rest)
 
 
-def _predict_route(backend: _hooks.Backend, model: keras.Model, given: dict[str, Any]) -> Any:
-    if not _enabled:
-        return _hooks.PASS
-    CACHE.sweep()
+def _predict_route(
+    backend: _hooks.Backend, model: keras.Model, given: dict[str, Any], where: _hooks.Where
+) -> Run:
+    parts = (given.get("x"), None, None)
+    if is_tf_dataset(parts[0]):
+        parts = (drained(parts[0])[0][0], None, None)
+    _check(given, parts, ("steps", "callbacks"))
+    dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
+                            given.get("batch_size"), x_only=True)
     verbose = given.get("verbose", "auto")
-    where = None
-    try:
-        parts = (given.get("x"), None, None)
-        if is_tf_dataset(parts[0]):
-            parts = (drained(parts[0])[0][0], None, None)
-        _check(given, parts, ("steps", "callbacks"))
-        where = backend.where(model)
-        dataset = _eval_dataset(backend, where, parts, (0, _num_rows(parts)),
-                                given.get("batch_size"), x_only=True)
-    except _Fallback as reason:
-        _say(str(reason), verbose, where)
-        return _hooks.PASS
-    except MemoryError as error:
-        _say(f"the arrays do not fit on the devices ({str(error).splitlines()[0]})", verbose,
-             where)
-        return _hooks.PASS
-    return _hooks.predict_with_bar(backend, model, dataset, {"verbose": verbose})
+    return lambda: _hooks.predict_with_bar(backend, model, dataset, {"verbose": verbose})
 
 
-_hooks.set_array_route("fit", _fit_route)
-_hooks.set_array_route("evaluate", _evaluate_route)
-_hooks.set_array_route("predict", _predict_route)
+_hooks.set_array_route("fit", _resident(_fit_route))
+_hooks.set_array_route("evaluate", _resident(_evaluate_route))
+_hooks.set_array_route("predict", _resident(_predict_route))
 _hooks.set_array_route("validation_data", _validation_route)
