@@ -515,14 +515,10 @@ class Loop:
         else:
 
             def many(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: int) -> Any:
-                loop = shared.tracing()
-                shared.traces += 1
-                step = loop._step(mode)
+                one_step = _call_step(shared, mode, arrays, start, batch_fn)
 
                 def body(state: Any, i: Any) -> tuple[Any, Any]:
-                    # The schedule asks full steps only: no per-step check.
-                    batch = loop._weighted(mode, batch_fn.unchecked(arrays, start + i))
-                    result, state = step(state, _data(batch))
+                    result, state = one_step(state, i)
                     return state, result
 
                 if num_steps == 1:
@@ -560,13 +556,7 @@ class Loop:
         (0.2-0.45 s each for W2's MLP on this CPU)."""
 
         def rolled(state: Any, arrays: Any, start: Any, batch_fn: Any, num_steps: Any) -> Any:
-            loop = shared.tracing()
-            shared.traces += 1
-            step = loop._step(mode)
-
-            def one_step(state: Any, i: Any) -> tuple[Any, Any]:
-                batch = loop._weighted(mode, batch_fn.unchecked(arrays, start + i))
-                return step(state, _data(batch))
+            one_step = _call_step(shared, mode, arrays, start, batch_fn)
 
             # The logs' structure for the loop's carry (a trace, no compute);
             # strongly typed, as the body's are made to be.
@@ -621,6 +611,23 @@ class Loop:
         """`(call, result)` for each call of `epoch`'s steps `[start, stop)`."""
         for call in self.calls(epoch, start, stop):
             yield call, self.run(mode, epoch, call)
+
+
+def _call_step(
+    shared: _Shared, mode: Mode, arrays: Any, start: Any, batch_fn: Any
+) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """Step `i` of a compiled call, `(state, i) -> (result, state)`, on the
+    model of the loop tracing it (a trace counted in `shared.traces`)."""
+    loop = shared.tracing()
+    shared.traces += 1
+    step = loop._step(mode)
+
+    def one_step(state: Any, i: Any) -> tuple[Any, Any]:
+        # The schedule asks full steps only: no per-step check.
+        batch = loop._weighted(mode, batch_fn.unchecked(arrays, start + i))
+        return step(state, _data(batch))
+
+    return one_step
 
 
 def _rows_on_host(value: Any, call: Call) -> np.ndarray:
