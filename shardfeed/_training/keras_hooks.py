@@ -25,8 +25,6 @@ from shardfeed._common import errors as _errors
 from shardfeed._data.dataset_args import DatasetBase
 
 _METHODS = ("fit", "evaluate", "predict")
-# Set on each wrapper: Keras' method it stands in front of.
-_ORIGINAL = "_shardfeed_original"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +154,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
                     raise ValueError(_VALIDATION_WITHOUT_TRAINING)
         return original(self, *args, **kwargs)
 
-    setattr(method, _ORIGINAL, original)
-    return method
+    return method  # `functools.wraps`: `method.__wrapped__` is Keras' own
 
 
 def _chosen(signature: inspect.Signature, arguments: dict[str, Any]) -> dict[str, Any]:
