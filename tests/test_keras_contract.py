@@ -836,13 +836,13 @@ def _tracing_model(strategy, steps_per_execution):
         (1, 200, 20, 5, 2),  # equal calls: optimizers + calls, as Keras' test allows
         (1, 210, 20, 5, 3),  # + the partial last step, a shape of its own
         (2, 200, 1, 20, 6),  # (optimizers + loop body + last step) x 2 replicas
-        (2, 20, 1, 4, 10),  # calls of 4, 4 and 2 steps: 2 lengths
+        (2, 20, 1, 4, 6),  # calls of 4, 4 and 2 steps: the last takes 4, skips 2
     ],
 )
 def test_own_train_step_traces_as_documented(replicas, rows, batch, steps_per_execution, traces):
     # docs/keras.md, "Tracing": Keras traces it once (batches of unknown
-    # size); shardfeed's steps take static shapes, so each shape and call
-    # length traces it, once per fit (no retracing across epochs or calls).
+    # size); shardfeed's steps take static shapes, so each shape traces it,
+    # once per fit (no retracing across epochs or calls, of any length).
     strategy = mirrored_strategy(2) if replicas == 2 else tf.distribute.get_strategy()
     x, y = np.ones((rows, 4), "float32"), np.ones((rows, 1), "float32")
     model, traced = _tracing_model(strategy, steps_per_execution)

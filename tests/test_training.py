@@ -9,7 +9,11 @@ predict must match Keras' own.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -21,6 +25,7 @@ import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 
 ROWS = 1000  # 3 full batches of 256 and a partial one of 232
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _data(rows=ROWS, seed=0):
@@ -69,6 +74,59 @@ def test_fit_matches_keras(optimizer, jit_compile):
         np.testing.assert_allclose(hist.history[key], ref_hist.history[key], rtol=1e-5)
     assert hist is model.history
     assert hist.params["steps"] == 4 and hist.params["global_batch_size"] == 256
+
+
+def _fit_with_shorter_last_calls(jit_compile: bool):
+    """Two epochs of 10 full steps and a partial one in calls of 4 steps (4,
+    4, 2), validated on 3 full steps and a partial one in calls of 2 (2, 1)."""
+    x, y = _data(1100)
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x[:1000], y[:1000], per_replica_batch_size=96, seed=0)
+    val = ShardedResidentDataset(x[1000:], y[1000:], per_replica_batch_size=32, shuffle=False)
+    options = FitOptions(jit_compile=jit_compile, steps_per_execution=4)
+    shardfeed.fit(model, ds, epochs=2, validation_data=val, verbose=0, options=options)
+    return model, ds, val, options
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_an_epochs_shorter_calls_trace_nothing_new(jit_compile):
+    # A call shorter than the epoch's others takes as many steps, ending
+    # where it ends, and skips those run before (`Loop._window`): every call
+    # of the epoch is one trace. Each length traced apart before. The steps
+    # it skips are not run twice: test_fit_matches_keras's calls of 2 steps
+    # over 3 (2, then 1) leave Keras' bits.
+    from shardfeed._tf.compiled import loop_for
+
+    model, ds, val, options = _fit_with_shorter_last_calls(jit_compile)
+    train = loop_for(model, ds, options)
+    piece = "gathered" if train.gathers_per_call else "steps"
+    assert train.traces.call("train", piece).experimental_get_tracing_count() == 1
+    test = loop_for(model, val, options).traces.call("test", "steps")
+    assert test.experimental_get_tracing_count() == 1
+
+
+def test_a_fit_compiles_one_xla_program_per_kind_of_call(tmp_path):
+    # Counted as the executables XLA writes to an empty persistent cache (one
+    # per compile), in a process of its own: the training loop and the
+    # validation loop. Before, an epoch's shorter last call compiled again
+    # (the bound of its `tf.range` was a compile-time constant to XLA), and
+    # so did validation's, and the partial last step compiled under XLA: 5.
+    code = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from test_training import _fit_with_shorter_last_calls\n"
+        "_fit_with_shorter_last_calls(jit_compile=True)\n"
+    )
+    env = {
+        **os.environ,
+        "TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={tmp_path}",
+        "PYTHONPATH": str(REPO),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env,
+        check=False, cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    assert len(list(tmp_path.glob("*XLA*"))) == 2
 
 
 def test_fit_matches_keras_with_sample_weights_and_regularizer():

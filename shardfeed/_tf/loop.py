@@ -239,11 +239,12 @@ class Loop:
 
     # -- bodies of the compiled calls (`body`) ---------------------------------
 
-    def train_steps(self, epoch, handles, indices, where, replicas):
+    def train_steps(self, epoch, handles, indices, first, where, replicas):
         # The step loop sits outside `engine.run`: a strategy cannot merge
         # (all-reduce gradients) inside a while loop of the replica function.
         # Per-replica loss sums go to a sync-on-read accumulator, reduced once
-        # per call rather than once per step.
+        # per call rather than once per step. Steps before `first` were run
+        # by an earlier call (`Loop.run`'s window).
         steps, batch = self.engine.local_results(indices)[0].shape[:2]
 
         def replica(handles, indices, i, r):
@@ -253,17 +254,24 @@ class Loop:
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
-        for i in tf.range(steps):
+        i = first  # a `while`, not `tf.range`: see `train_rows`
+        while i < steps:
             self.engine.run(replica, (handles, indices, i, replicas))
+            i += 1
         return self.engine.read_sum(self._loss_sum)
 
-    def train_gathered(self, epoch, handles, indices, where, replicas):
+    def train_gathered(self, epoch, handles, indices, first, where, replicas):
         # One replica (no `engine.run`): a call's rows in one gather per column
         # and piece (TensorFlow's kernel, outside XLA), then the XLA step loop
         # over them (`train_rows`). Same steps, same rows, same order as
-        # `train_steps`.
+        # `train_steps`. A shorter last piece takes the piece's length of
+        # steps ending where it ends and skips the ones before it: every
+        # piece has one shape, so `train_rows` compiles once. (Pieces before
+        # `first` are gathered and skipped: at most one call's gather, in an
+        # epoch's last call.)
         steps, batch = indices.shape[:2]
         pieces = gather_pieces(steps, epoch.steps_per_gather)
+        size = pieces[0][1] - pieces[0][0]
         train_rows = self.traces.call("train", "rows")
 
         def rows_of(a: int, b: int, after: Any) -> Batch:
@@ -279,23 +287,29 @@ class Loop:
         # so TensorFlow's executor runs it beside this piece's XLA steps (on
         # the other core); with room for one piece's rows, after them.
         overlap = epoch.steps_per_gather >= 2
-        rows, before = rows_of(*pieces[0], None), None
-        for j, (a, _) in enumerate(pieces):
-            after = pieces[j + 1] if j + 1 < len(pieces) else None
+        windows = [(b - size, b) for _, b in pieces]
+        rows, before = rows_of(*windows[0], None), None
+        for j, ((a, _), (w, _)) in enumerate(zip(pieces, windows, strict=True)):
+            after = windows[j + 1] if j + 1 < len(windows) else None
             if after is not None and overlap:
                 ahead = rows_of(*after, before)
-            offset = tf.constant([0, a], tf.int64)
-            before = train_rows(rows, where + offset, replicas)
+            offset = tf.constant([0, w], tf.int64)
+            skip = tf.maximum(first, a) - w
+            before = train_rows(rows, skip, where + offset, replicas)
             if after is not None:
                 rows = ahead if overlap else rows_of(*after, before)
         return self._loss_sum.read_value()
 
-    def train_rows(self, epoch, rows, where, replicas):
-        # The XLA step loop of `train_gathered`: step i reads rows[i].
-        # An optional input may be None; any other leaf gives the shape.
+    def train_rows(self, epoch, rows, first, where, replicas):
+        # The XLA step loop of `train_gathered`: step i reads rows[i], from
+        # step `first` on. An optional input may be None; any other leaf
+        # gives the shape.
         leaf = next(t for t in keras.tree.flatten(rows.x) if t is not None)
         steps, batch = leaf.shape[:2]
-        for i in tf.range(steps):
+        # A `while` from `first`: XLA takes a `tf.range`'s bounds as
+        # compile-time constants, and compiled the loop again for each `first`.
+        i = first
+        while i < steps:
             x, y, sw = _map_leaves(lambda t, i=i: t[i], rows)
             x = epoch.transformed(x)
             if self.class_weights is not None:
@@ -303,17 +317,22 @@ class Loop:
             x = _augmenting.augmented(self.dataset, x, where, i, replicas)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
+            i += 1
         return tf.zeros([])
 
-    def test_steps(self, epoch, handles, indices):
-        def replica(handles, indices):
+    def test_steps(self, epoch, handles, indices, first):
+        def replica(handles, indices, first):
             loss_sum = tf.zeros([], tf.float32)
-            for i in tf.range(indices.shape[0]):
+            i = first  # a `while`, not `tf.range`: see `train_rows`
+            while i < indices.shape[0]:
                 x, y, sw = epoch.gather(handles, indices[i])
                 loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
+                i += 1
             return loss_sum
 
-        return self.engine.sum_across_replicas(self.engine.run(replica, (handles, indices)))
+        return self.engine.sum_across_replicas(
+            self.engine.run(replica, (handles, indices, first))
+        )
 
     def train_partial(self, epoch, handles, indices, real_rows, all_rows, where, replicas):
         def replica(handles, indices, real_rows, r):
@@ -389,14 +408,34 @@ class Loop:
                 else:
                     value = call(mode, "partial")(inputs.handles, last, real_rows)
                 return value, all_rows
-            indices = engine.distribute(order.indices(start, stop))
+            if mode == "predict":
+                indices = engine.distribute(order.indices(start, stop))
+                value = call(mode, "steps")(inputs.handles, indices)
+                return value, (stop - start) * plan.global_batch_size
+            begin = self._window(start, stop, plan)
+            indices = engine.distribute(order.indices(begin, stop))
+            first = tf.constant(start - begin, tf.int32)
             if mode == "train":
                 piece: Piece = "gathered" if self.gathers_per_call else "steps"
-                where = _augmenting.position(inputs.epoch, start)
-                value = call(mode, piece)(inputs.handles, indices, where, inputs.replicas)
+                where = _augmenting.position(inputs.epoch, begin)
+                value = call(mode, piece)(inputs.handles, indices, first, where, inputs.replicas)
             else:
-                value = call(mode, "steps")(inputs.handles, indices)
+                value = call(mode, "steps")(inputs.handles, indices, first)
             return value, (stop - start) * plan.global_batch_size
+
+    def _window(self, start: int, stop: int, plan: ShardPlan) -> int:
+        """The first step of the steps a train or test call's compiled
+        function takes. A call shorter than the epoch's others (its last, a
+        resumed epoch's first) takes as many steps as they do, ending at
+        `stop`, and skips those before `start`: one trace, and one XLA
+        compile, for every call of an epoch, where each length was compiled
+        apart (0.25-1 s each for W2's MLP under XLA on this project's CPU).
+        A streamed epoch's steps are resident only call by call: its calls
+        keep their own lengths."""
+        k = self.steps_per_call(plan.full_steps_per_epoch)
+        if stop - start >= k or stop < k or self.dataset.is_streaming:
+            return start
+        return stop - k
 
     def _partial_apart(self, mode: Mode, plan: ShardPlan) -> bool:
         """Whether the epoch's partial last step is a call of its own: ours

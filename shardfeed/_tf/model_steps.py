@@ -113,7 +113,7 @@ class ModelStepCalls:
         x = _augmenting.augmented(loop.dataset, x, where, i, r)
         return self._train(keras_data(x, y, sw))
 
-    def train_steps(self, epoch, handles, indices, where, replicas):
+    def train_steps(self, epoch, handles, indices, first, where, replicas):
         loop, engine = self.loop, self.engine
         steps = engine.local_results(indices)[0].shape[0]
         if engine.can_compile_whole_loop:
@@ -134,9 +134,12 @@ class ModelStepCalls:
             return step(handles, indices[i], where, i, r)
 
         # The logs are the last step's (as Keras' `multi_step_on_iterator`):
-        # it runs after the loop, so only its outputs are reduced.
-        for i in tf.range(steps - 1):
+        # it runs after the loop, so only its outputs are reduced. Steps
+        # before `first` were run by an earlier call (`Loop.run`'s window).
+        i = first  # a `while`, not `tf.range`: see `Loop.train_rows`
+        while i < steps - 1:
             engine.run(replica, (handles, indices, i, replicas))
+            i += 1
         last = tf.constant(steps - 1, tf.int32)
         return self._reduced(engine.run(replica, (handles, indices, last, replicas)))
 
@@ -148,7 +151,7 @@ class ModelStepCalls:
 
         return self._reduced(self.engine.run(replica, (handles, indices, real_rows, replicas)))
 
-    def test_steps(self, epoch, handles, indices):
+    def test_steps(self, epoch, handles, indices, first):
         engine = self.engine
         steps = engine.local_results(indices)[0].shape[0]
 
@@ -156,8 +159,10 @@ class ModelStepCalls:
             batch = epoch.gather(handles, indices[i])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
-        for i in tf.range(steps - 1):
+        i = first  # a `while`, not `tf.range`: see `Loop.train_rows`
+        while i < steps - 1:
             engine.run(replica, (handles, indices, i))
+            i += 1
         return self._reduced(engine.run(replica, (handles, indices, steps - 1)))
 
     def test_partial(self, epoch, handles, indices, real_rows):

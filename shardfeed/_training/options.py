@@ -25,7 +25,9 @@ class FitOptions:
             hooks and the progress bar see one update per call.
         jit_compile: XLA for the step: True, False, or "auto" (on for GPUs;
             on CPUs only for models without convolutions, which XLA's CPU
-            backend runs far slower inside loops).
+            backend runs far slower inside loops). On TensorFlow the epoch's
+            partial last step, one step, runs without XLA: compiling it cost
+            more than XLA saved it.
         sync_check: With more than one replica, check that every replica
             holds the same trainable weights (integer checksums gathered from
             all replicas; a clear error names the first diverged variable):
