@@ -576,6 +576,18 @@ def test_repeated_evaluate_predict_and_validation_do_not_retrace(tf_warnings):
     np.testing.assert_allclose(results[-1], model.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
+def test_a_search_of_new_models_does_not_warn_of_retracing(tf_warnings):
+    # A search's trials: a new model each, traced once. TensorFlow counted
+    # every model's first trace as a retrace of the last (its count is per
+    # function code), and the 5th trial's validation warned.
+    x, y = _regression(300)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
+    val = ShardedResidentDataset(x[:100], y[:100], per_replica_batch_size=32, shuffle=False)
+    for _ in range(6):
+        shardfeed.fit(_dense(), ds, verbose=0, validation_data=val)
+    assert [m for m in tf_warnings if "retracing" in m] == []
+
+
 @pytest.mark.multi_device
 def test_repeated_evaluate_on_two_devices_does_not_retrace(tf_warnings):
     x, y = _regression(301)

@@ -88,11 +88,8 @@ class Traces:
         return fn
 
     def _calling(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
-        """A new function per `Traces` and call, running the bound loop's body.
-
-        TensorFlow counts traces (and warns of retracing) per Python function,
-        and every instance of a method shares its function: with methods, the
-        first trace of each new model would count as a retrace of the last."""
+        """A function of its own per `Traces` and call (`_Function`), running
+        the bound loop's body."""
 
         def call(*args: Any) -> Any:
             loop, epoch = self._binding()
@@ -102,8 +99,7 @@ class Traces:
             with _trace_gradients_dropped(), loss_trackers.keras_weights(loop.model):
                 return body(epoch, *args)
 
-        call.__name__ = call.__qualname__ = f"Loop.{mode}_{piece}"
-        return call
+        return _Function(call, f"Loop.{mode}_{piece}")
 
     def _binding(self) -> tuple[Loop, ResidentEpoch]:
         if self._bound is None:
@@ -126,8 +122,7 @@ class Traces:
 
         if self._eager:
             return call
-        call.__name__ = call.__qualname__ = f"Loop.{getattr(fn, '__name__', 'step')}"
-        return tf.function(call)
+        return tf.function(_Function(call, f"Loop.{getattr(fn, '__name__', 'step')}"))
 
     @contextlib.contextmanager
     def bound(self, loop: Loop, epoch: ResidentEpoch) -> Iterator[None]:
@@ -150,6 +145,23 @@ class Traces:
             raise refusal from err
         finally:
             self._bound = outer
+
+
+class _Function:
+    """A compiled call's Python function, an object of its own per `Traces`.
+
+    TensorFlow counts traces, and warns of "excessive" retracing, per
+    function code, which every closure of one `def` shares (as does every
+    instance of a method): each new model of a search, traced once, counted
+    as a retrace of the last, and the 5th trial's validation warned. An
+    object without `__code__` is counted alone."""
+
+    def __init__(self, run: Callable[..., Any], name: str) -> None:
+        self._run = run
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: Any) -> Any:
+        return self._run(*args)
 
 
 def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: Loop) -> ValueError | None:
