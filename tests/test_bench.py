@@ -322,6 +322,31 @@ def test_bench_search_reports_trials_per_minute(tmp_path):
         assert result["rows"] == 600 and result["trials_per_minute"] > 0
         assert math.isfinite(result["best_val_loss"])
     markdown = (tmp_path / "bench.md").read_text()
-    head = "### Hyperparameter search (KerasTuner RandomSearch, W2's model, 600 rows, 2 trials"
+    head = (
+        "### Hyperparameter search (KerasTuner RandomSearch, W2's model (MLP, 32 features, "
+        "MSE), 600 rows, 2 trials"
+    )
     assert head in markdown
     assert re.search(r"^\| numpy: Keras `fit` from NumPy .* \| 1\.00x \|", markdown, re.M)
+
+
+@pytest.mark.parametrize("model", ["transformer", "conv1d"])
+def test_bench_search_tunes_the_model_asked_for(model, tmp_path):
+    """`--search-model`: keras-io's text Transformer and time-series Conv1D
+    network (int32 tokens; float32 waves), each at its own rows."""
+    from shardfeed._commands.bench.search import SEARCH_MODELS, search_data
+
+    argv = ["bench", "--search", "--search-model", model, "--search-variants", "resident-mode"]
+    argv += ["--rows-scale", "0.05", "--search-trials", "1", "--search-epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    (result,) = json.loads((tmp_path / "bench.json").read_text())["search"]
+    rows = round(SEARCH_MODELS[model].rows * 0.05)
+    assert result["model"] == model and result["rows"] == rows and result["trials"] == 1
+    assert math.isfinite(result["best_val_loss"])
+    what = SEARCH_MODELS[model].description
+    assert f"### Hyperparameter search (KerasTuner RandomSearch, {what}" in (
+        tmp_path / "bench.md"
+    ).read_text()
+    x, y = search_data(model, 2000, 0)
+    assert x.dtype == ("int32" if model == "transformer" else "float32")
+    assert 0.3 < y.mean() < 0.7  # both classes, about evenly

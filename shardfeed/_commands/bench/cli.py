@@ -18,7 +18,7 @@ from shardfeed._commands.bench.engines import default_rows
 from shardfeed._commands.bench.machine import machine_info
 from shardfeed._commands.bench.report import to_markdown, write_chart
 from shardfeed._commands.bench.schedule import release_loops, run_workload
-from shardfeed._commands.bench.search import SEARCH_VARIANTS
+from shardfeed._commands.bench.search import SEARCH_MODELS, SEARCH_VARIANTS
 from shardfeed._commands.bench.variants import (
     OPTIONAL_VARIANTS,
     VARIANT_ALIASES,
@@ -164,8 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--search",
         action="store_true",
-        help="also time a KerasTuner RandomSearch over W2's model (--search-trials trials of "
-        "--search-epochs epochs, W2's rows times --rows-scale), each variant in a fresh "
+        help="also time a KerasTuner RandomSearch over --search-model (--search-trials trials "
+        "of --search-epochs epochs, the model's rows times --rows-scale), each variant in a fresh "
         "process, compile and upload included: trials per minute; alone unless --workloads "
         "is given",
     )
@@ -175,6 +175,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(SEARCH_VARIANTS),
         help=f"comma-separated, from {','.join(SEARCH_VARIANTS)} (default: all; the jax* ones "
         "run in --jax-python)",
+    )
+    parser.add_argument(
+        "--search-model",
+        choices=list(SEARCH_MODELS),
+        default="mlp",
+        help="what --search tunes: W2's MLP (default), keras-io's text-classification "
+        "Transformer (1/20 of W2's rows at --rows-scale 1) or its time-series Conv1D network "
+        "(1/50)",
     )
     parser.add_argument(
         "--search-trials", type=_positive(int), default=10, help="trials (default: 10)"
@@ -250,11 +258,12 @@ def run(args: argparse.Namespace) -> int:
     if args.search:
         from shardfeed._commands.bench import search as _search
 
-        rows = max(2 * _search.BATCH_SIZE, round(WORKLOADS["W2"].rows * args.rows_scale))
+        model = _search.SEARCH_MODELS[args.search_model]
+        rows = max(2 * _search.BATCH_SIZE, round(model.rows * args.rows_scale))
         jax_python = sys.executable if on_jax else args.jax_python
         report["search"] = _search.run_search(
             args.search_variants, rows, args.search_trials, args.search_epochs, args.seed,
-            jax_python,
+            jax_python, args.search_model,
         )
         extra_markdown.append(_search.to_markdown(report["search"]))
     shuffle_rows = args.engine_rows or default_rows("W2")  # the shuffles train W2's model
