@@ -168,13 +168,18 @@ class _Cache:
         a weak reference would never fire: count the references instead. CPython
         counts them exactly, and `held` is what the entry itself holds
         (measured around the dataset's build, plus the entry's own tuples).
+        A count below `held` is orphaned too: the build's count included a
+        reference that went after it (JAX's CPU `device_put` aliases an
+        aligned NumPy chunk and may let go of it later). A reference of the
+        caller's only adds, so at worst an entry still in use is let go: the
+        next call uploads again.
         """
         with self.lock:
             self._entries = [e for e in self._entries if not self._orphaned(e)]
 
     @staticmethod
     def _orphaned(entry: _Entry) -> bool:
-        return all(n == h for n, h in zip(_refs(entry.leaves), entry.held, strict=True))
+        return all(n <= h for n, h in zip(_refs(entry.leaves), entry.held, strict=True))
 
     def find(
         self, leaves: tuple[np.ndarray, ...], rows: tuple[int, int], where: Hashable,
