@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed._commands.bench.workloads import WORKLOADS
+
 # variant -> (Keras backend, what it is)
 SEARCH_VARIANTS: dict[str, tuple[str, str]] = {
     "numpy": ("tensorflow", "Keras `fit` from NumPy (`batch_size=256`)"),
@@ -60,7 +62,7 @@ class SearchModel:
 # The shapes of the short fits users run on these: keras-io's examples, at a
 # size this project's 2-core CPU trains in seconds per epoch.
 SEARCH_MODELS: dict[str, SearchModel] = {
-    "mlp": SearchModel(1_000_000, "W2's model (MLP, 32 features, MSE)"),
+    "mlp": SearchModel(WORKLOADS["W2"].rows, "W2's model (MLP, 32 features, MSE)"),
     "transformer": SearchModel(
         50_000,
         "keras-io's text-classification Transformer (token and position embeddings of "
@@ -82,7 +84,7 @@ def search_data(model: str, rows: int, seed: int) -> tuple[Any, Any]:
     sequences labelled by whether most tokens are in the vocabulary's lower
     half; noisy sine waves labelled by whether their frequency is high."""
     if model == "mlp":
-        from shardfeed._commands.bench.workloads import WORKLOADS, make_data
+        from shardfeed._commands.bench.workloads import make_data
 
         return make_data(WORKLOADS["W2"], rows, seed)
     rng = np.random.default_rng(seed)
@@ -156,8 +158,6 @@ def run_variant(
     """One variant's search over `model` in this process (its backend already chosen)."""
     import keras
     import keras_tuner
-
-    from shardfeed._commands.bench.workloads import WORKLOADS
 
     # One teacher for both: the validation rows follow the training rows.
     val_rows = max(BATCH_SIZE, rows // 10)
