@@ -40,7 +40,7 @@ def gather_words(strategy: tf.distribute.Strategy, words: Any) -> tf.Tensor:
             assert live is not None  # the cache entry dies with its strategy
             return live.gather(value, axis=0)
 
-        gather = tf.function(gather_fn, reduce_retracing=True)
+        gather = tf.function(gather_fn, reduce_retracing=True, autograph=False)
         _GATHERS[strategy] = gather
     return gather(words)
 

@@ -34,6 +34,7 @@ from shardfeed._tf.calls import EpochCalls, EpochInputs, gather_pieces
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
+from shardfeed._tf.functions import compiled, steps_from
 from shardfeed._tf.traces import Mode, Piece, Traces
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
@@ -133,7 +134,7 @@ class Loop:
         self._prescale = engine.loss_prescale
         forward_backward = self._forward_backward
         if self.jit_compile and not self.whole_loop_jit:
-            forward_backward = tf.function(forward_backward, jit_compile=True)
+            forward_backward = compiled(forward_backward, jit_compile=True)
         self._fb = forward_backward
         # A model's own `train_step`/`test_step`/`predict_step` replaces ours
         # (`model_steps.py`).
@@ -254,10 +255,8 @@ class Loop:
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
         self._loss_sum.assign(0.0)
-        i = first  # a `while`, not `tf.range`: see `train_rows`
-        while i < steps:
-            self.engine.run(replica, (handles, indices, i, replicas))
-            i += 1
+        engine = self.engine
+        steps_from(first, steps, lambda i: engine.run(replica, (handles, indices, i, replicas)))
         return self.engine.read_sum(self._loss_sum)
 
     def train_gathered(self, epoch, handles, indices, first, where, replicas):
@@ -306,29 +305,28 @@ class Loop:
         # gives the shape.
         leaf = next(t for t in keras.tree.flatten(rows.x) if t is not None)
         steps, batch = leaf.shape[:2]
-        # A `while` from `first`: XLA takes a `tf.range`'s bounds as
-        # compile-time constants, and compiled the loop again for each `first`.
-        i = first
-        while i < steps:
-            x, y, sw = _map_leaves(lambda t, i=i: t[i], rows)
+
+        def step(i):
+            x, y, sw = _map_leaves(lambda t: t[i], rows)
             x = epoch.transformed(x)
             if self.class_weights is not None:
                 sw = self.class_weights.weights(y)
             x = _augmenting.augmented(self.dataset, x, where, i, replicas)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
-            i += 1
+
+        steps_from(first, steps, step)
         return tf.zeros([])
 
     def test_steps(self, epoch, handles, indices, first):
         def replica(handles, indices, first):
-            loss_sum = tf.zeros([], tf.float32)
-            i = first  # a `while`, not `tf.range`: see `train_rows`
-            while i < indices.shape[0]:
+            def step(i, loss_sum):
                 x, y, sw = epoch.gather(handles, indices[i])
-                loss_sum += tf.cast(self._test_step(x, y, sw), tf.float32) * indices.shape[1]
-                i += 1
-            return loss_sum
+                total = tf.cast(self._test_step(x, y, sw), tf.float32)
+                return (loss_sum + total * indices.shape[1],)
+
+            zero = tf.zeros([], tf.float32)
+            return steps_from(first, indices.shape[0], step, zero)[0]
 
         return self.engine.sum_across_replicas(
             self.engine.run(replica, (handles, indices, first))
@@ -379,10 +377,11 @@ class Loop:
             outputs = keras.tree.map_structure(
                 lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t), step(0)
             )
-            for i in tf.range(1, steps):
-                outputs = keras.tree.map_structure(
-                    lambda ta, t, i=i: ta.write(i, t), outputs, step(i)
-                )
+
+            def write(i, outputs):
+                return (keras.tree.map_structure(lambda ta, t: ta.write(i, t), outputs, step(i)),)
+
+            (outputs,) = steps_from(tf.constant(1), steps, write, outputs)
             return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
 
         return self.engine.run(replica, (handles, indices))

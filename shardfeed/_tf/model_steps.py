@@ -19,6 +19,7 @@ from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import step_optimizers as _step_optimizers
 from shardfeed._tf.epoch import ResidentEpoch
+from shardfeed._tf.functions import compiled, steps_from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +97,7 @@ class ModelStepCalls:
 
         rows = engine.distribute([tf.constant([0])] * len(order.handles()))
         with _step_optimizers.recorded() as unbuilt:
-            tf.function(step).get_concrete_function(loop.handles(order), rows)
+            compiled(step).get_concrete_function(loop.handles(order), rows)
         with engine.scope():
             for optimizer, variables in unbuilt:
                 optimizer.build(variables)
@@ -136,10 +137,7 @@ class ModelStepCalls:
         # The logs are the last step's (as Keras' `multi_step_on_iterator`):
         # it runs after the loop, so only its outputs are reduced. Steps
         # before `first` were run by an earlier call (`Loop.run`'s window).
-        i = first  # a `while`, not `tf.range`: see `Loop.train_rows`
-        while i < steps - 1:
-            engine.run(replica, (handles, indices, i, replicas))
-            i += 1
+        steps_from(first, steps - 1, lambda i: engine.run(replica, (handles, indices, i, replicas)))
         last = tf.constant(steps - 1, tf.int32)
         return self._reduced(engine.run(replica, (handles, indices, last, replicas)))
 
@@ -159,10 +157,7 @@ class ModelStepCalls:
             batch = epoch.gather(handles, indices[i])
             return _averageable(self.model.test_step(keras_data(*batch)))
 
-        i = first  # a `while`, not `tf.range`: see `Loop.train_rows`
-        while i < steps - 1:
-            engine.run(replica, (handles, indices, i))
-            i += 1
+        steps_from(first, steps - 1, lambda i: engine.run(replica, (handles, indices, i)))
         return self._reduced(engine.run(replica, (handles, indices, steps - 1)))
 
     def test_partial(self, epoch, handles, indices, real_rows):

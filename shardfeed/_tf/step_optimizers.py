@@ -163,7 +163,9 @@ class _Exchange:
                 return tf.zeros([])
 
             # A function per device and variable, traced once with the step.
-            return tf.function(update, jit_compile=True)(grad, tf.convert_to_tensor(learning_rate))
+            return tf.function(update, jit_compile=True, autograph=False)(
+                grad, tf.convert_to_tensor(learning_rate)
+            )
 
         for grad, variable in grads_and_vars:
             distribution.extended.update(

@@ -15,6 +15,7 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 
 from shardfeed._common import errors as _errors
 from shardfeed._tf.engine import Engine
+from shardfeed._tf.functions import compiled
 from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Traces:
             body = self._calling(mode, piece)
             # `run_eagerly=True`: the same Python, called as it is (every op
             # runs eagerly, one step after the other).
-            fn = self._calls[key] = body if self._eager else tf.function(body, jit_compile=jit)
+            fn = self._calls[key] = body if self._eager else compiled(body, jit_compile=jit)
         return fn
 
     def _calling(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
@@ -122,7 +123,7 @@ class Traces:
 
         if self._eager:
             return call
-        return tf.function(_Function(call, f"Loop.{getattr(fn, '__name__', 'step')}"))
+        return compiled(_Function(call, f"Loop.{getattr(fn, '__name__', 'step')}"))
 
     @contextlib.contextmanager
     def bound(self, loop: Loop, epoch: ResidentEpoch) -> Iterator[None]:
