@@ -265,6 +265,38 @@ def test_compute_loss_without_training_argument():
     )
 
 
+class TensorAsBool(keras.Model):
+    """A `train_step` that branches in Python on a tensor: Keras compiles
+    its step without AutoGraph, so its `fit` refuses it while tracing."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, _ = data
+        if tf.reduce_sum(x) > 0:  # needs AutoGraph: a Python `if` on a tensor
+            return {"branch": tf.constant(1.0)}
+        return {"branch": tf.constant(0.0)}
+
+
+def test_own_train_step_runs_unconverted_as_under_keras():
+    # Our compiled calls were AutoGraph-converted, and so was the model's
+    # step they called: a step that Keras' own `fit` refuses trained.
+    x, y = regression_data()
+    for fit in (
+        lambda m: m.fit(x, y, batch_size=BATCH, epochs=1, verbose=0),
+        lambda m: shardfeed.fit(m, _dataset(x, y), epochs=1, verbose=0),
+    ):
+        model = TensorAsBool()
+        model.compile(optimizer="sgd", loss="mse")
+        with pytest.raises(tf.errors.OperatorNotAllowedInGraphError, match="as a Python `bool`"):
+            fit(model)
+
+
 WORKER = Path(__file__).resolve().parent / "_model_steps_worker.py"
 
 

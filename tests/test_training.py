@@ -749,3 +749,27 @@ def test_a_calls_gather_pieces_cover_its_steps_and_two_fit_the_counted_rows(
     from shardfeed._tf.calls import gather_pieces
 
     assert gather_pieces(steps, steps_per_gather, count) == pieces
+
+
+def test_a_fit_converts_no_code_with_autograph(monkeypatch):
+    # As Keras compiles its steps (`do_not_convert`): converting the loop's
+    # 31 functions cost the first `fit` of a process 1.9 s.
+    from tensorflow.python.autograph.pyct import transpiler
+
+    converted = []
+    transform = transpiler.PyToPy.transform_function
+
+    def counted(self, fn, *args, **kwargs):
+        converted.append(getattr(fn, "__qualname__", repr(fn)))
+        return transform(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(transpiler.PyToPy, "transform_function", counted)
+    x, y = _data(1100)
+    ds = ShardedResidentDataset(x[:1000], y[:1000], per_replica_batch_size=96, seed=0)
+    val = ShardedResidentDataset(x[1000:], y[1000:], per_replica_batch_size=32, shuffle=False)
+    for jit_compile in (False, True):
+        model = _mlp("adam")
+        options = FitOptions(jit_compile=jit_compile, steps_per_execution=4)
+        shardfeed.fit(model, ds, epochs=1, validation_data=val, verbose=0, options=options)
+        shardfeed.predict(model, val, options=options)
+    assert converted == []
