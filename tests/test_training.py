@@ -773,3 +773,39 @@ def test_a_fit_converts_no_code_with_autograph(monkeypatch):
         shardfeed.fit(model, ds, epochs=1, validation_data=val, verbose=0, options=options)
         shardfeed.predict(model, val, options=options)
     assert converted == []
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_partial_last_step_runs_eagerly_in_a_loops_first_epochs(monkeypatch, jit_compile):
+    # Its trace cost about 8 eager steps: a search's fits of 1-3 epochs
+    # traced it for 1-3 steps (`Traces._eager_first`). Eager or traced,
+    # the same bits as Keras' traced partial step.
+    from shardfeed._tf.loop import Loop
+    from shardfeed._tf.traces import EAGER_PARTIAL_CALLS
+
+    runs = {"train": [], "test": []}
+    for mode in runs:
+        body = getattr(Loop, f"{mode}_partial")
+
+        def recorded(self, *args, body=body, mode=mode):
+            runs[mode].append("eager" if tf.executing_eagerly() else "traced")
+            return body(self, *args)
+
+        monkeypatch.setattr(Loop, f"{mode}_partial", recorded)
+    x, y = _data()
+    epochs = EAGER_PARTIAL_CALLS + 2
+    reference, model = _mlp("adam"), _mlp("adam")
+    want = reference.fit(x, y, batch_size=256, shuffle=False, epochs=epochs, verbose=0,
+                         validation_data=(x[:300], y[:300]))
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
+    val = ShardedResidentDataset(x[:300], y[:300], per_replica_batch_size=256, shuffle=False)
+    got = shardfeed.fit(model, ds, epochs=epochs, verbose=0, validation_data=val,
+                        options=FitOptions(jit_compile=jit_compile))
+    # Traced once (the 4th epoch), then the trace runs.
+    assert runs["train"] == runs["test"] == ["eager"] * EAGER_PARTIAL_CALLS + ["traced"]
+    if jit_compile:
+        assert _max_rel_diff(reference, model) < 1e-5
+    else:
+        assert _max_rel_diff(reference, model) == 0.0
+    for key in ("loss", "val_loss", "mae", "val_mae"):
+        np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5)
