@@ -324,6 +324,13 @@ NAN, INF = float("nan"), float("inf")
          "finite number. Received: fill=nan. Pass e.g. `fill=0`."),
         (lambda: aug.cutout(4, fill=INF), "`shardfeed.augment.cutout`'s `fill` must be a finite "
          "number. Received: fill=inf. Pass e.g. `fill=0.0`."),
+        # `random_crop` is `translate` under its own name: its errors named
+        # `translate` and `pixels`.
+        (lambda: aug.random_crop(-1), "`shardfeed.augment.random_crop`'s `padding` must be a "
+         "non-negative integer. Received: padding=-1. Pass e.g. `random_crop(4)`."),
+        (lambda: aug.random_crop(4, fill="edge"), "`shardfeed.augment.random_crop`'s `fill` "
+         "must be \"reflect\", \"symmetric\" or a number. Received: fill='edge'. Pass e.g. "
+         "`fill=\"reflect\"` or `fill=0`."),
     ],
 )
 def test_block_arguments_must_be_finite_and_in_range(make, message):
@@ -351,6 +358,9 @@ SIZES = [
      "`shardfeed.augment.translate`'s `pixels` must be smaller than the image's height and "
      "width. Received: pixels=32, image height=32, width=32. Pass a smaller `pixels` (e.g. "
      "`translate(2)` for 32x32 images)."),  # blanked 98% with translate(100, fill=0)
+    (lambda: aug.random_crop(40), "`shardfeed.augment.random_crop`'s `padding` must be smaller "
+     "than the image's height and width. Received: padding=40, image height=32, width=32. Pass "
+     "a smaller `padding` (e.g. `random_crop(4)` for 32x32 images)."),
 ]
 
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 from test_mirrored import _strategy
 from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
 
+import shardfeed
 from shardfeed import LoadOptions, ResidentEpoch, ShardedResidentDataset
 from shardfeed._tf.world import current_world
 
@@ -287,3 +288,16 @@ def test_two_workers_custom_loop_ends_at_fits_weights(engine, tmp_path):
             # Every row once per epoch across both workers (203 rows on 2 replicas:
             # the training plan drops none).
             assert sorted(ids.tolist()) == list(range(cl.ROWS)), (mode, epoch)
+
+
+def test_a_model_that_is_not_a_model_is_refused_with_the_fix():
+    # Was a raw AttributeError from inside the check (`model.trainable_variables`).
+    world = _world(1)
+    want = (
+        "`model` must be a Keras model: its variables are compared across workers. "
+        "Received: type(model)=str. Pass the `keras.Model` your loop trains."
+    )
+    for call in (lambda: cl.dataset(world).iterator(model="m"), lambda: shardfeed.sync_model("m")):
+        with pytest.raises(TypeError) as err:
+            call()
+        assert str(err.value) == want

@@ -200,6 +200,9 @@ def test_check_finite_names_the_column_and_row():
             "`memory_fraction` must be in (0, 1]. Received: memory_fraction=1.5.",
         ),
         ({"device_memory_bytes": -1}, "Received: device_memory_bytes=-1."),
+        # 1 == True: accepted before, then read as not `True` (not streamed).
+        ({"streaming": 1}, '`streaming` must be True, False or "auto". Received: streaming=1.'),
+        ({"epoch_copy": 0}, '`epoch_copy` must be True, False or "auto". Received: epoch_copy=0.'),
     ],
 )
 def test_load_options_are_validated(kwargs, text):

@@ -209,3 +209,13 @@ def test_class_weight_with_sample_weights_or_several_outputs_is_refused():
     two = ShardedResidentDataset(x, [y, y], per_replica_batch_size=32, seed=0)
     with pytest.raises(ValueError, match="Received: targets of several outputs"):
         shardfeed.fit(_classifier(), two, class_weight={0: 2.0})
+
+
+def test_fit_options_jit_compile_is_a_switch_not_a_number():
+    # 1 == True passed `jit_compile in (True, False, "auto")`.
+    with pytest.raises(ValueError) as err:
+        FitOptions(jit_compile=1)
+    assert str(err.value) == (
+        '`jit_compile` must be True, False or "auto". Received: jit_compile=1. '
+        'Use "auto" unless you measured otherwise.'
+    )

@@ -503,7 +503,7 @@ def test_startup_timeout_names_the_missing_rank(script):
         "first worker that did; rank(s) 0 wait for them in it. Stopping 2 worker(s)." in text
     )
     # Rank 0 sits in TensorFlow's set-up, deaf to SIGTERM: SIGKILL at once, no grace wait.
-    assert "worker rank(s) 0 sat in shardfeed.init()'s strategy set-up" in text
+    assert "worker rank(s) 0 sat in shardfeed.init()'s distributed set-up" in text
     rank0, rank1 = fake.processes
     assert (rank0.pid, signal.SIGKILL) in fake.signals
     assert (rank0.pid, signal.SIGTERM) not in fake.signals
@@ -588,6 +588,11 @@ def test_stop_kills_workers_in_setup_and_terms_the_others():
     supervisor.on_signal(signal.SIGTERM, None)
     assert supervisor.watch() == 128 + signal.SIGTERM
     assert fake.signals[:2] == [(10_000, signal.SIGKILL), (10_001, signal.SIGTERM)]
+    # Both engines: the message named TensorFlow also under JAX.
+    assert (
+        "worker rank(s) 0 sat in shardfeed.init()'s distributed set-up, where SIGTERM waits "
+        "until it returns; sent them SIGKILL instead." in fake.messages()
+    )
 
 
 def test_output_is_prefixed_per_rank(script):
@@ -1207,7 +1212,7 @@ def test_multihost_startup_watch_names_global_ranks(script):
     text = fake.messages()
     assert "worker rank(s) 3 did not reach shardfeed.init() within 0.05 s" in text
     assert "rank(s) 2 wait for them in it" in text
-    assert "worker rank(s) 2 sat in shardfeed.init()'s strategy set-up" in text
+    assert "worker rank(s) 2 sat in shardfeed.init()'s distributed set-up" in text
     assert (fake.processes[0].pid, signal.SIGKILL) in fake.signals
 
 

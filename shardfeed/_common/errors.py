@@ -2,7 +2,7 @@
 
 `message` builds every user-facing error so tests can pin the text; `require`
 raises one when a check fails; `is_integer` is the test every count argument
-shares.
+shares, `is_switch` every True/False/"auto" one.
 """
 
 from __future__ import annotations
@@ -46,3 +46,15 @@ def is_integer(value: object) -> bool:
         (True, False, False)
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_switch(value: object) -> bool:
+    """Whether `value` is True, False or "auto": a `bool`, not a number
+    equal to one (`1 in (True, False, "auto")` is true, and `streaming=1`
+    was accepted, then read as not `True`).
+
+    Example:
+        >>> is_switch(True), is_switch("auto"), is_switch(1), is_switch(0.0)
+        (True, True, False, False)
+    """
+    return isinstance(value, bool) or (isinstance(value, str) and value == "auto")

@@ -21,7 +21,20 @@ from shardfeed._common.world import WorldLike
 def model_variables(model: Any) -> list[Any]:
     """What a loop steps: a Keras model's trainable and non-trainable
     variables (seed generators' states among them), and the compiled
-    optimizer's once built."""
+    optimizer's once built.
+
+    Raises:
+        TypeError: For anything without a model's variables (was a raw
+            `AttributeError` from inside the check).
+    """
+    if not all(hasattr(model, a) for a in ("trainable_variables", "non_trainable_variables")):
+        raise TypeError(
+            _errors.message(
+                "`model` must be a Keras model: its variables are compared across workers.",
+                f"type(model)={type(model).__name__}",
+                "Pass the `keras.Model` your loop trains.",
+            )
+        )
     variables = [*model.trainable_variables, *model.non_trainable_variables]
     optimizer: Any = getattr(model, "optimizer", None)
     # A compiled Keras optimizer (`model.optimizer` may be None or a string

@@ -265,24 +265,31 @@ def translate(pixels: int, fill: str | float = "reflect") -> Block:
     Example:
         >>> aug = shardfeed.augment.translate(2)
     """
+    return _shift("translate", "pixels", pixels, fill, "translate(2)")
+
+
+def _shift(name: str, arg: str, pixels: Any, fill: Any, example: str) -> Block:
+    """`translate` under the name and argument the user called (`random_crop`'s
+    errors named `translate` and `pixels`)."""
     if not (_errors.is_integer(pixels) and pixels >= 0):
         raise ValueError(
             _errors.message(
-                "`pixels` must be a non-negative integer.",
-                f"pixels={pixels!r}",
-                "Pass e.g. `translate(2)`.",
+                f"`shardfeed.augment.{name}`'s `{arg}` must be a non-negative integer.",
+                f"{arg}={pixels!r}",
+                f"Pass e.g. `{example}`.",
             )
         )
     if isinstance(fill, str) and fill not in ("reflect", "symmetric"):
         raise ValueError(
             _errors.message(
-                '`fill` must be "reflect", "symmetric" or a number.',
+                f'`shardfeed.augment.{name}`\'s `fill` must be "reflect", "symmetric" or a '
+                "number.",
                 f"fill={fill!r}",
                 'Pass e.g. `fill="reflect"` or `fill=0`.',
             )
         )
     if not isinstance(fill, str):
-        _number("translate", "fill", fill, "fill=0", low=None)
+        _number(name, "fill", fill, "fill=0", low=None)
     p = int(pixels)
 
     def shift(x: Any, seed: Any, random: Random) -> Any:
@@ -301,7 +308,7 @@ def translate(pixels: int, fill: str | float = "reflect") -> Block:
 
     # A shift as large as the image moves it out of the window (constant
     # fill: all border) and reflection padding needs fewer pixels than the side.
-    return Block("translate", shift, {"pixels": p}, "translate(2)")
+    return Block(name, shift, {arg: p}, example)
 
 
 def random_crop(padding: int, fill: str | float = 0.0) -> Block:
@@ -324,7 +331,7 @@ def random_crop(padding: int, fill: str | float = 0.0) -> Block:
     Example:
         >>> aug = shardfeed.augment.random_crop(4)
     """
-    return translate(padding, fill)
+    return _shift("random_crop", "padding", padding, fill, "random_crop(4)")
 
 
 def cutout(size: int, fill: float = 0.0) -> Block:

@@ -92,7 +92,7 @@ class LoadOptions:
             "Pass the free bytes per device, e.g. 80 * 1024**3.",
         )
         _errors.require(
-            self.streaming in (True, False, "auto"),
+            _errors.is_switch(self.streaming),
             '`streaming` must be True, False or "auto".',
             f"streaming={self.streaming!r}",
             'Use "auto" to stream only shards that do not fit.',
@@ -125,7 +125,7 @@ class LoadOptions:
             "rows, or pass False to skip the check.",
         )
         _errors.require(
-            self.epoch_copy in (True, False, "auto"),
+            _errors.is_switch(self.epoch_copy),
             '`epoch_copy` must be True, False or "auto".',
             f"epoch_copy={self.epoch_copy!r}",
             'Use "auto" to copy an epoch\'s rows only where it is faster and fits.',

@@ -174,8 +174,10 @@ class _Supervisor:
 
     def signal_running(self, signum: int) -> int:
         running = [w for w in self.workers if w.running]
-        # Inside the set-up TensorFlow holds the GIL with its own SIGTERM handler
-        # installed: neither SIGTERM nor Python's SIGINT handler can act there.
+        # Inside the set-up the engine's start blocks in native code (TensorFlow
+        # holds the GIL with its own SIGTERM handler installed; JAX's client
+        # waits for its coordinator): neither SIGTERM nor Python's SIGINT
+        # handler can act there.
         deaf = self.in_setup() if signum in _FORWARDED_SIGNALS else set()
         for rank, worker in enumerate(self.workers):
             if worker.running:
@@ -183,8 +185,9 @@ class _Supervisor:
         if deaf & {r for r, w in enumerate(self.workers) if w.running}:
             ranks = self.rank_names(deaf)
             self.say(
-                f"worker rank(s) {ranks} sat in shardfeed.init()'s strategy set-up, where "
-                f"TensorFlow ignores {signal.Signals(signum).name}; sent them SIGKILL instead."
+                f"worker rank(s) {ranks} sat in shardfeed.init()'s distributed set-up, where "
+                f"{signal.Signals(signum).name} waits until it returns; sent them SIGKILL "
+                "instead."
             )
         return len(running)
 

@@ -60,7 +60,7 @@ class FitOptions:
             'Use "auto" or e.g. 64.',
         )
         _errors.require(
-            self.jit_compile in (True, False, "auto"),
+            _errors.is_switch(self.jit_compile),
             '`jit_compile` must be True, False or "auto".',
             f"jit_compile={self.jit_compile!r}",
             'Use "auto" unless you measured otherwise.',

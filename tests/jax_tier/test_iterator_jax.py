@@ -163,6 +163,19 @@ def test_the_public_name_and_the_dataset_method_give_the_jax_iterator(replicas):
     assert it.get_state() == shardfeed.ResidentIterator(ds).get_state()
 
 
+def test_a_model_that_is_not_a_model_is_refused_with_the_fix(replicas):
+    # Was a raw AttributeError from inside the check (`model.trainable_variables`).
+    replicas(1)
+    want = (
+        "`model` must be a Keras model: its variables are compared across workers. "
+        "Received: type(model)=str. Pass the `keras.Model` your loop trains."
+    )
+    for call in (lambda: _dataset().iterator(model="model"), lambda: shardfeed.sync_model("m")):
+        with pytest.raises(TypeError) as err:
+            call()
+        assert str(err.value) == want
+
+
 def test_bad_states_are_refused_with_the_fix(replicas):
     replicas(1)
     it = _dataset().iterator()  # 103 rows, batch 4: 26 steps
