@@ -694,8 +694,8 @@ STATE_ERRORS = {
     ) + FIX,
     "truncated": (
         "A shardfeed backup's shardfeed_state.json must be JSON. Received: "
-        "BACKUP/shardfeed_state.json: Expecting ':' delimiter: line 1 column 41 (char "
-        "40). "
+        "BACKUP/shardfeed_state.json: Unterminated string starting at: line 1 column 34 "
+        "(char 33). "
     ) + FIX,
     "empty": (
         "A shardfeed backup's shardfeed_state.json must be JSON. Received: "
@@ -708,13 +708,13 @@ STATE_ERRORS = {
     ) + FIX,
     "no weights": (
         "A shardfeed backup's shardfeed_state.json must be a JSON object with the "
-        "fields \"weights\" and \"state\". Received: BACKUP/shardfeed_state.json: "
-        "fields=['state']. "
+        "fields \"weights\", \"weights_sha256\" and \"state\". Received: "
+        "BACKUP/shardfeed_state.json: fields=['state']. "
     ) + FIX,
     "not an object": (
         "A shardfeed backup's shardfeed_state.json must be a JSON object with the "
-        "fields \"weights\" and \"state\". Received: BACKUP/shardfeed_state.json: "
-        "type=list. "
+        "fields \"weights\", \"weights_sha256\" and \"state\". Received: "
+        "BACKUP/shardfeed_state.json: type=list. "
     ) + FIX,
 }
 
@@ -752,20 +752,44 @@ def test_steps_per_epoch_that_gives_the_same_epochs_is_honoured(interrupted, tmp
     _assert_every_row_once(hist)
 
 
-def test_a_truncated_weights_file_is_refused_naming_it(interrupted, tmp_path):
-    """h5py's raw OSError ("Unable to synchronously open file (truncated
-    file: ...)") named neither the backup nor the fix."""
+def _first_array_offset(path):
+    """Where the first weights array of more than 2 floats starts in the file."""
+    import h5py
+
+    found = []
+
+    def visit(_, item):
+        if isinstance(item, h5py.Dataset) and item.size > 2 and not found:
+            found.append(item.id.get_offset())
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return found[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped bytes"])
+def test_a_damaged_weights_file_is_refused_naming_it(interrupted, tmp_path, damage):
+    """A truncated file gave h5py's raw OSError ("Unable to synchronously
+    open file (truncated file: ...)"), naming neither the backup nor the fix;
+    bytes flipped inside the weights loaded silently (a loss of 1.9e12 or
+    NaN weights). The state names the file's SHA-256."""
     backup = _backup_copy(interrupted, tmp_path)
     weights = backup / json.loads((backup / "shardfeed_state.json").read_text())["weights"]
-    weights.write_bytes(weights.read_bytes()[:1000])
+    raw = bytearray(weights.read_bytes())
+    if damage == "truncated":
+        raw = raw[:1000]
+    else:  # one float of a kernel: h5py reads it without complaint
+        at = _first_array_offset(weights) + 8
+        raw[at : at + 4] = bytes(b ^ 0x40 for b in raw[at : at + 4])
+    weights.write_bytes(bytes(raw))
     with pytest.raises(ValueError) as err:
         _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))])
     text = str(err.value).replace(str(backup), "BACKUP")
     assert text.startswith(
         "A shardfeed backup's weights file must be the whole file `fit` wrote, for this "
-        f"model. Received: BACKUP/{weights.name}: OSError: "
+        f"model. Received: BACKUP/{weights.name}: SHA-256 "
     )
-    assert "truncated file" in text and text.endswith(FIX)
+    assert ", where shardfeed_state.json names " in text and text.endswith(FIX)
 
 
 @pytest.mark.parametrize("swap", ["another file", "a symlink"])

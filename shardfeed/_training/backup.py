@@ -3,11 +3,13 @@
 Owns the backup directory: what is written, by whom, and what a restarted
 `fit` reads back (`ResumableBackup`, `wrap`). Every rank runs it; only the
 chief writes, the weights file in turn and then `shardfeed_state.json` by
-rename, so a kill at any point leaves a state naming a complete weights file.
+rename (naming the weights file and its SHA-256, checked before a restore
+loads it), so a kill at any point leaves a state naming a complete weights file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -54,9 +56,9 @@ def _file_error(path: str, constraint: str, received: str) -> ValueError:
 
 def read_state_file(
     backup_dir: str,
-) -> tuple[ResumeState, str, _checked_open.FileIdentity] | None:
-    """A backup's saved resume state, the weights file it names and that
-    file's identity; None when there is no backup.
+) -> tuple[ResumeState, tuple[str, str], _checked_open.FileIdentity] | None:
+    """A backup's saved resume state, the weights file it names with its
+    SHA-256, and that file's identity; None when there is no backup.
 
     The state file and the weights file it names are opened without
     following links (`checked_open`); the weights file must be one of the
@@ -85,12 +87,20 @@ def read_state_file(
     except json.JSONDecodeError as err:
         problem = f"{err.msg}: line {err.lineno} column {err.colno} (char {err.pos})"
         raise _file_error(path, "must be JSON", problem) from None
-    if not isinstance(saved, dict) or set(saved) != {"weights", "state"}:
+    if not isinstance(saved, dict) or set(saved) != {"weights", "weights_sha256", "state"}:
         got = f"fields={sorted(saved)}" if isinstance(saved, dict) else (
             f"type={type(saved).__name__}"
         )
         raise _file_error(
-            path, 'must be a JSON object with the fields "weights" and "state"', got
+            path,
+            'must be a JSON object with the fields "weights", "weights_sha256" and "state"',
+            got,
+        )
+    digest = saved["weights_sha256"]
+    if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set(_HEX)):
+        raise _file_error(
+            path, "must give the weights file's SHA-256 as 64 hex digits",
+            f"weights_sha256={digest!r}",
         )
     weights = saved["weights"]
     if weights not in WEIGHTS_FILES:
@@ -112,7 +122,20 @@ def read_state_file(
             "must name a regular weights file (not a link, FIFO or device)",
             f"weights={weights!r}: {weights_path} is {_checked_open.kind(status.st_mode)}",
         )
-    return state, weights, _checked_open.identity(status)
+    return state, (weights, digest), _checked_open.identity(status)
+
+
+_HEX = "0123456789abcdef"
+
+
+def _copy_hashed(src: Any, dst: Any) -> str:
+    """`src` copied to `dst` (None: only read) in 1 MiB pieces; its SHA-256."""
+    digest = hashlib.sha256()
+    while piece := src.read(1 << 20):
+        digest.update(piece)
+        if dst is not None:
+            dst.write(piece)
+    return digest.hexdigest()
 
 
 class ResumableBackup(keras.callbacks.Callback):
@@ -138,6 +161,7 @@ class ResumableBackup(keras.callbacks.Callback):
         self._saved_at_steps = 0
         self._state_path = os.path.join(self.backup_dir, STATE_FILE)
         self._weights_file: str | None = None
+        self._weights_sha256: str | None = None
         self._weights_identity: _checked_open.FileIdentity | None = None
         self.source = source
 
@@ -164,7 +188,7 @@ class ResumableBackup(keras.callbacks.Callback):
         found = read_state_file(self.backup_dir)
         if found is None:
             return None
-        state, self._weights_file, self._weights_identity = found
+        state, (self._weights_file, self._weights_sha256), self._weights_identity = found
         return state
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -186,7 +210,18 @@ class ResumableBackup(keras.callbacks.Callback):
         with tempfile.TemporaryDirectory(prefix="shardfeed-resume-") as tmp:
             copy = os.path.join(tmp, self._weights_file)
             with os.fdopen(fd, "rb") as src, open(copy, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+                digest = _copy_hashed(src, dst)
+            # Flipped bytes inside the weights load: a loss of 1.9e12 or NaN weights.
+            if digest != self._weights_sha256:
+                raise ValueError(
+                    _errors.message(
+                        "A shardfeed backup's weights file must be the whole file `fit` "
+                        "wrote, for this model.",
+                        f"{path}: SHA-256 {digest}, where {STATE_FILE} names "
+                        f"{self._weights_sha256}",
+                        FIX,
+                    )
+                )
             try:
                 model.load_weights(copy)
             except (OSError, ValueError) as err:
@@ -225,10 +260,13 @@ class ResumableBackup(keras.callbacks.Callback):
         os.makedirs(self.backup_dir, exist_ok=True)
         # Two names in turn: the file the current state names is never overwritten.
         name = WEIGHTS_FILES[1] if self._weights_file == WEIGHTS_FILES[0] else WEIGHTS_FILES[0]
-        self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        weights_path = os.path.join(self.backup_dir, name)
+        self.model.save_weights(weights_path, overwrite=True)
+        with open(weights_path, "rb") as f:
+            digest = _copy_hashed(f, None)
         tmp = self._state_path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"weights": name, "state": state.to_dict()}, f)
+            json.dump({"weights": name, "weights_sha256": digest, "state": state.to_dict()}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._state_path)
