@@ -17,6 +17,7 @@ import json
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -337,6 +338,29 @@ def test_sync_model_names_a_model_built_otherwise_on_a_rank():
     with pytest.raises(ValueError, match=r"Received: rank 1 has variable dense/kernel \[4, 2\] "
                        r"<f4, rank 0 has dense/kernel \[4, 1\] <f4\."):
         check([dense, [["dense/kernel", [4, 2], "<f4", "a"], dense[1]]])
+
+
+def test_the_same_model_with_other_generated_names_is_the_same_structure():
+    # A model built twice on one rank (`sequential_1/dense_1`) beside
+    # `sequential/dense` elsewhere trained, then `save_model`, `predict` and
+    # `evaluate` refused: "Every worker must build the same model".
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    first, again = build(), build()
+    prints = []
+    for model in (first, again):
+        variables = model_sync.model_variables(model)
+        prints.append(model_sync._fingerprint(model_sync._host_values(variables), variables))
+    assert prints[0][0][0] != prints[1][0][0]  # generated names differ: dense vs dense_2
+    model_sync._check_structure(prints)
+    renamed = [[f"encoder_{p}", *rest] for p, *rest in prints[1]]
+    with pytest.raises(ValueError, match="Every worker must build the same model"):
+        model_sync._check_structure([prints[0], renamed])  # a name of the user's own
 
 
 def test_sync_model_with_one_worker_copies_nothing():

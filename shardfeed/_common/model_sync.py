@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -148,7 +149,7 @@ def _check_structure(prints: list[list[list[Any]]]) -> None:
             difference = f"rank {rank} has {len(theirs)} variables, rank 0 has {len(chief)}"
         else:
             for (path, shape, dtype, _), (p0, s0, d0, _) in zip(theirs, chief, strict=True):
-                if (path, shape, dtype) != (p0, s0, d0):
+                if (_generic(path), shape, dtype) != (_generic(p0), s0, d0):
                     difference = (
                         f"rank {rank} has variable {path} {shape} {dtype}, "
                         f"rank 0 has {p0} {s0} {d0}"
@@ -165,3 +166,14 @@ def _check_structure(prints: list[list[list[Any]]]) -> None:
                     "and build it (and its optimizer) before `sync_model`.",
                 )
             )
+
+
+def _generic(path: str) -> str:
+    """`path` without the numbers Keras appends to generated names: the same
+    model built twice on a rank (`sequential_1/dense_2/kernel`, its optimizer's
+    `adam/sequential_1_dense_2_kernel_momentum`) is the same structure as
+    `sequential/dense/kernel` elsewhere. Order, shapes and dtypes still count."""
+    return _NUMBERED.sub("", path)
+
+
+_NUMBERED = re.compile(r"_\d+(?=[/_]|$)")
