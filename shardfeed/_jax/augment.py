@@ -1,5 +1,6 @@
 """JAX's half of augmentation: `jax.random`'s draws for the blocks, registered when imported,
-and each step's key (`augment_key`).
+each step's key (`augment_key`), and the call that refuses an augment changing Keras state
+(`augmented`).
 
 One key per global batch from `(seed, epoch, step)`: each example draws from
 its row of one draw over the global batch, so the draws depend neither on the
@@ -8,13 +9,45 @@ number of devices nor on `steps_per_execution`, and a resumed run repeats them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import keras
 
+from shardfeed._common import errors as _errors
 from shardfeed._data import augment_blocks as _blocks
+
+
+def augmented(augment: Callable[[Any, Any], Any], x: Any, key: Any) -> Any:
+    """`augment(x, key)`, refused when it changes Keras state.
+
+    A Keras preprocessing layer (`RandomFlip`, ...) called as the augment
+    draws from its own `SeedGenerator` and advances it: inside the compiled
+    loop that leaked a tracer (JAX's `UnexpectedTracerError`, after the
+    trace), where the same code trains on TensorFlow. The update is caught
+    in a `StatelessScope` and refused, naming the stateless form.
+
+    Raises:
+        ValueError: When `augment` assigned a Keras variable.
+    """
+    with keras.StatelessScope() as scope:
+        out = augment(x, key)
+    if scope.state_mapping:
+        raise ValueError(
+            _errors.message(
+                "On JAX an `augment` must draw only from the key it is given: the "
+                "compiled loop cannot advance a Keras layer's own seed generator (a "
+                "preprocessing layer called as `layer(x, training=True)` does).",
+                f"augment={augment!r} updated {len(scope.state_mapping)} Keras variable(s)",
+                "Draw from the key: `t = layer.get_random_transformation(x, training=True, "
+                "seed=jax.random.key_data(key)); x = layer.transform_images(x, t, "
+                "training=True)`, or use `shardfeed.augment`'s blocks, or put the layer "
+                "inside the model.",
+            )
+        )
+    return out
 
 
 def augment_key(seed: int, epoch: Any, step: Any) -> jax.Array:

@@ -28,7 +28,7 @@ from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import order as _order
-from shardfeed._jax.augment import augment_key
+from shardfeed._jax.augment import augment_key, augmented
 from shardfeed._jax.epoch_arrays import EpochArrays
 from shardfeed._jax.world import REPLICA_AXIS
 
@@ -226,7 +226,7 @@ class BatchFn:
             x = self.transform(x)
         if self.augment is not None:
             assert self.seed is not None  # checked when the dataset was built
-            x = self.augment(x, augment_key(self.seed, epoch, step))
+            x = augmented(self.augment, x, augment_key(self.seed, epoch, step))
         return Batch(x, y, sw)
 
 

@@ -313,3 +313,39 @@ def test_a_run_resumed_at_an_epoch_repeats_the_augmentations(two_epochs):
     resumed, _ = _fit(AUGMENT, epochs=1)
     _fit(AUGMENT, epochs=2, model=resumed, initial_epoch=1)
     assert max_weight_diff(two_epochs[0], resumed) == 0
+
+
+def test_a_keras_layer_drawing_from_its_own_seed_generator_is_refused_with_the_fix(replicas):
+    # Was JAX's UnexpectedTracerError after the trace (docs/data.md said Keras
+    # preprocessing layers work; they do on TensorFlow). The form the message
+    # gives, drawing from the key, trains.
+    replicas(1)
+    x = coordinate_images(32, 8, 8) / 1000.0
+    y = np.zeros(32, "int32")
+    flip = keras.layers.RandomFlip("horizontal", seed=1)
+
+    def stateless(x, key):
+        t = flip.get_random_transformation(x, training=True, seed=jax.random.key_data(key))
+        return flip.transform_images(x, t, training=True)
+
+    for augment in (lambda x, key: flip(x, training=True), stateless):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=0, augment=augment)
+        model = keras.Sequential([keras.Input(x.shape[1:]), keras.layers.Flatten(),
+                                  keras.layers.Dense(2)])
+        model.compile("adam", "sparse_categorical_crossentropy")
+        if augment is stateless:
+            fit(model, ds, epochs=1, verbose=0)
+            continue
+        with pytest.raises(ValueError) as err:
+            fit(model, ds, epochs=1, verbose=0)
+        assert str(err.value).startswith(
+            "On JAX an `augment` must draw only from the key it is given: the compiled loop "
+            "cannot advance a Keras layer's own seed generator (a preprocessing layer called "
+            "as `layer(x, training=True)` does). Received: augment=<function "
+        )
+        assert str(err.value).endswith(
+            "updated 1 Keras variable(s). Draw from the key: `t = "
+            "layer.get_random_transformation(x, training=True, seed=jax.random.key_data(key)); "
+            "x = layer.transform_images(x, t, training=True)`, or use `shardfeed.augment`'s "
+            "blocks, or put the layer inside the model."
+        )
