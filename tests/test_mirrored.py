@@ -206,3 +206,36 @@ def test_arrays_evaluated_on_replicas_say_nothing_of_training_drops(caplog):
         "shardfeed: 1 of 333 rows are left out of each training epoch so every replica "
         "runs 1 equal steps (a replica would have no row in the last step)."
     ]
+
+
+def test_fits_in_two_threads_on_one_dataset_equal_the_same_fits_in_turn():
+    # Issue 37: with 2 replicas two threads' calls interleaved the strategy's
+    # collectives and the dataset's per-epoch row moves ("This epoch is
+    # closed", a CollectiveReduceV2 error, or replicas' weights diverging).
+    # They now run one at a time; a thread's `evaluate` waits likewise.
+    import threading
+
+    x, y, w = _data(300)
+    with _strategy(2).scope():
+        ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=16, seed=3)
+        alone = [_model(), _model()]
+        for model in alone:
+            shardfeed.fit(model, ds, epochs=2, verbose=0)
+        threaded = [_model(), _model()]
+    errors, scores = [], []
+
+    def run(model):
+        try:
+            shardfeed.fit(model, ds, epochs=2, verbose=0)
+            scores.append(shardfeed.evaluate(model, ds))
+        except Exception as err:  # noqa: BLE001 (reported below, with the thread's)
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in threaded]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert errors == [] and len(scores) == 2
+    for ours, theirs in zip(threaded, alone, strict=True):
+        _assert_same_weights(ours, theirs, rtol=1e-6, atol=0)

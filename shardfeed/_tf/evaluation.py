@@ -27,7 +27,7 @@ from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.loop import Loop
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.peers import naming_lost_peers
-from shardfeed._tf.world import current_world
+from shardfeed._tf.world import current_world, one_call_at_a_time
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import start_call
 from shardfeed._training.callbacks import evaluation_callback_list
@@ -58,6 +58,7 @@ def evaluate_loop(
 
 
 @naming_lost_peers
+@one_call_at_a_time
 def evaluate(
     model: keras.Model,
     data: Any = None,
@@ -141,6 +142,7 @@ def evaluate(
 
 
 @naming_lost_peers
+@one_call_at_a_time
 def predict(
     model: keras.Model,
     data: Any = None,

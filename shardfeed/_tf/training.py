@@ -25,6 +25,7 @@ from shardfeed._tf.inputs import (
 from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.peers import naming_lost_peers
+from shardfeed._tf.world import one_call_at_a_time
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
 from shardfeed._training.callbacks import callback_list, fit_params
@@ -33,6 +34,7 @@ from shardfeed._training.options import FitOptions, with_model_steps
 
 
 @naming_lost_peers
+@one_call_at_a_time
 def fit(
     model: keras.Model,
     dataset: ShardedResidentDataset | None = None,

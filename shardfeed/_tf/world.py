@@ -2,14 +2,18 @@
 
 Read from a strategy, the one in scope, or Horovod (`current_world`); global
 replica `g = rank * replicas_in_process + i`, every worker holding as many;
-`barrier` and `all_gather_bytes` are the two tiny collectives every layer may use.
+`barrier` and `all_gather_bytes` are the two tiny collectives every layer may use;
+`one_call_at_a_time` keeps threads from interleaving `fit`/`evaluate`/`predict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
-from typing import Literal
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -215,3 +219,25 @@ def current_world(strategy: tf.distribute.Strategy | None = None) -> World:
         )
     devices = tuple(strategy.extended.worker_devices)
     return World(rank, world_size, 0, devices, strategy)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_CALLS = threading.RLock()
+
+
+def one_call_at_a_time(function: F) -> F:
+    """`function` (`fit`, `evaluate`, `predict`) run by one thread at a time
+    in this process; another thread's call waits for it (a callback's own
+    `evaluate`, on the same thread, runs inside it).
+
+    A strategy's collectives from two threads interleave, and a dataset's
+    rows move between devices each epoch: two `fit`s in threads on one
+    dataset with 2 replicas failed ("This epoch is closed", a
+    `CollectiveReduceV2` error) or diverged the replicas' weights."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _CALLS:
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
