@@ -141,10 +141,14 @@ def case_outcome(keras, shardfeed, world, task: str, mode: str, arg: str) -> str
             if arg == "fit":
                 # "seed": another seed on rank 1, replicated (each rank draws its own
                 # share of the order: some rows trained twice, some never).
-                other = mode == "seed" and world.rank == 1
+                # "transform": rank 1 forgets to scale (trained wrong, rc 0).
+                other = mode in ("seed", "transform") and world.rank == 1
+                scale = (lambda x: x) if other else (lambda x: x / 255.0)
                 ds = shardfeed.ShardedResidentDataset(
-                    x, y, per_replica_batch_size=50, seed=1 if other else 0,
+                    x, y, per_replica_batch_size=50,
+                    seed=1 if other and mode == "seed" else 0,
                     placement="replicate" if mode == "seed" else "shard",
+                    transform=scale if mode == "transform" else None,
                     strategy=world.strategy,
                 )
                 shardfeed.fit(model, ds, epochs=1, verbose=0)

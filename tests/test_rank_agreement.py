@@ -26,6 +26,7 @@ from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 
 import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
+from shardfeed import augment as aug
 from shardfeed._common import agreement as call_agreement
 from shardfeed._common import model_sync
 from shardfeed._data import agreement
@@ -74,6 +75,7 @@ def shared(tmp_path_factory):
         "rows fit": ("data", "rows", "fit"),
         "permuted": ("data", "permuted", "fit"),
         "seed": ("data", "seed", "fit"),
+        "transform": ("data", "transform", "fit"),
         "same": ("data", "same", "fit"),
         "fitargs": ("fitargs", "all", "fit"),
         "save_model": ("save", "save_model", str(paths["save_model"])),
@@ -198,6 +200,45 @@ def test_two_workers_with_other_seeds_both_raise(shared):
             "Received: rank 1 has seed=1, rank 0 has 0. Pass the same dataset arguments "
             "on every worker"
         ), outcome
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+def test_two_workers_with_another_transform_both_raise(shared):
+    # Rank 1 without `/ 255` trained wrong without a word (issue 37: loss 20.7, rc 0).
+    for outcome in shared["transform"]:
+        assert outcome.startswith(
+            "ValueError: Every worker must build the dataset with the same arguments. "
+            "Received: rank 1 has transform='case_outcome.<locals>.<lambda> #"
+        ), outcome
+
+
+def test_functions_are_compared_by_their_code_and_values_not_their_identity():
+    fp = agreement.function_fingerprint
+    source = "def scale(x):\n    return x / 255.0\n"
+    copies = []
+    for _ in range(2):  # two function objects of one source: two ranks' `transform`
+        space = {}
+        exec(compile(source, "rank.py", "exec"), space)
+        copies.append(space["scale"])
+    assert copies[0] is not copies[1] and fp(copies[0]) == fp(copies[1])
+    assert fp(copies[0]).startswith("scale #")
+    assert fp(lambda x: x / 255.0) != fp(lambda x: x)  # code
+
+    def scaled_by(factor):
+        return lambda x: x / factor
+
+    assert fp(scaled_by(255.0)) == fp(scaled_by(255.0)) != fp(scaled_by(1.0))  # closures
+    assert fp(aug.translate(2)) == fp(aug.translate(2)) != fp(aug.translate(3))  # blocks
+    assert fp(aug.compose(aug.flip_left_right(), aug.translate(2))) != fp(
+        aug.compose(aug.flip_left_right(), aug.translate(2, fill=0))
+    )
+    def centered(mean):
+        return lambda x: x - mean
+
+    zeros = np.zeros(4, "float32")
+    assert fp(centered(zeros)) == fp(centered(zeros.copy())) != fp(centered(zeros + 1))
+    assert fp(None) is None
 
 
 def test_settings_are_compared_before_rows():

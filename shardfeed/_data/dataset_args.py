@@ -415,6 +415,7 @@ class DatasetBase(Generic[WorldT]):
             settings = _agreement.dataset_settings(
                 per_replica_batch_size=per_replica_batch_size, drop_remainder=drop_remainder,
                 placement=placement, shuffle=shuffle, seed=seed, options=options,
+                transform=transform, augment=augment,
             )
             _agreement.check_agreement(self.columns, self.world, settings)  # type: ignore[arg-type]
         self._shuffle, self._seed = shuffle, seed
