@@ -240,6 +240,15 @@ def test_functions_are_compared_by_their_code_and_values_not_their_identity():
     assert fp(centered(zeros)) == fp(centered(zeros.copy())) != fp(centered(zeros + 1))
     assert fp(None) is None
 
+    class Reduces:  # a sync-on-read variable: reading an attribute is a reduction
+        def __getattr__(self, name):
+            raise ValueError("Could not convert from `tf.VariableAggregation`")
+
+    touchy = Reduces()
+    assert fp(lambda x: (touchy, x)).startswith(  # by its type, nothing read
+        "test_functions_are_compared_by_their_code_and_values_not_their_identity.<locals>."
+    )
+
 
 def test_settings_are_compared_before_rows():
     options = LoadOptions()

@@ -156,34 +156,39 @@ def _feed(digest: Any, value: Any, depth: int, seen: set[int]) -> None:
         for part in (value.func, value.args, value.keywords):
             _feed(digest, part, depth + 1, seen)
         return
-    code = getattr(value, "__code__", None)
-    if isinstance(code, types.CodeType):  # a function (or a method's function)
-        put(f"function:{getattr(value, '__qualname__', '')}")
+    if isinstance(value, types.MethodType):
+        put("method")
+        _feed(digest, value.__func__, depth + 1, seen)
+        _feed(digest, value.__self__, depth + 1, seen)
+        return
+    # Only a Python function's attributes are read: another object's may run
+    # code (a `tf.distribute` variable reduces itself across replicas).
+    if isinstance(value, types.FunctionType):
+        code = value.__code__
+        put(f"function:{value.__qualname__}")
         _feed(digest, code, depth + 1, seen)
-        _feed(digest, getattr(value, "__defaults__", None), depth + 1, seen)
+        _feed(digest, value.__defaults__, depth + 1, seen)
         # Module-level constants it reads (`x / SCALE`), not modules or functions.
-        names = getattr(value, "__globals__", {})
+        names = value.__globals__
         for name in code.co_names:
             constant = names.get(name)
             if isinstance(constant, bool | int | float | str | np.ndarray | np.generic):
                 put(name)
                 _feed(digest, constant, depth + 1, seen)
-        for cell in getattr(value, "__closure__", None) or ():
+        for cell in value.__closure__ or ():
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
                 contents = None
             _feed(digest, contents, depth + 1, seen)
-        bound = getattr(value, "__self__", None)
-        if bound is not None and not isinstance(bound, types.ModuleType):
-            _feed(digest, bound, depth + 1, seen)
         return
     klass = type(value)
     put(f"object:{klass.__module__}.{klass.__qualname__}")
     if isinstance(value, types.ModuleType | type):
         return
-    if klass.__module__.startswith("shardfeed.") and hasattr(value, "__dict__"):
-        # `shardfeed.augment`'s blocks: their arguments live in closures.
+    if klass.__module__.startswith("shardfeed.") and isinstance(
+        getattr(value, "__dict__", None), dict
+    ):  # `shardfeed.augment`'s blocks: their arguments live in closures
         _feed(digest, dict(vars(value)), depth + 1, seen)
     elif "__call__" in vars(klass):  # a callable class of the user's: its code
         _feed(digest, vars(klass)["__call__"], depth + 1, seen)
