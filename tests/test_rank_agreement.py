@@ -192,24 +192,21 @@ def test_two_workers_with_rows_permuted_per_rank_both_raise(shared):
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-def test_two_workers_with_other_seeds_both_raise(shared):
-    # Before: rc 0, and each epoch about a quarter of the rows trained twice, as many never.
-    for outcome in shared["seed"]:
+@pytest.mark.parametrize(
+    "case, received",
+    [
+        # Before: rc 0, and each epoch about a quarter of the rows trained twice, as many never.
+        ("seed", "rank 1 has seed=1, rank 0 has 0. Pass the same dataset arguments on every "
+         "worker"),
+        # Rank 1 without `/ 255` trained wrong without a word (issue 37: loss 20.7, rc 0).
+        ("transform", "rank 1 has transform='case_outcome.<locals>.<lambda> #"),
+    ],
+)
+def test_two_workers_with_other_dataset_arguments_both_raise(shared, case, received):
+    for outcome in shared[case]:
         assert outcome.startswith(
             "ValueError: Every worker must build the dataset with the same arguments. "
-            "Received: rank 1 has seed=1, rank 0 has 0. Pass the same dataset arguments "
-            "on every worker"
-        ), outcome
-
-
-@pytest.mark.multi_process
-@pytest.mark.slow
-def test_two_workers_with_another_transform_both_raise(shared):
-    # Rank 1 without `/ 255` trained wrong without a word (issue 37: loss 20.7, rc 0).
-    for outcome in shared["transform"]:
-        assert outcome.startswith(
-            "ValueError: Every worker must build the dataset with the same arguments. "
-            "Received: rank 1 has transform='case_outcome.<locals>.<lambda> #"
+            f"Received: {received}"
         ), outcome
 
 

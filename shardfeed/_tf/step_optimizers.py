@@ -19,6 +19,7 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from shardfeed._common import errors as _errors
 from shardfeed._tf import gradients as _gradients
+from shardfeed._tf.functions import compiled
 
 _NO_OPTIMIZER_UPDATE = (
     "Under Horovod, a `train_step` must update the weights through a Keras "
@@ -163,9 +164,7 @@ class _Exchange:
                 return tf.zeros([])
 
             # A function per device and variable, traced once with the step.
-            return tf.function(update, jit_compile=True, autograph=False)(
-                grad, tf.convert_to_tensor(learning_rate)
-            )
+            return compiled(update, jit_compile=True)(grad, tf.convert_to_tensor(learning_rate))
 
         for grad, variable in grads_and_vars:
             distribution.extended.update(
