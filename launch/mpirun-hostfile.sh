@@ -16,6 +16,9 @@
 #     set this to the cluster network's interface (e.g. eth0) and each rank
 #     announces that interface's IPv4 address instead (on Keras' JAX backend
 #     Gloo's collectives listen there too).
+#   - MTLS_DIR: Keras on JAX >= 0.11.2: the job's credentials (`shardfeed
+#     credentials DIR`, the same path on every host), required there unless
+#     INSECURE_NETWORK=1 (docs/engines.md, Security).
 # Needs passwordless ssh from this host to the others.
 # Run from the repository root:  launch/mpirun-hostfile.sh [script args...]
 
@@ -29,6 +32,11 @@ NETWORK_INTERFACE=${NETWORK_INTERFACE:-}
 if [ -n "$NETWORK_INTERFACE" ]; then
     export SHARDFEED_NETWORK_INTERFACE=$NETWORK_INTERFACE
 fi
+if [ -n "${MTLS_DIR:-}" ]; then
+    export SHARDFEED_MTLS_DIR=$MTLS_DIR
+elif [ "${INSECURE_NETWORK:-0}" = 1 ]; then
+    export SHARDFEED_INSECURE_NETWORK=1
+fi
 
 if mpirun --version 2>&1 | grep -q -e "Open MPI" -e "OpenRTE"; then
     # Open MPI: prefix lines with the rank, send this environment to the
@@ -38,9 +46,11 @@ if mpirun --version 2>&1 | grep -q -e "Open MPI" -e "OpenRTE"; then
     if [ "$(id -u)" = 0 ]; then
         flags+=(--allow-run-as-root)
     fi
-    if [ -n "$NETWORK_INTERFACE" ]; then
-        flags+=(-x SHARDFEED_NETWORK_INTERFACE)
-    fi
+    for variable in SHARDFEED_NETWORK_INTERFACE SHARDFEED_MTLS_DIR SHARDFEED_INSECURE_NETWORK; do
+        if [ -n "${!variable:-}" ]; then
+            flags+=(-x "$variable")
+        fi
+    done
 else
     # MPICH or Intel MPI (Hydra): hostfile lines read `host:slots`.
     flags=(-f "$HOSTFILE" -prepend-rank -genvall)

@@ -20,6 +20,11 @@
 #   - SCRIPT: the training script, at the same path on every host;
 #   - STARTUP_TIMEOUT_S: how long workers wait for the other hosts' workers
 #     at start-up before failing, naming them;
+#   - MTLS_DIR: Keras on JAX >= 0.11.2: the job's credentials (`shardfeed
+#     credentials DIR`, the same directory on every host); the coordinator
+#     then admits only workers holding them (required there, unless
+#     INSECURE_NETWORK=1 accepts an unauthenticated job on a trusted network);
+#     TensorFlow's workers refuse it (docs/engines.md, Security);
 #   - SHARDFEED: the `shardfeed` command of the environment with shardfeed
 #     installed (a command line: e.g. `/opt/venv/bin/shardfeed`).
 # Needs no ssh: start it on each host yourself (a terminal each, pdsh, a
@@ -36,7 +41,14 @@ SCRIPT=${SCRIPT:-examples/train.py}
 STARTUP_TIMEOUT_S=${STARTUP_TIMEOUT_S:-300}
 GRACE_S=${GRACE_S:-60}
 read -r -a shardfeed <<< "${SHARDFEED:-shardfeed}"
+network=()
+if [ -n "${MTLS_DIR:-}" ]; then
+    network=(--mtls-dir "$MTLS_DIR")
+elif [ "${INSECURE_NETWORK:-0}" = 1 ]; then
+    network=(--insecure-network)
+fi
 
 exec "${shardfeed[@]}" launch --num-workers "$NUM_WORKERS" --hosts "$HOSTS" \
     --host-index "$HOST_INDEX" --port-base "$PORT_BASE" \
-    --startup-timeout-s "$STARTUP_TIMEOUT_S" --grace-s "$GRACE_S" "$SCRIPT" "$@"
+    --startup-timeout-s "$STARTUP_TIMEOUT_S" --grace-s "$GRACE_S" ${network[@]+"${network[@]}"} \
+    "$SCRIPT" "$@"

@@ -35,6 +35,7 @@ if (Path(__file__).parent / "jax").exists():
 # Test files that import no TensorFlow: the JAX tier runs them too.
 BACKEND_NEUTRAL_TEST_FILES = frozenset(
     {
+        "test_credentials.py",
         "test_exchange.py",
         "test_keras_entry.py",
         "test_keras_tools.py",
@@ -43,6 +44,7 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
         "test_launch.py",
         "test_launch_integration.py",
         "test_memplan.py",
+        "test_mtls_hosts.py",
         "test_plan.py",
         "test_startup.py",
         "test_two_hosts.py",

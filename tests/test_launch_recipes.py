@@ -166,7 +166,9 @@ def test_mpirun_recipe_passes_the_network_interface_to_every_rank():
     text = (LAUNCH / "mpirun-hostfile.sh").read_text()
     assert "NETWORK_INTERFACE=${NETWORK_INTERFACE:-}" in text
     assert "export SHARDFEED_NETWORK_INTERFACE=$NETWORK_INTERFACE" in text
-    assert "flags+=(-x SHARDFEED_NETWORK_INTERFACE)" in text  # Open MPI; Hydra: -genvall
+    # Open MPI: each variable set is sent to the remote ranks (Hydra: -genvall).
+    assert "for variable in SHARDFEED_NETWORK_INTERFACE SHARDFEED_MTLS_DIR" in text
+    assert 'flags+=(-x "$variable")' in text
 
 
 MPI_BIN = Path(sys.executable).parent
@@ -178,7 +180,8 @@ MPI_BIN = Path(sys.executable).parent
 )
 def test_mpirun_recipe_ranks_announce_the_interface_address(tmp_path):
     """The recipe as written on one host (the hostfile says localhost): with
-    NETWORK_INTERFACE set, every rank's TF_CONFIG names that interface's address."""
+    NETWORK_INTERFACE set, every rank's TF_CONFIG names that interface's address;
+    with MTLS_DIR set, every rank gets SHARDFEED_MTLS_DIR."""
     pytest.importorskip("mpi4py", reason="the MPI ranks exchange addresses with mpi4py")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -186,6 +189,7 @@ def test_mpirun_recipe_ranks_announce_the_interface_address(tmp_path):
     script.write_text(
         "import json\nfrom shardfeed._distribute.tf_config import tf_config_from_mpi\n"
         "print('CLUSTER', json.dumps(tf_config_from_mpi(port=None)['cluster']), flush=True)\n"
+        "import os; print('MTLS', os.environ['SHARDFEED_MTLS_DIR'], flush=True)\n"
     )
     env = {
         **{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
@@ -196,6 +200,7 @@ def test_mpirun_recipe_ranks_announce_the_interface_address(tmp_path):
         "PYTHON": sys.executable,
         "SCRIPT": str(script),
         "NETWORK_INTERFACE": "lo",
+        "MTLS_DIR": str(tmp_path / "creds"),
     }
     result = subprocess.run(
         ["bash", str(LAUNCH / "mpirun-hostfile.sh")],
@@ -206,3 +211,4 @@ def test_mpirun_recipe_ranks_announce_the_interface_address(tmp_path):
     clusters = re.findall(r"CLUSTER (.*)", output)
     assert len(clusters) == 2 and clusters[0] == clusters[1], output[-3000:]
     assert all(a.startswith("127.0.0.1:") for a in json.loads(clusters[0])["worker"])
+    assert re.findall(r"MTLS (.*)", output) == [str(tmp_path / "creds")] * 2

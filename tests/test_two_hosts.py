@@ -20,7 +20,6 @@ afterwards.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,6 @@ import time
 from pathlib import Path
 
 import _helpers_two_hosts as hosts
-import numpy as np
 import pytest
 
 pytestmark = [
@@ -41,25 +39,7 @@ ON_JAX = os.environ.get("KERAS_BACKEND") == "jax"
 PORT = 23456  # free in a fresh namespace
 TIMEOUT_S = 150
 
-WORKER = r"""
-import sys
-import keras, numpy as np
-import shardfeed
-
-world = shardfeed.init()
-rng = np.random.default_rng(0)
-x = rng.normal(size=(512, 4)).astype("float32")
-y = x.sum(axis=1, keepdims=True)
-keras.utils.set_random_seed(0)
-with world.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
-shardfeed.fit(model, train, epochs=2, verbose=0)
-weights = np.concatenate([w.ravel() for w in model.get_weights()])
-np.savez(f"{sys.argv[1]}.rank{world.rank}.npz", weights=weights,
-         num_replicas=world.num_replicas_in_sync)
-"""
+WORKER = hosts.WORKER
 
 
 # Trains until stopped, marking each finished epoch, so the test can cut the
@@ -87,53 +67,22 @@ shardfeed.fit(model, train, epochs=100000, callbacks=[Mark()], verbose=0)
 """
 
 
-def _run_workers(
-    two: hosts.TwoHosts, tmp_path: Path, argv_for_rank, during=None, tf_config=True
-) -> list[tuple[int, str]]:
-    """Runs `argv_for_rank(i)` on host i, each with its TF_CONFIG (unless `tf_config`
-    is False: a launcher that writes them); returns (exit code, output) per host."""
-    addresses = [f"{address}:{PORT}" for address in two.addresses]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SHARDFEED_", "OMPI_", "PMI", "TF_CONFIG", "XLA_FLAGS"))
-    }
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), SHARDFEED_STARTUP_TIMEOUT_S="60")
-    workers = []
-    try:
-        for rank in range(2):
-            config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
-            workers.append(
-                subprocess.Popen(
-                    two.argv(rank, argv_for_rank(rank)),
-                    env={**env, "TF_CONFIG": json.dumps(config)} if tf_config else env,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                )
-            )
-        if during is not None:
-            during(workers)
-        outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
-        return [(w.returncode, output) for w, output in zip(workers, outputs, strict=True)]
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-                w.communicate()
+def _run_workers(two, tmp_path, argv_for_rank, during=None, tf_config=True):
+    return hosts.run_on_hosts(two, argv_for_rank, PORT, TIMEOUT_S, during, tf_config)
 
 
-def _exposure(coordinator: str) -> str:
+def _exposure(coordinator: str, bound: str | None = None) -> str:
     """What the chief says the job exposes, on this tier's backend: TensorFlow's
     servers (naming each worker), or JAX's coordinator (at `coordinator`, rank 0's
     address) and Gloo."""
     if ON_JAX:
-        return f"JAX job's coordinator (process 0 at {coordinator}) listens on every interface"
+        # It binds the address the coordinator's name resolves to on its host.
+        where = bound or coordinator
+        return f"JAX job's coordinator (process 0 at {coordinator}) listens on {where} only"
     return "servers listen on every interface"
 
 
-def _assert_same_weights(prefix: Path) -> None:
-    first, second = (np.load(f"{prefix}.rank{rank}.npz") for rank in range(2))
-    assert int(first["num_replicas"]) == 2  # one job of two workers
-    np.testing.assert_array_equal(first["weights"], second["weights"])
+_assert_same_weights = hosts.assert_same_weights
 
 
 @pytest.fixture
@@ -144,8 +93,11 @@ def two():
 
 # CI time: on JAX a hand-written TF_CONFIG takes the coordinator path `shardfeed
 # launch --hosts` gives its workers, run on JAX below.
-@pytest.mark.skipif(ON_JAX, reason="on JAX the `shardfeed launch --hosts` test below runs "
-                    "the same TF_CONFIG coordinator path (kept out for CI time)")
+@pytest.mark.skipif(
+    ON_JAX,
+    reason="on JAX the `shardfeed launch --hosts` test below runs "
+    "the same TF_CONFIG coordinator path (kept out for CI time)",
+)
 def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -162,13 +114,8 @@ def test_tf_config_workers_on_two_hosts_train_to_the_same_weights(two, tmp_path)
     assert "on every interface" not in results[1][1]
 
 
-LAUNCH = [sys.executable, "-m", "shardfeed._commands.cli", "launch"]
-
-
-def _launch_on(host: int, *options: str) -> list[str]:
-    """`shardfeed launch -n 2 --hosts <both> --host-index <host> ...` (one worker per host)."""
-    both = ",".join(hosts.ADDRESSES)
-    return [*LAUNCH, "-n", "2", "--hosts", both, "--host-index", str(host), *options]
+LAUNCH = hosts.LAUNCH
+_launch_on = hosts.launch_on
 
 
 @pytest.mark.slow
@@ -180,16 +127,28 @@ def test_shardfeed_launch_on_two_hosts_trains_to_the_same_weights(two, tmp_path)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     recipe_env = {
-        "HOSTS": ",".join(hosts.ADDRESSES), "NUM_WORKERS": "2", "PORT_BASE": str(PORT),
-        "SCRIPT": str(script), "STARTUP_TIMEOUT_S": "60", "GRACE_S": "5",
+        "HOSTS": ",".join(hosts.ADDRESSES),
+        "NUM_WORKERS": "2",
+        "PORT_BASE": str(PORT),
+        "SCRIPT": str(script),
+        "STARTUP_TIMEOUT_S": "60",
+        "GRACE_S": "5",
         "SHARDFEED": " ".join(LAUNCH[:-1]),
     }
 
     def on_host(host):
         if host == 0:
-            return _launch_on(host, "--port-base", str(PORT), "--grace-s", "5",
-                              "--timeout-s", str(TIMEOUT_S - 10), str(script),
-                              str(tmp_path / "l"))
+            return _launch_on(
+                host,
+                "--port-base",
+                str(PORT),
+                "--grace-s",
+                "5",
+                "--timeout-s",
+                str(TIMEOUT_S - 10),
+                str(script),
+                str(tmp_path / "l"),
+            )
         assignments = [f"{k}={v}" for k, v in {**recipe_env, "HOST_INDEX": "1"}.items()]
         recipe = str(REPO / "launch" / "multihost-launch.sh")
         return ["env", *assignments, "bash", recipe, str(tmp_path / "l")]
@@ -219,8 +178,11 @@ def test_shardfeed_launch_names_the_right_host_index(two, tmp_path):
     script.write_text("raise SystemExit('never started')\n")
     result = subprocess.run(
         two.argv(0, _launch_on(1, str(script))),
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 2, result.stderr
     assert (
@@ -249,12 +211,15 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
             time.sleep(0.2)
         subprocess.run(
             ["ip", "-n", two.namespaces[1], "link", "set", two.interface, "down"],
-            check=True, timeout=30,
+            check=True,
+            timeout=30,
         )
 
     started = time.monotonic()
     results = _run_workers(
-        two, tmp_path, lambda rank: [sys.executable, str(script), str(marks[rank])],
+        two,
+        tmp_path,
+        lambda rank: [sys.executable, str(script), str(marks[rank])],
         during=cut_after_an_epoch,
     )
     assert time.monotonic() - started < TIMEOUT_S
@@ -268,7 +233,14 @@ def test_a_cut_link_names_the_peer_on_both_hosts(two, tmp_path):
 MPI_BIN = Path(sys.executable).parent
 # XLA_FLAGS: the JAX tier forces 4 CPU devices per process; a worker here has one.
 _LAUNCHER_VARIABLES = (
-    "SHARDFEED_", "OMPI_", "PMI", "PRTE_", "TF_CONFIG", "SLURM", "HOROVOD", "XLA_FLAGS"
+    "SHARDFEED_",
+    "OMPI_",
+    "PMI",
+    "PRTE_",
+    "TF_CONFIG",
+    "SLURM",
+    "HOROVOD",
+    "XLA_FLAGS",
 )
 
 
@@ -286,7 +258,12 @@ def _run_recipe(two, recipe: str, prefix: Path, env: dict[str, str]) -> str:
     weights, and returns its output."""
     result = subprocess.run(
         two.argv(0, ["bash", str(REPO / "launch" / recipe), str(prefix)]),
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
@@ -301,9 +278,14 @@ def _run_recipe(two, recipe: str, prefix: Path, env: dict[str, str]) -> str:
 @pytest.mark.parametrize(
     "announce",
     [
-        pytest.param("host names", marks=pytest.mark.skipif(
-            ON_JAX, reason="on JAX the SLURM recipe's test runs the host-name path (the "
-            "coordinator and Gloo at node names); kept out for CI time")),
+        pytest.param(
+            "host names",
+            marks=pytest.mark.skipif(
+                ON_JAX,
+                reason="on JAX the SLURM recipe's test runs the host-name path (the "
+                "coordinator and Gloo at node names); kept out for CI time",
+            ),
+        ),
         "NETWORK_INTERFACE",
     ],
 )
@@ -327,12 +309,18 @@ def _run_mpirun_recipe(two, tmp_path, announce):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{address} slots=1\n" for address in two.addresses))
     env = _recipe_env(
-        PATH=f"{MPI_BIN}{os.pathsep}{os.environ['PATH']}", LD_LIBRARY_PATH="",
-        HOSTFILE=str(hostfile), NUM_WORKERS="2", PYTHON=sys.executable, SCRIPT=str(script),
+        PATH=f"{MPI_BIN}{os.pathsep}{os.environ['PATH']}",
+        LD_LIBRARY_PATH="",
+        HOSTFILE=str(hostfile),
+        NUM_WORKERS="2",
+        PYTHON=sys.executable,
+        SCRIPT=str(script),
         NETWORK_INTERFACE=two.interface if announce == "NETWORK_INTERFACE" else "",
         PRTE_MCA_plm_ssh_agent=two.ssh_stand_in(str(tmp_path / "ssh")),
         # One machine underneath: keep Open MPI off shared memory and on the veth.
-        OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,tcp", OMPI_MCA_coll="basic,libnbc,self",
+        OMPI_MCA_pml="ob1",
+        OMPI_MCA_btl="self,tcp",
+        OMPI_MCA_coll="basic,libnbc,self",
         OMPI_MCA_btl_tcp_if_include=two.interface,
     )
     output = _run_recipe(two, "mpirun-hostfile.sh", tmp_path / "m", env)
@@ -358,11 +346,12 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
     env = _recipe_env(
         **two.sbatch_environment(tasks_per_node=1),
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        VENV=str(Path(sys.executable).parent.parent), SCRIPT=str(script),
+        VENV=str(Path(sys.executable).parent.parent),
+        SCRIPT=str(script),
     )
     output = _run_recipe(two, "slurm.sbatch", tmp_path / "s", env)
     # The chief names what the job exposes: SLURM's node names, SHARDFEED_PORT_BASE's port.
-    assert output.count(_exposure("sfnode1:8888")) == 1, output[-3000:]
+    assert output.count(_exposure("sfnode1:8888", bound="10.231.0.1:8888")) == 1, output[-3000:]
     assert ON_JAX or "worker 0 at sfnode1:8888, worker 1 at sfnode2:8888" in output
 
 
@@ -375,9 +364,7 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
     "Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
 )
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
-def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(
-    two, tmp_path, controller
-):
+def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path, controller):
     """launch/horovodrun-multihost.sh as written, with CONTROLLER=--gloo or --mpi, run
     on host 0; horovodrun reaches host 1 through a stand-in for ssh (first on PATH).
     With Gloo the ranks carry HOROVOD_RANK, so `shardfeed.init()`'s "auto" picks
@@ -393,13 +380,19 @@ def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(
     two.ssh_stand_in(str(bin_dir / "ssh"))
     mpi = {
         # One machine underneath: keep Open MPI off shared memory and on the veth.
-        "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_coll": "basic,libnbc,self",
-        "OMPI_MCA_btl_tcp_if_include": two.interface, "LD_LIBRARY_PATH": "",
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_btl": "self,tcp",
+        "OMPI_MCA_coll": "basic,libnbc,self",
+        "OMPI_MCA_btl_tcp_if_include": two.interface,
+        "LD_LIBRARY_PATH": "",
     }
     env = _recipe_env(
         PATH=f"{bin_dir}{os.pathsep}{MPI_BIN}{os.pathsep}{os.environ['PATH']}",
-        HOSTS=",".join(f"{address}:1" for address in two.addresses), NUM_WORKERS="2",
-        PYTHON=sys.executable, SCRIPT=str(script), CONTROLLER=controller,
+        HOSTS=",".join(f"{address}:1" for address in two.addresses),
+        NUM_WORKERS="2",
+        PYTHON=sys.executable,
+        SCRIPT=str(script),
+        CONTROLLER=controller,
         **(mpi if controller == "--mpi" else {}),
     )
     output = _run_recipe(two, "horovodrun-multihost.sh", tmp_path / "h", env)

@@ -26,6 +26,10 @@ SUBCOMMANDS = {
         "shardfeed._launch.cli",
         "start N workers (TF_CONFIG, horovodrun or mpirun), here or across hosts (--hosts)",
     ),
+    "credentials": (
+        "shardfeed._commands.credentials",
+        "make a multi-host job's mutual-TLS credentials (for `launch --mtls-dir`)",
+    ),
     "plan": ("shardfeed._commands.plan", "print per-rank rows, bytes, steps and memory fit"),
     "split": (
         "shardfeed._commands.split",

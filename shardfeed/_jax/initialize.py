@@ -5,7 +5,8 @@ Engines `"single"`, `"jax"` (every device of every process, one mesh axis) and
 TF_CONFIG's first task, the SLURM step's first host at `slurm_port_base`, or
 rank 0 from an mpi4py exchange. A loopback job binds the coordinator and Gloo to
 127.0.0.1 (Gloo otherwise takes the host name's interface); a multi-host job's
-chief logs `exposure_line`.
+coordinator binds its own address, authenticates with the job's mutual-TLS
+credentials (`_distribute/credentials.py`), and its chief logs `exposure_line`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import inspect
 import ipaddress
 import logging
 import math
 import os
 import re
+import socket
 import sys
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -28,6 +31,7 @@ import jax
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.ports import port_in_use
+from shardfeed._distribute import credentials as _credentials
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
@@ -107,8 +111,7 @@ def resolve_engine(engine: str, launch_env: _launch_env.LaunchEnv) -> str:
             _errors.message(
                 '`engine="single"` runs one device of one process, but the launcher started '
                 "several workers.",
-                f"engine='single', world_size={launch_env.world_size} (from "
-                f"{launch_env.launcher})",
+                f"engine='single', world_size={launch_env.world_size} (from {launch_env.launcher})",
                 'Use engine="auto", or start one process.',
             )
         )
@@ -139,9 +142,7 @@ def first_slurm_host(nodelist: str) -> str:
     return f"{prefix}{first}{suffix}"
 
 
-def coordinator_for(
-    launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str]
-) -> Coordinator:
+def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str]) -> Coordinator:
     """Where this job's coordinator listens, from the launcher's variables.
 
     Pure for `shardfeed launch`, TF_CONFIG and srun; under mpirun (no
@@ -191,17 +192,54 @@ def gloo_binding(coordinator: Coordinator, environ: Mapping[str, str]) -> dict[s
     return {"interface": interface} if interface else {}
 
 
-def exposure_line(coordinator: Coordinator) -> str | None:
+def own_bind_address(coordinator: Coordinator) -> str | None:
+    """What a multi-host job's coordinator binds: its own address ("ip:port")
+    when the coordinator's host is one of this host's non-loopback addresses,
+    else None (JAX's default, every interface: e.g. a host name that resolves
+    to another address here than on the other hosts)."""
+    if coordinator.loopback:
+        return coordinator.bind_address
+    host, port = coordinator.address.rsplit(":", 1)
+    try:
+        address = socket.gethostbyname(host.strip("[]"))
+        if ipaddress.ip_address(address).is_loopback:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))  # fails unless the address is this host's
+    except OSError:
+        return None
+    return f"{address}:{port}"
+
+
+def exposure_line(
+    coordinator: Coordinator, security: _credentials.Security, bind_address: str | None
+) -> str | None:
     """The line a multi-host JAX job's chief logs (None for a loopback job)."""
     if coordinator.loopback:
         return None
+    where = "on every interface of its host" if bind_address is None else f"on {bind_address} only"
+    gloo = (
+        "every process's Gloo collectives listen on a random port of the address its host "
+        "name resolves to (or SHARDFEED_NETWORK_INTERFACE's)"
+    )
+    if security == "mtls":
+        return (
+            "shardfeed: this multi-host JAX job's coordinator (process 0 at "
+            f"{coordinator.address}) listens {where} and admits only processes holding the "
+            f"job's credentials (mutual TLS); {gloo}, unauthenticated: firewall those from "
+            "everyone but the other workers (docs/engines.md, Security)."
+        )
     return (
         "shardfeed: this multi-host JAX job's coordinator (process 0 at "
-        f"{coordinator.address}) listens on every interface of its host, and every process's Gloo "
-        "collectives listen on a random port of the address its host name resolves to; "
-        "neither is authenticated. Keep the hosts on a trusted network, or firewall these "
-        "ports from everyone but the other workers (docs/engines.md, Security)."
+        f"{coordinator.address}) listens {where}, and {gloo}; neither is authenticated. "
+        "Keep the hosts on a trusted network, or firewall these ports from everyone but the "
+        "other workers (docs/engines.md, Security)."
     )
+
+
+def has_mtls() -> bool:
+    """Whether this JAX's `jax.distributed.initialize` takes mutual-TLS files (>= 0.11.2)."""
+    return "mtls_cert_file" in inspect.signature(jax.distributed.initialize).parameters
 
 
 def check_coordinator_port_free(coordinator: Coordinator) -> None:
@@ -216,8 +254,7 @@ def check_coordinator_port_free(coordinator: Coordinator) -> None:
         raise OSError(
             errno.EADDRINUSE,
             _errors.message(
-                f"Port {port} is in use: process 0 runs the `jax.distributed` coordinator "
-                "on it.",
+                f"Port {port} is in use: process 0 runs the `jax.distributed` coordinator on it.",
                 f"coordinator address={coordinator.address!r}",
                 f"Stop the program that holds the port (`ss -ltnp 'sport = :{port}'` names "
                 "it) and rerun; `shardfeed launch` picks free ports on each run.",
@@ -306,11 +343,24 @@ def init(
     if split_cpu_into is not None:
         _split_cpu(split_cpu_into)
     coordinator = None
+    secure: dict[str, object] = {}
+    bind_address = None
     if launch_env.world_size > 1 and not jax.distributed.is_initialized():
         coordinator = coordinator_for(launch_env, os.environ)
+        credentials = _credentials.credentials_from(os.environ)
+        security = _credentials.network_security(
+            loopback=coordinator.loopback,
+            credentials_given=credentials is not None,
+            insecure_ok=_credentials.insecure_network_ok(os.environ),
+            engine_has_mtls=has_mtls(),
+            engine=f"jax=={jax.__version__}",
+        )
+        if credentials is not None:
+            secure = credentials.jax_keywords()
         if coordinator.process_id == 0:
+            bind_address = own_bind_address(coordinator)
             check_coordinator_port_free(coordinator)
-            line = exposure_line(coordinator)
+            line = exposure_line(coordinator, security, bind_address)
             if line is not None:
                 logger.warning(line)
     # `jax.distributed.initialize` installs a native SIGTERM handler (its
@@ -323,10 +373,11 @@ def init(
                 coordinator_address=coordinator.address,
                 num_processes=coordinator.num_processes,
                 process_id=coordinator.process_id,
-                coordinator_bind_address=coordinator.bind_address,
+                coordinator_bind_address=bind_address,
                 initialization_timeout=_whole_seconds(timeout_s),
                 shutdown_timeout_seconds=_whole_seconds(shutdown_s),
                 heartbeat_timeout_seconds=_whole_seconds(heartbeat_s),
+                **secure,
             )
             _exit_with_own_status(shutdown_s)
         binding = {} if coordinator is None else gloo_binding(coordinator, os.environ)

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Literal
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute.credentials import (
+    INSECURE_NETWORK_VARIABLE,
+    MTLS_DIR_VARIABLE,
+    load_credentials,
+)
 from shardfeed._distribute.startup import HEARTBEAT_TIMEOUT_VARIABLE, SHUTDOWN_TIMEOUT_VARIABLE
 from shardfeed._launch import delegate, local, multihost
 from shardfeed._launch.local import IsolateNetwork
@@ -79,6 +84,13 @@ class LaunchOptions:
             `predict`, custom loops) stand still this long while some ranks
             are ahead of others, naming the ranks behind: a rank stuck outside
             a collective the others wait in (None: never).
+        mtls_dir: A job's credentials directory (`shardfeed credentials DIR`),
+            checked before any worker starts and passed to the workers as
+            SHARDFEED_MTLS_DIR: a JAX job's `jax.distributed` coordinator then
+            admits only processes holding them (mutual TLS, JAX >= 0.11.2).
+            TensorFlow and Horovod workers refuse it (no authentication there).
+        insecure_network: Accept a multi-host JAX job without credentials
+            (SHARDFEED_INSECURE_NETWORK=1), on a network you trust.
 
     Raises:
         ValueError: If a value is out of range.
@@ -99,6 +111,8 @@ class LaunchOptions:
     shutdown_timeout_s: float | None = None
     heartbeat_timeout_s: float | None = None
     progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S
+    mtls_dir: str | None = None
+    insecure_network: bool = False
 
     def __post_init__(self) -> None:
         _errors.require(
@@ -149,6 +163,13 @@ class LaunchOptions:
             'Use True to require a private network for the workers, "auto" to use one '
             "where the system permits it, False to run them on the host's network.",
         )
+        _errors.require(
+            not (self.mtls_dir is not None and self.insecure_network),
+            "A job either authenticates its workers (`mtls_dir`) or accepts an "
+            "unauthenticated network (`insecure_network`), not both.",
+            f"mtls_dir={self.mtls_dir!r}, insecure_network=True",
+            "Drop `--insecure-network`.",
+        )
         if self.hosts is None:
             _errors.require(
                 self.host_index is None and self.port_base is None,
@@ -176,8 +197,7 @@ class LaunchOptions:
         )
         layout = multihost.parse_hosts(self.hosts, self.num_workers, self.port_base)
         _errors.require(
-            _errors.is_integer(self.host_index)
-            and 0 <= self.host_index < len(layout.hosts),  # type: ignore[operator]
+            _errors.is_integer(self.host_index) and 0 <= self.host_index < len(layout.hosts),  # type: ignore[operator]
             "A multi-host job needs `host_index`: this host's position in `hosts`, from 0.",
             f"host_index={self.host_index!r}, hosts={','.join(layout.hosts)}",
             "Run the same launch on every host, each with its own `--host-index` (0 on "
@@ -208,6 +228,8 @@ def run(
     shutdown_timeout_s: float | None = None,
     heartbeat_timeout_s: float | None = None,
     progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
+    mtls_dir: str | os.PathLike[str] | None = None,
+    insecure_network: bool = False,
     env: Mapping[str, str] | None = None,
     system: System | None = None,
 ) -> int:
@@ -248,6 +270,9 @@ def run(
             calls may stand still with some ranks behind the others before
             the launch stops, naming those ranks (default 300; None: never);
             see `LaunchOptions`.
+        mtls_dir: The job's credentials directory; see `LaunchOptions`.
+        insecure_network: Accept a multi-host JAX job without credentials;
+            see `LaunchOptions`.
         env: Environment the workers start from (default: this process's).
         system: Operating-system calls; tests pass fakes (default: real ones).
 
@@ -263,7 +288,8 @@ def run(
             names another host (`multihost.check_this_host`).
         NetworkIsolationError: (an OSError) If `isolate_network` is True and
             the system permits no private network namespace.
-        FileNotFoundError: If the script, or `horovodrun`/`mpirun` for a
+        PermissionError: If `mtls_dir`'s key is readable by others, or unreadable.
+        FileNotFoundError: If `mtls_dir` lacks a file; if the script, or `horovodrun`/`mpirun` for a
             delegated engine, does not exist.
         OSError: If a worker cannot be started, or (with `hosts`) one of this
             host's ports is in use.
@@ -290,6 +316,8 @@ def run(
         shutdown_timeout_s,
         heartbeat_timeout_s,
         progress_timeout_s,
+        None if mtls_dir is None else os.fspath(mtls_dir),
+        insecure_network,
     )
     system = system or System()
     base_env = dict(os.environ if env is None else env)
@@ -299,6 +327,12 @@ def run(
     ):
         if value is not None:
             base_env[variable] = f"{value:g}"
+    if options.mtls_dir is not None:
+        # Checked here, on each host, before any worker starts: a host without
+        # them is refused at once, naming itself.
+        base_env[MTLS_DIR_VARIABLE] = load_credentials(options.mtls_dir).directory
+    if options.insecure_network:
+        base_env[INSECURE_NETWORK_VARIABLE] = "1"
     with contextlib.ExitStack() as stack:
         if callable(fn_or_script):
             # The payload must outlive every worker, so it lives until run() returns.

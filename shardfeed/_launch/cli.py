@@ -132,6 +132,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --hosts: worker s of each host listens on P + s (default: 8888)",
     )
     parser.add_argument(
+        "--mtls-dir",
+        default=None,
+        metavar="DIR",
+        help="the job's credentials (`shardfeed credentials DIR`, the same DIR on every host): "
+        "a JAX job's coordinator admits only workers holding them (mutual TLS, JAX >= 0.11.2); "
+        "TensorFlow and Horovod workers refuse it",
+    )
+    parser.add_argument(
+        "--insecure-network",
+        action="store_true",
+        help="accept a multi-host JAX job without credentials, on a network you trust",
+    )
+    parser.add_argument(
         "script", help="the Python script every worker runs (a leading `python` is dropped)"
     )
     parser.add_argument(
@@ -230,8 +243,10 @@ def run(args: argparse.Namespace) -> int:
             shutdown_timeout_s=args.shutdown_timeout_s,
             heartbeat_timeout_s=args.heartbeat_timeout_s,
             progress_timeout_s=args.progress_timeout_s,
+            mtls_dir=args.mtls_dir,
+            insecure_network=args.insecure_network,
         )
-    except (ValueError, FileNotFoundError, NetworkIsolationError) as err:
+    except (ValueError, FileNotFoundError, PermissionError, NetworkIsolationError) as err:
         print(f"shardfeed launch: error: {err}", file=sys.stderr, flush=True)
         return 2
     except OSError as err:

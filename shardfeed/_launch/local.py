@@ -69,6 +69,7 @@ def exposed_note(env: Mapping[str, str], ports: Sequence[int], why: str) -> str:
         return EXPOSED_NOTE_JAX.format(coordinator_port=ports[0], why=why)
     return EXPOSED_NOTE.format(ports=", ".join(map(str, ports)), why=why)
 
+
 # Runs in each worker for `run(fn, ...)`: what multiprocessing's spawn start
 # method does in a child (restore sys.path, cwd and the parent's __main__ via
 # `multiprocessing.spawn.prepare`, then unpickle the function), but in a

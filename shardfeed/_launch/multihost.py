@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from shardfeed._common import errors as _errors
 from shardfeed._distribute import startup as _startup
+from shardfeed._distribute.credentials import MTLS_DIR_VARIABLE
 from shardfeed._distribute.launch_env import READY_DIR_VARIABLE
 from shardfeed._distribute.tf_config import unresolvable_hosts
 from shardfeed._launch.local import cluster_worker_specs
@@ -124,8 +125,7 @@ def parse_hosts(
     else:
         _errors.require(
             num_workers % len(names) == 0,
-            "Without worker counts in `--hosts`, `--num-workers` must split evenly over the "
-            "hosts.",
+            "Without worker counts in `--hosts`, `--num-workers` must split evenly over the hosts.",
             received,
             "Give each host its count, e.g. `--hosts a:3,b:2`, or a multiple of the number of "
             "hosts as `--num-workers`.",
@@ -287,6 +287,12 @@ def run_multihost(
         line = _startup.exposure_line(tasks)
         # The workers of a launch leave this line to their launcher, one per host.
         notes = [] if line is None else [line.removeprefix("shardfeed: ")]
+        if MTLS_DIR_VARIABLE in base_env:
+            notes.append(
+                "JAX workers: the `jax.distributed` coordinator admits only processes holding "
+                f"the credentials in {base_env[MTLS_DIR_VARIABLE]} (mutual TLS); TensorFlow and "
+                "Horovod workers refuse them (no authentication there)."
+            )
         return run_workers(
             specs,
             grace_s=grace_s,

@@ -14,6 +14,7 @@ from typing import Literal
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
+from shardfeed._distribute import credentials as _credentials
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
@@ -25,6 +26,8 @@ logger = logging.getLogger("shardfeed")
 
 EngineName = Literal["auto", "single", "mirrored", "multiworker", "horovod"]
 ENGINES = ("auto", "single", "mirrored", "multiworker", "horovod")
+
+
 def resolve_engine(
     engine: str, launch_env: _launch_env.LaunchEnv, num_gpus: int, num_cpu_devices: int
 ) -> str:
@@ -173,6 +176,9 @@ def _init(engine: str, split_cpu_into: int | None, startup_timeout_s: float):
     )
     if pinned is not None and chosen != "horovod":
         tf.config.set_visible_devices([g for g in physical_gpus if g.name == pinned], "GPU")
+    if chosen in ("horovod", "multiworker"):
+        runtime = "Horovod" if chosen == "horovod" else "TensorFlow's gRPC runtime (MWMS)"
+        _credentials.refuse_credentials_without_mtls(os.environ, runtime)
     if chosen == "horovod":
         return _init_horovod(tf, physical_gpus)
     if chosen == "multiworker":
@@ -210,7 +216,7 @@ def _split_cpu(tf, num_devices: int, engine: str, num_gpus: int) -> None:
                 "ignored.",
                 f"{received} with {where}",
                 "Drop `cpu_devices` (and unset SHARDFEED_CPU_DEVICES), or start one "
-                "process on a machine without GPUs (`CUDA_VISIBLE_DEVICES=\"\"`).",
+                'process on a machine without GPUs (`CUDA_VISIBLE_DEVICES=""`).',
             )
         )
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -85,28 +85,60 @@ def _tf_config(rank, addresses, chief=None):
 
 def test_the_coordinator_is_rank_0s_tf_config_address_bound_to_loopback():
     environ = {
-        "SHARDFEED_RANK": "1", "SHARDFEED_WORLD_SIZE": "2", "SHARDFEED_LOCAL_RANK": "1",
+        "SHARDFEED_RANK": "1",
+        "SHARDFEED_WORLD_SIZE": "2",
+        "SHARDFEED_LOCAL_RANK": "1",
         "TF_CONFIG": _tf_config(1, ["127.0.0.1:4001", "127.0.0.1:4002"]),
     }
     coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
     assert coordinator == initialize.Coordinator("127.0.0.1:4001", 2, 1, loopback=True)
     assert coordinator.bind_address == "127.0.0.1:4001"
-    assert initialize.exposure_line(coordinator) is None
+    assert initialize.own_bind_address(coordinator) == "127.0.0.1:4001"
+    assert initialize.exposure_line(coordinator, "loopback", "127.0.0.1:4001") is None
 
 
-def test_a_multi_host_coordinator_binds_where_jax_does_and_says_so():
+def test_a_multi_host_coordinator_binds_its_own_address_and_says_so():
     # A chief comes first in rank order (as MultiWorkerMirroredStrategy numbers tasks).
     environ = {"TF_CONFIG": _tf_config(0, ["10.0.0.2:5000"], chief="10.0.0.1:5000")}
     coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
     assert coordinator == initialize.Coordinator("10.0.0.1:5000", 2, 1, loopback=False)
-    assert coordinator.bind_address is None
-    assert initialize.exposure_line(coordinator) == (
+    # 10.0.0.1 is not this machine's: binding it would fail, so JAX's default (every
+    # interface), said in the line.
+    assert initialize.own_bind_address(coordinator) is None
+    assert initialize.exposure_line(coordinator, "insecure", None) == (
         "shardfeed: this multi-host JAX job's coordinator (process 0 at 10.0.0.1:5000) listens on "
         "every interface of its host, and every process's Gloo collectives listen on a random "
-        "port of the address its host name resolves to; neither is authenticated. Keep the "
-        "hosts on a trusted network, or firewall these ports from everyone but the other "
-        "workers (docs/engines.md, Security)."
+        "port of the address its host name resolves to (or SHARDFEED_NETWORK_INTERFACE's); "
+        "neither is authenticated. Keep the hosts on a trusted network, or firewall these ports "
+        "from everyone but the other workers (docs/engines.md, Security)."
     )
+    assert initialize.exposure_line(coordinator, "mtls", "10.0.0.1:5000") == (
+        "shardfeed: this multi-host JAX job's coordinator (process 0 at 10.0.0.1:5000) listens on "
+        "10.0.0.1:5000 only and admits only processes holding the job's credentials (mutual "
+        "TLS); every process's Gloo collectives listen on a random port of the address its host "
+        "name resolves to (or SHARDFEED_NETWORK_INTERFACE's), unauthenticated: firewall those "
+        "from everyone but the other workers (docs/engines.md, Security)."
+    )
+
+
+def test_a_coordinator_named_by_an_address_of_this_host_binds_that_address_only():
+    address = _a_non_loopback_address()
+    coordinator = initialize.Coordinator(f"{address}:5000", 2, 0, loopback=False)
+    assert initialize.own_bind_address(coordinator) == f"{address}:5000"
+
+
+def _a_non_loopback_address():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # no packet: picks the outgoing address
+        except OSError:
+            pytest.skip("this machine has no non-loopback IPv4 address")
+        address = probe.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    return address
 
 
 @pytest.mark.parametrize(
@@ -126,8 +158,11 @@ def test_where_gloo_listens(loopback, environ, binding):
 
 def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
     environ = {
-        "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
-        "SLURM_STEP_NODELIST": "gpu[07-08]", "SHARDFEED_PORT_BASE": "9100",
+        "SLURM_PROCID": "3",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SHARDFEED_PORT_BASE": "9100",
     }
     coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
     assert coordinator == initialize.Coordinator("gpu07:9100", 4, 3, loopback=False)
@@ -190,7 +225,8 @@ def test_a_taken_coordinator_port_is_named():
 
 
 def test_init_in_one_process_splits_the_cpu_and_refuses_a_late_split():
-    code = """
+    code = (
+        """
 import os, jax, shardfeed
 world = shardfeed.init(cpu_devices=3)
 print("devices", world.num_replicas_in_sync, world.rank, world.world_size, dict(world.mesh.shape))
@@ -200,7 +236,9 @@ try:
 except RuntimeError as err:
     print(err)
 print("single", shardfeed.init(engine="single").num_replicas_in_sync)
-""" + ASSERT_NO_TENSORFLOW
+"""
+        + ASSERT_NO_TENSORFLOW
+    )
     out = run_python(code, env={"XLA_FLAGS": ""}).stdout
     assert "devices 3 0 1 {'replica': 3}" in out
     assert (
@@ -267,8 +305,14 @@ def _launch_job(tmp_path, monkeypatch, mode, engine="multiworker", **options):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script, num_workers=2, engine=engine, args=[tmp_path, mode], timeout_s=100, grace_s=10,
-        system=System(stdout=out, stderr=err), **options,
+        script,
+        num_workers=2,
+        engine=engine,
+        args=[tmp_path, mode],
+        timeout_s=100,
+        grace_s=10,
+        system=System(stdout=out, stderr=err),
+        **options,
     )
     return code, out.getvalue().decode(), err.getvalue().decode(), time.monotonic() - start
 
@@ -413,8 +457,13 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch, 
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script, num_workers=2, args=[tmp_path, where], timeout_s=150, grace_s=5,
-        progress_timeout_s=5, system=System(stdout=out, stderr=err),
+        script,
+        num_workers=2,
+        args=[tmp_path, where],
+        timeout_s=150,
+        grace_s=5,
+        progress_timeout_s=5,
+        system=System(stdout=out, stderr=err),
     )
     elapsed, err_text = time.monotonic() - start, err.getvalue().decode()
     assert code == 124, err_text[-3000:]
