@@ -224,3 +224,47 @@ def test_shardfeed_launch_refuses_a_host_without_the_credentials(tmp_path):
     assert done.stderr.startswith(
         "shardfeed launch: error: A multi-host job's credentials directory must hold"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        # A flipped byte in the certificate's body.
+        (lambda d: _flip(d / "worker.pem", 200), "fails verification"),
+        # Another job's key beside this job's certificate.
+        ("other-key", "worker.pem and worker.key are not a PEM certificate and its key"),
+        (lambda d: (d / "ca.pem").write_text("not a certificate\n"), "ca.pem is not a PEM CA"),
+        # Another job's CA: this certificate is not its.
+        ("other-ca", "a worker's certificate fails verification (CERTIFICATE_VERIFY_FAILED)"),
+    ],
+)
+def test_an_edited_or_corrupt_file_is_refused_naming_it(made, tmp_path, edit, reason):
+    copy = tmp_path / "copy"
+    copy.mkdir(mode=0o700)
+    for name in ("ca.pem", "worker.pem", "worker.key"):
+        (copy / name).write_bytes((Path(made.directory) / name).read_bytes())
+        os.chmod(copy / name, 0o600)
+    if edit in ("other-key", "other-ca"):
+        other = credentials.make_credentials(tmp_path / "other")
+        name = "worker.key" if edit == "other-key" else "ca.pem"
+        (copy / name).write_bytes((Path(other.directory) / name).read_bytes())
+    else:
+        edit(copy)
+    with pytest.raises(ValueError) as caught:
+        credentials.load_credentials(copy)
+    assert str(caught.value).startswith(
+        "A job's credentials directory must hold ca.pem, worker.pem and worker.key as "
+        "`shardfeed credentials` wrote them: a CA, a certificate it signed and that "
+        f"certificate's key. Received: SHARDFEED_MTLS_DIR={str(copy)!r} on host {HOST!r}: "
+    ), caught.value
+    assert reason in str(caught.value)
+    assert str(caught.value).endswith(
+        "Copy the job's directory again from where it was made (the same files on every host), "
+        "or make new credentials for every host."
+    )
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] = ord("A") if data[offset] != ord("A") else ord("B")
+    path.write_bytes(bytes(data))

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 import tempfile
@@ -173,6 +174,8 @@ def load_credentials(directory: str | os.PathLike[str]) -> Credentials:
             naming this host and the path.
         PermissionError: If the key is readable by others than its owner, or
             unreadable.
+        ValueError: If a file is not what it should be (corrupt, edited, or a
+            key that is not the certificate's).
     """
     host = socket.gethostname()
     base = Path(directory).absolute()
@@ -207,7 +210,71 @@ def load_credentials(directory: str | os.PathLike[str]) -> Credentials:
                     "Run the workers as the user who owns the credentials directory.",
                 )
             )
+    # A corrupt or edited file, or a key of another certificate, would reach JAX's
+    # native code, which aborts the process with a gRPC log line: name it here, by
+    # the handshake two workers will make (in memory, no socket).
+    problem = _handshake_problem(files[CA_FILE], files[CERT_FILE], files[KEY_FILE])
+    if problem is not None:
+        raise ValueError(
+            _errors.message(
+                f"A job's credentials directory must hold {CA_FILE}, {CERT_FILE} and "
+                f"{KEY_FILE} as `shardfeed credentials` wrote them: a CA, a certificate it "
+                "signed and that certificate's key.",
+                f"{MTLS_DIR_VARIABLE}={str(base)!r} on host {host!r}: {problem}",
+                "Copy the job's directory again from where it was made (the same files on "
+                "every host), or make new credentials for every host.",
+            )
+        )
     return Credentials(str(base), *(str(files[n]) for n in (CA_FILE, CERT_FILE, KEY_FILE)))
+
+
+def _handshake_problem(ca_file: Path, cert_file: Path, key_file: Path) -> str | None:
+    """Why two workers holding these files could not complete a mutual-TLS
+    handshake (each side checks the other's chain against the CA), or None."""
+    contexts = []
+    for side in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        context = ssl.SSLContext(side)
+        context.check_hostname = False  # the URI SAN stands in for the host name
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_verify_locations(ca_file)
+        except ssl.SSLError as err:
+            return f"{ca_file.name} is not a PEM CA certificate ({err.reason or err})"
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as err:
+            return (
+                f"{cert_file.name} and {key_file.name} are not a PEM certificate and its key "
+                f"({err.reason or err})"
+            )
+        contexts.append(context)
+    pipes = [(ssl.MemoryBIO(), ssl.MemoryBIO()) for _ in contexts]
+    server = contexts[0].wrap_bio(pipes[0][0], pipes[0][1], server_side=True)
+    client = contexts[1].wrap_bio(pipes[1][0], pipes[1][1])
+    done = [False, False]
+    for _ in range(10):  # a TLS 1.3 handshake takes 2-3 round trips
+        for index, end in enumerate((client, server)):
+            if done[index]:
+                continue
+            try:
+                end.do_handshake()
+                done[index] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError as err:
+                return f"a worker's certificate fails verification ({err.reason or err})"
+        # Carry each side's output to the other.
+        pipes[0][0].write(pipes[1][1].read())
+        pipes[1][0].write(pipes[0][1].read())
+        if all(done):
+            break
+    try:  # the server verifies the client's certificate after its last flight
+        server.read(1)
+    except ssl.SSLWantReadError:
+        pass
+    except ssl.SSLError as err:
+        return f"a worker's certificate fails verification ({err.reason or err})"
+    return None if all(done) else "the handshake did not complete"
 
 
 Security = Literal["loopback", "mtls", "insecure"]

@@ -160,11 +160,18 @@ def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str
         tasks = [("worker 0", config["cluster"]["worker"][0])]
     if tasks:
         address = tasks[0][1]
-        loopback = all(_is_loopback(a.rsplit(":", 1)[0]) for _, a in tasks)
+        task_hosts = {a.rsplit(":", 1)[0] for _, a in tasks}
+        loopback = all(_is_loopback(h) for h in task_hosts)
+        if len(task_hosts) == 1 and not loopback:
+            # Every process runs on this one host (mpirun -np N here: each rank
+            # announced the host's name): meet on loopback, open to no other host.
+            address, loopback = f"127.0.0.1:{address.rsplit(':', 1)[1]}", True
     elif launch_env.launcher == "slurm":
         port = _tf_config.slurm_port_base(environ)
         nodelist = environ.get("SLURM_STEP_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
         address, loopback = f"{first_slurm_host(nodelist)}:{port}", False
+        if environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "")).strip() == "1":
+            address, loopback = f"127.0.0.1:{port}", True  # a one-node step: as above
     else:
         raise ValueError(
             _errors.message(

@@ -168,6 +168,18 @@ def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
     assert coordinator == initialize.Coordinator("gpu07:9100", 4, 3, loopback=False)
     del environ["SHARDFEED_PORT_BASE"]
     assert initialize.coordinator_for(detect_launch_env(environ), environ).address == "gpu07:8888"
+    # A one-node step meets on loopback, reachable from no other host.
+    environ.update(SLURM_STEP_NODELIST="gpu07", SLURM_STEP_NUM_NODES="1")
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert coordinator == initialize.Coordinator("127.0.0.1:8888", 4, 3, loopback=True)
+
+
+def test_workers_that_all_name_one_host_meet_on_loopback():
+    """`mpirun -np 2` on one host: every rank announces the host's name; the job
+    needs no network, so it opens none (and needs no credentials)."""
+    environ = {"TF_CONFIG": _tf_config(1, ["node1:4001", "node1:4002"])}
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert coordinator == initialize.Coordinator("127.0.0.1:4001", 2, 1, loopback=True)
 
 
 @pytest.mark.parametrize(
