@@ -36,7 +36,13 @@ def _arrays(mode: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
 
 # One fit argument other on rank 1 per case; "same" last: after refusing
 # together the ranks are still in step.
-FIT_CASES = ["epochs", "steps_per_epoch", "validation_data", "steps_per_execution", "same"]
+# Then what `compile` set: another loss, a loss function of the same name with other
+# code, `run_eagerly` on rank 1 only (before: trained wrong without a word, or failed
+# later in a collective).
+FIT_CASES = [
+    "epochs", "steps_per_epoch", "validation_data", "steps_per_execution",
+    "loss", "loss_function", "run_eagerly", "same",
+]  # fmt: skip
 # Then one `evaluate` each: other steps per call, arrays on rank 1 only, the same;
 # then one `predict` each (before it compared nothing: the ranks ran other calls).
 EVALUATE_CASES = ["steps_per_execution", "arrays", "same"]
@@ -56,6 +62,9 @@ FIT_CASE_REFUSALS = [
     _CALL_REFUSAL + '`validation_data`: rank 0 has None, rank 1 has [{"rows": 100}, '
     '{"rows": 100}]. Pass the same',
     _CALL_REFUSAL + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
+    _CALL_REFUSAL + "`compile's loss`: rank 0 has 'mse', rank 1 has 'mae'. Pass the same",
+    _CALL_REFUSAL + "`compile's loss function`: rank 0 has '_compiled_for.<locals>.squared #",
+    _CALL_REFUSAL + "`compile's run_eagerly`: rank 0 has False, rank 1 has True. Pass the",
     "ok",
     _CALL_REFUSAL.replace("`fit`", "`evaluate`").replace("fit's", "evaluate's")
     + "`options.steps_per_execution`: rank 0 has 'auto', rank 1 has 2. Pass",
@@ -80,13 +89,29 @@ def assert_fit_case_outcomes(outcomes: list[str]) -> None:
     assert outcomes[0] == outcomes[1]
 
 
-def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int) -> list[str]:
+def _compiled_for(model, case: str, rank: int) -> None:
+    """Compiles `model` as `case` wants on this rank ("loss", "loss_function",
+    "run_eagerly": other on rank 1; anything else: the same everywhere)."""
+    import keras
+
+    factor = 2.0 if rank == 1 and case == "loss_function" else 1.0
+
+    def squared(y_true, y_pred):  # the same name on every rank, other code on rank 1
+        return factor * keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+    loss = {"loss": "mae" if rank == 1 else "mse", "loss_function": squared}.get(case, "mse")
+    model.compile(optimizer="sgd", loss=loss, run_eagerly=rank == 1 and case == "run_eagerly")
+
+
+def fit_setting_outcomes(shardfeed, model, dataset, x, y, rank: int, scope) -> list[str]:
     """What `fit` raised (or "ok") for each of `FIT_CASES`, then `evaluate`
     for each of `EVALUATE_CASES` and `predict` for each of `PREDICT_CASES`,
-    on this rank."""
+    on this rank (`scope`: the world's, where the model is compiled)."""
     outcomes = []
     for case in FIT_CASES:
         kwargs = {}
+        with scope():
+            _compiled_for(model, case, rank)
         if rank == 1 and case == "epochs":
             kwargs["epochs"] = 2
         elif rank == 1 and case == "steps_per_epoch":
@@ -136,7 +161,8 @@ def case_outcome(keras, shardfeed, world, task: str, mode: str, arg: str) -> str
             ds = shardfeed.ShardedResidentDataset(
                 x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy
             )
-            return "\n".join(fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank))
+            outcomes = fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank, world.scope)
+            return "\n".join(outcomes)
         if task == "data":
             if arg == "fit":
                 # "seed": another seed on rank 1, replicated (each rank draws its own

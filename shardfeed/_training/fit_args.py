@@ -18,6 +18,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import plain
+from shardfeed._data.agreement import function_fingerprint
 from shardfeed._training.arguments import start_call
 from shardfeed._training.options import FitOptions
 
@@ -121,9 +122,13 @@ def check_positional(dataset: Any, positional: tuple[Any, ...], dataset_type: ty
     """
     if positional:
         arrays = dataset is not None and not isinstance(dataset, dataset_type)
-        constraint, fix = _ARRAYS if arrays else (
-            "`shardfeed.fit` takes the model and the dataset by position, the rest by keyword.",
-            "Pass the rest by name, e.g. `epochs=5`.",
+        constraint, fix = (
+            _ARRAYS
+            if arrays
+            else (
+                "`shardfeed.fit` takes the model and the dataset by position, the rest by keyword.",
+                "Pass the rest by name, e.g. `epochs=5`.",
+            )
         )
         shown = (dataset, *positional) if arrays else positional
         received = ", ".join(_short(v) for v in shown)
@@ -236,9 +241,7 @@ def check_steps(initial_step: Any, steps_per_epoch: Any, data_steps: int) -> Non
         )
 
 
-def epochs_to_run(
-    epochs: object, initial_epoch: object, stacklevel: int = 3
-) -> tuple[int, int]:
+def epochs_to_run(epochs: object, initial_epoch: object, stacklevel: int = 3) -> tuple[int, int]:
     """`fit`'s `(epochs, initial_epoch)` checked, on both backends, with
     Keras' debugging cap (`keras.config.set_max_epochs`) and its warning.
 
@@ -381,7 +384,42 @@ def options_settings(model: keras.Model, options: Any) -> dict[str, Any]:
     else:
         described = {"options": options}
     described["compile's steps_per_execution"] = getattr(model, "steps_per_execution", 1)
+    described.update(compile_settings(model))
     return {name: plain(value) for name, value in described.items()}
+
+
+def compile_settings(model: keras.Model) -> dict[str, Any]:
+    """What `compile` set that decides each step's loss, updates and calls: its
+    serialized loss, metrics and optimizer (learning rate included), the code
+    of a loss function of the user's, `run_eagerly` and `jit_compile`. A rank
+    with another loss trained wrong without a word (TensorFlow) or failed only
+    at `predict`/`save` (JAX); `run_eagerly` on one rank only aborted (JAX) or
+    raised a raw collective error (TensorFlow)."""
+    try:
+        config = model.get_compile_config() or {}
+    except Exception:  # an object Keras cannot serialize: its type is compared
+        config = {"loss": getattr(model, "loss", None)}
+    described: dict[str, Any] = {
+        f"compile's {name}": _unnamed(value)
+        for name, value in config.items()
+        if name != "steps_per_execution"
+    }
+    loss = getattr(model, "loss", None)
+    if callable(loss) and not isinstance(loss, keras.losses.Loss):
+        described["compile's loss function"] = function_fingerprint(loss)
+    described["compile's run_eagerly"] = bool(getattr(model, "run_eagerly", False))
+    described["compile's jit_compile"] = getattr(model, "jit_compile", None)
+    return described
+
+
+def _unnamed(config: Any) -> Any:
+    """A serialized config without its "name" entries: Keras numbers generated
+    names per process (a second `Adam()` is "adam_1"), which decide nothing."""
+    if isinstance(config, dict):
+        return {k: _unnamed(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list | tuple):
+        return [_unnamed(v) for v in config]
+    return config
 
 
 def _data_shape(data: Any) -> Any:

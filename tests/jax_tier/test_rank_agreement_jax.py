@@ -35,7 +35,7 @@ model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 model.compile(optimizer="sgd", loss="mse")
 x, y = _arrays("same", world.rank)
 ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=50, seed=0)
-outcomes = fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank)
+outcomes = fit_setting_outcomes(shardfeed, model, ds, x, y, world.rank, world.scope)
 print("RESULT " + json.dumps("\\n".join(outcomes)))
 """
 
