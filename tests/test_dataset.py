@@ -95,7 +95,7 @@ def test_memory_check_runs_before_allocating():
         )
     assert str(err.value) == (
         "The resident data must fit in 50% of the free memory on /device:CPU:0 (the rest "
-        "is headroom for the model). Received: needed_bytes=40,000 (0.00 GiB), "
+        "is headroom for the model). Received: needed_bytes=44,000 (0.00 GiB), "
         "free_bytes=10,000 (0.00 GiB, from given), usable_bytes=5,000. Spread the rows "
         "over more replicas with placement='shard' (more GPUs or workers), store a "
         "compact dtype (e.g. uint8 images, float16 features) and cast in `transform`, "

@@ -30,6 +30,8 @@ def _rows_only(monkeypatch):
     # So are the host's index arrays that CPU devices count with the rows:
     # `test_cpu_devices_count_the_hosts_index_arrays` checks them.
     monkeypatch.setattr(_memory, "HOST_INDEX_BYTES_PER_ROW", 0)
+    # And each replica's positions (`test_the_positions_are_device_memory`).
+    monkeypatch.setattr(_memory, "POSITION_BYTES", 0)
 
 
 GIB = 1024**3
@@ -831,6 +833,26 @@ def test_one_replica_counts_the_rows_its_calls_gather_at_once():
     y = np.zeros(1000, np.int64)
     ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=256, shuffle=False)
     assert ds.memory_reports[0].needed_bytes == small.ranks[0].needed_bytes
+
+
+def test_the_positions_are_device_memory(monkeypatch):
+    """Each replica's int32 positions (steps x batch) live on its device, GPU
+    or CPU: the plan and the dataset count them (on a GPU they were left out)."""
+    monkeypatch.setattr(_memory, "POSITION_BYTES", 4)
+    monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: 10**9)
+    gpus = memory_plan(_data(1000), num_workers=1, replicas_per_worker=2,
+                       per_replica_batch_size=10)  # fmt: skip
+    assert gpus.ranks[0].needed_bytes == 500 * ROW_BYTES + 50 * 10 * 4
+    x = np.zeros((1000, 32), np.float32)
+    y = np.zeros(1000, np.int64)
+    ds = shardfeed.ShardedResidentDataset(
+        x, y, per_replica_batch_size=10, shuffle=False,
+        load_options=shardfeed.LoadOptions(device_memory_bytes=10**9, epoch_copy=False),
+    )  # fmt: skip
+    # Plus the rows one replica's calls gather at once (TensorFlow: here an epoch's;
+    # JAX gathers its batches from the rows).
+    gathered = 0 if os.environ.get("KERAS_BACKEND") == "jax" else 1000 * ROW_BYTES
+    assert ds.memory_reports[0].needed_bytes == 1000 * ROW_BYTES + gathered + 100 * 10 * 4
 
 
 def test_cpu_devices_count_the_hosts_index_arrays(monkeypatch):

@@ -121,10 +121,11 @@ def test_a_shard_that_does_not_fit_streams_automatically(caplog):
     # Two slots must fit in 5,000 bytes: 2 x 10 steps x 10 rows x 24 bytes = 4,800.
     assert ds.stream.chunk_rows == 100
     (record,) = caplog.records
-    # Resident, the rows (1,003 x 24 bytes) and the rows one replica's calls
-    # gather at once (the epoch's 101 steps of 10) would need 48,312 bytes.
+    # Resident, the rows (1,003 x 24 bytes), the rows one replica's calls gather
+    # at once and their positions (the epoch's 101 steps of 10, 4 bytes a slot)
+    # would need 52,352 bytes.
     assert record.getMessage() == (
-        "shardfeed: the shard does not fit (needed_bytes=48,312 (0.00 GiB), "
+        "shardfeed: the shard does not fit (needed_bytes=52,352 (0.00 GiB), "
         "free_bytes=5,000 (0.00 GiB, from given), usable_bytes=5,000); streaming it in "
         "chunks of 100 rows through two slots per replica."
     )

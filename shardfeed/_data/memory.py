@@ -21,11 +21,29 @@ from shardfeed._data.plan import ShardPlan
 HOST_RAM_SOURCE = "meminfo"
 
 # What the host keeps per row to index an epoch: the order, the layout of
-# moved rows, each row's slot and the positions, four int32 arrays. Where the
-# devices are the host's RAM (CPU devices) this is the same memory as the
-# rows, so it is counted with them; a GPU's memory holds none of it.
-# Measured beside 768 MiB of 260-byte rows: 9-23 bytes a row (both backends).
-HOST_INDEX_BYTES_PER_ROW = 16
+# moved rows and each row's slot (int32 or int64 arrays). Where the devices are
+# the host's RAM (CPU devices) this is the same memory as the rows, so it is
+# counted with them; on a GPU it is host RAM. With the positions below,
+# measured beside 768 MiB of 260-byte rows: 9-23 bytes a row (both backends).
+HOST_INDEX_BYTES_PER_ROW = 12
+# Each replica's epoch on its device: one int32 position per slot (JAX's
+# `positions`, TensorFlow's `[steps, batch]` index matrix), which the step
+# gathers its batch by. Device memory on a GPU too.
+POSITION_BYTES = 4
+
+
+def position_bytes(plan: ShardPlan) -> int:
+    """Bytes of one replica's positions for an epoch of `plan`: steps x batch,
+    the steps that take every row (an evaluation's; whether training drops the
+    remainder does not change what is allocated).
+
+    Example:
+        >>> from shardfeed._data.plan import plan_shards
+        >>> position_bytes(plan_shards(1001, 2, 10))
+        2040
+    """
+    steps = -(-plan.num_rows // plan.global_batch_size)
+    return steps * plan.per_replica_batch_size * POSITION_BYTES
 
 
 def on_host(device: str) -> bool:
@@ -46,7 +64,7 @@ def index_bytes_per_row(devices: Sequence[str], device_memory_bytes: int | None)
 
     Example:
         >>> index_bytes_per_row(["CPU:0", "CPU:1"], None), index_bytes_per_row(["GPU:0"], None)
-        (16, 0)
+        (12, 0)
     """
     on_ram = devices and all(map(on_host, devices)) and device_memory_bytes is None
     return HOST_INDEX_BYTES_PER_ROW if on_ram else 0

@@ -227,7 +227,7 @@ class _Setup:
         replicas = range(num_replicas)
         on_device = _memory.device_bytes(
             plan, replicas, [str(r) for r in replicas], row_bytes,
-            staged + _memory.call_rows_bytes(plan, row_bytes),
+            staged + _memory.call_rows_bytes(plan, row_bytes) + _memory.position_bytes(plan),
             _memory.HOST_INDEX_BYTES_PER_ROW if shared_host else 0,
         )
         host_bytes: dict[int, int] = {}

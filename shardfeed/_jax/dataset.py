@@ -505,8 +505,8 @@ def _choose_epoch_copy(
         copy_bytes += in_place
     elif exchange:  # the copy's all-to-all stages about twice the epoch's rows
         copy_bytes += _exchange.staging_rows(slots, plan.num_replicas) * row_bytes
-    # Without a copy: 4-byte positions per slot, and the in-place rounds' staging.
-    gather_bytes = slots * 4 + in_place
+    # Without a copy: the positions, and the in-place rounds' staging.
+    gather_bytes = _memory.position_bytes(plan) + in_place
     copy = options.epoch_copy
     if copy == "auto":
         # Measured faster only on CPU devices (W2: 0.34 s/epoch against 0.47);

@@ -128,9 +128,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             if exchanged
             else 0
         )
+        # Each replica's `[steps, batch]` index matrix of an epoch lives on its
+        # device (`order.py`, `exchange.py`): device memory on a GPU too.
+        plan = self.eval_plan
         needed = _memory.device_bytes(
-            self.eval_plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
-            staged + _memory.call_rows_bytes(self.eval_plan, row_bytes),
+            plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
+            staged + _memory.call_rows_bytes(plan, row_bytes) + _memory.position_bytes(plan),
             _memory.index_bytes_per_row(self.world.local_devices, opts.device_memory_bytes),
         )
         self.memory_reports = _memory.memory_reports(
