@@ -35,6 +35,7 @@ from shardfeed._distribute import credentials as _credentials
 from shardfeed._distribute import launch_env as _launch_env
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
+from shardfeed._jax import seeding as _seeding
 from shardfeed._jax import world as _world
 
 logger = logging.getLogger("shardfeed")
@@ -315,6 +316,13 @@ def init(
     multi-host job's chief logs once (logger "shardfeed", WARNING) what
     listens where, unauthenticated.
 
+    Seeding: with several processes, every model built afterwards starts
+    from the same values on every process, in a loop of your own too: Python's
+    `random` (where Keras' unseeded initializers draw their seeds) is seeded
+    with one seed, rank 0's draw, unless a process seeded Keras first
+    (`keras.utils.set_random_seed`, kept). NumPy's generator is left alone
+    (docs/custom_loops.md).
+
     Raises:
         ValueError: For an unknown or TensorFlow engine, horovodrun, launcher
             variables naming no coordinator, `cpu_devices` with GPUs, or a
@@ -410,6 +418,9 @@ def init(
             _world.ordered_devices(devices),
         )
     _world.remember_initialized(world)
+    # Every model built from here on starts alike on every process, in a loop
+    # of the user's own too (unless the user seeded Keras: theirs is kept).
+    _seeding.agree_keras_seed(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     _launch_env.record_exit_start()
     return world

@@ -15,6 +15,9 @@ def sync_model(model: keras.Model) -> int:
     `shardfeed.sync_model` (see its documentation). Call it on every process
     after building the model and its optimizer, before your loop reads
     `model.trainable_variables`, `non_trainable_variables` and
-    `optimizer.variables` into its state.
+    `optimizer.variables` into its state. Models built after
+    `shardfeed.init()` already start alike unless Keras was seeded per
+    process (`init` agrees Keras' seed, `_jax/seeding.py`); a model built
+    before `init()`, or seeded per rank, needs it.
     """
     return sync_variables(current_world(), model_variables(model))

@@ -185,3 +185,15 @@ def test_capacity_needs_a_limit_where_the_device_reports_none():
         "`--capacity-limit-bytes N` (e.g. 67108864 on a CPU) to stand in for it."
     )
 
+
+
+def test_the_custom_loop_cost_script_runs_every_variant():
+    """`python -m shardfeed._commands.bench.custom_loop_jax` (NOTES.md, "A user's
+    own JAX loop"): one round of each variant, at least one `scan` chunk."""
+    from _helpers_jax import run_python
+
+    code = "from shardfeed._commands.bench.custom_loop_jax import main; main()"
+    out = run_python(code, ["--rows", "3300", "--rounds", "1"]).stdout
+    for name in ("numpy", "resident", "batch-fn", "scan", "batches"):
+        assert f"{name} " in out and "ms/step min" in out, out
+    assert "103 steps of 32 rows an epoch" in out

@@ -92,3 +92,36 @@ def test_a_partial_exchange_across_two_processes(copy):
                 assert set(batch[3 * g : 3 * g + 3]) <= set(held[g].tolist())
     evaluated = np.concatenate(results[0]["evaluation"])
     np.testing.assert_array_equal(np.sort(evaluated), np.arange(103))
+
+
+REFUSED_STEP_CHILD = """
+import json, sys
+import jax
+port, pid = int(sys.argv[1]), int(sys.argv[2])
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                           process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
+                           initialization_timeout=60)
+import jax.numpy as jnp, numpy as np, shardfeed
+shardfeed.init()
+ds = shardfeed.ShardedResidentDataset(np.arange(90, dtype=np.float32), np.arange(90),
+                                      per_replica_batch_size=4, seed=2)
+epoch = ds.epoch(0)
+total = jax.jit(lambda arrays, i: jnp.sum(epoch.batch_fn(arrays, i).x))
+result = {"full": float(total(epoch.arrays, jnp.int32(0)))}
+try:
+    float(total(epoch.arrays, jnp.int32(epoch.full_steps)))
+except jax.errors.JaxRuntimeError as err:
+    result["refused"] = "must be a full step of the epoch" in str(err)
+print("RESULT " + json.dumps(result))
+"""
+
+
+def test_a_traced_step_past_the_full_steps_is_refused_on_both_processes():
+    """`batch_fn`'s check (a `pure_callback` on every device, `_jax/epoch.py`)
+    raises on each process, and both exit cleanly. Before, as a
+    `jax.debug.callback` (an effect), both raised too, but rank 0 then died
+    at exit with SIGABRT ("the JAX distributed service detected fatal
+    errors"), its caught refusal failing the job."""
+    results = run_jax_processes(REFUSED_STEP_CHILD)
+    assert results[0]["full"] == results[1]["full"]  # one global batch, 16 of the 90 rows
+    assert [r["refused"] for r in results] == [True, True]
