@@ -29,6 +29,7 @@ import jax
 from shardfeed._common import errors as _errors
 from shardfeed._common.ports import port_in_use
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
 from shardfeed._jax import world as _world
@@ -354,6 +355,7 @@ def init(
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     _launch_env.record_exit_start()
+    _progress.dump_stacks_on_request()
     return world
 
 
