@@ -620,8 +620,8 @@ OWN = progress_module.Position(4)
          "between its counted calls"),
         # Rank 1 stopped training early and ended its script; rank 0 trains on.
         ({0: FIT, 1: OWN}, (1,),
-         "worker rank(s) 1 made no progress for 5 s: they stand at their exit (done with the "
-         "script) while rank(s) 0 wait for them in shardfeed's fit"),
+         "worker rank(s) 1 made no progress for 5 s: they stand at their exit, done with the "
+         "script while rank(s) 0 wait for them in shardfeed's fit"),
         # Rank 0 never left call 4 (asleep in it after its collectives); rank 1 passed it.
         ({0: CALL, 1: FIT}, (),
          "worker rank(s) 0 made no progress for 5 s: they stand inside shardfeed call 4 (a "

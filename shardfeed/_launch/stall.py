@@ -34,7 +34,7 @@ def _describe(position: Position, at_exit: bool) -> str:
     if position.where == IN_CALLBACK:
         return f"in the callback hook {position.label}"
     if at_exit:
-        return "at their exit (done with the script)"
+        return "at their exit, done with the script"
     return "in their own code, outside shardfeed's calls"
 
 

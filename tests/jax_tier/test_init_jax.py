@@ -369,6 +369,7 @@ def test_sys_exit_on_one_jax_worker_ends_with_its_status_within_the_shutdown_tim
 # while rank 0 waits in the next call of `fit`; rank 1 before `fit` while rank 0
 # waits in the ranks' agreement on its arguments; rank 1 in `on_epoch_end` while
 # rank 0 waits in the next epoch's opening (a collective between counted calls);
+# rank 1 at its exit while rank 0 waits in `iterator(model=)`, called there alone;
 # inside a compiled step, in an `io_callback` (JAX runs it on the first device,
 # rank 0's), while rank 1 waits inside the same call.
 STUCK_JOB = r"""
@@ -413,6 +414,11 @@ class Stuck(keras.callbacks.Callback):
 if world.rank == 1 and where == "before-fit":
     print("stuck", flush=True)
     time.sleep(10**6)
+if where == "iterator":  # a collective called on rank 0 only; rank 1 ends its script
+    if world.rank == 0:
+        print("stuck", flush=True)
+        ds.iterator(model=model)
+    sys.exit(0)
 shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[Stuck()],
               options=shardfeed.FitOptions(steps_per_execution=1))
 """
@@ -436,6 +442,10 @@ shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[Stuck()],
          "worker rank(s) 1 made no progress for 5 s: they stand in the callback hook "
          "on_epoch_end while rank(s) 0 wait for them in shardfeed's fit, in a collective "
          "between its counted calls"),
+        # Used to run into the launch's timeout: the model check was no counted call.
+        ("iterator", 0,
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 0 while "
+         "rank(s) 0 wait for them in call 1 (at their exit, done with the script)"),
         ("step", 0,
          "worker rank(s) 0, 1 made no progress for 5 s: every one stands inside shardfeed "
          "call 4 (a compiled train call): a rank stuck inside the call"),
