@@ -55,6 +55,7 @@ class FakeProcess:
         stages=(),
         progress=None,
         where=(progress_module.OWN_CODE, ""),
+        stopped_at=0,
         stacks=None,
         exit_began_ns=None,
     ):
@@ -82,11 +83,13 @@ class FakeProcess:
         if progress is not None:
             progress_module._progress[:] = [None, 0]  # as a fresh worker process
             progress_module._where[:] = where
+            progress_module._stopped_at[:] = [stopped_at]
             for _ in range(progress):
                 progress_module.report_progress(self.env)
             os.close(progress_module._progress[0])
             progress_module._progress[:] = [None, 0]
             progress_module._where[:] = [progress_module.OWN_CODE, ""]
+            progress_module._stopped_at[:] = [0]
         # What it writes when asked for its Python stacks (None: no handler).
         self.stacks = stacks
 
@@ -641,6 +644,45 @@ OWN = progress_module.Position(4)
 )  # fmt: skip
 def test_the_watch_names_the_ranks_the_others_wait_for(positions, exiting, named):
     assert named in stall.explain(positions, exiting, 5, _names)
+
+
+def test_a_rank_that_stopped_training_alone_is_named_when_another_fails(script):
+    # Rank 0's callback set `model.stop_training` after call 4; rank 1 trained
+    # on, and its next collective failed first (TensorFlow: "Collective
+    # instance 124 expected type 0 ..."). Used to name rank 1 only.
+    fake = FakeSystem(
+        {0: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": 5,
+             "stopped_at": 4},
+         1: {"exit_after_s": 0.05, "code": 1, "stages": ("arrived", "initialized"),
+             "progress": 5}}
+    )  # fmt: skip
+    code = _launch.run(script, num_workers=2, grace_s=30, system=fake.system)
+    assert code == 1
+    text = fake.messages()
+    assert "shardfeed launch: worker rank 1 exited with code 1; stopping the other 1" in text
+    assert (
+        "shardfeed launch: The cause: rank(s) 0 stopped training at shardfeed "
+        "call 4 (a callback set `model.stop_training` there) while rank(s) 1 trained on, so the "
+        "ranks ran different collectives. Set `model.stop_training` alike on every rank: "
+        "decide from the logs, which every rank shares, in a callback that runs on every "
+        "rank." in text
+    )
+
+
+@pytest.mark.parametrize(
+    "stops, named",
+    [
+        ((4, 0), "rank(s) 0 stopped training at shardfeed call 4"),
+        ((0, 7, 0), "rank(s) 1 stopped training at shardfeed call 7 "),
+        ((4, 9), "rank(s) 0 stopped training at shardfeed call 4"),  # the first to stop
+        ((4, 4), None),  # every rank stopped alike (EarlyStopping on the shared logs)
+        ((0, 0), None),  # none stopped
+    ],
+)
+def test_a_rank_that_stops_training_alone_is_told_apart(stops, named):
+    positions = {i: progress_module.Position(9, stopped_at=s) for i, s in enumerate(stops)}
+    got = stall.stopped_alone(positions, _names)
+    assert got is None if named is None else named in got
 
 
 @pytest.mark.parametrize(

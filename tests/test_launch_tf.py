@@ -46,7 +46,8 @@ LAUNCH_TIMEOUT_S = 400.0
 # "before-fit" (sleep after building the dataset, while the others enter `fit`),
 # "epoch-end" (sleep in `on_epoch_end`, while the others open the next epoch) or
 # "step" (sleep in a `tf.py_function` inside the third compiled step, while the
-# others wait in that step's allreduce).
+# others wait in that step's allreduce) or "stop-early" (set `model.stop_training`
+# after step 1, on that rank alone).
 WORKER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -92,6 +93,8 @@ class Stuck(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if modes[rank] == "stuck" and batch == 1:  # alive, outside the next call's collective
             time.sleep(3600)
+        if modes[rank] == "stop-early" and batch == 1:  # this rank alone leaves `fit`
+            self.model.stop_training = True
 
 if modes[rank] == "before-fit":  # alive, outside fit's first collective (its arguments')
     time.sleep(3600)
@@ -324,4 +327,28 @@ def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, n
     assert "timed out after" not in text
     assert "still running" not in text  # SIGTERM ended both, rank 0 inside a collective
     assert time.monotonic() - start < WAIT_S
+    _assert_all_gone(tmp_path)
+
+
+def test_a_rank_that_stops_training_alone_is_named(worker, tmp_path):
+    # Rank 0 leaves `fit` after step 1 (the epoch's sync check next) while rank
+    # 1 trains on: their collectives differ and TensorFlow fails rank 1 first
+    # ("Collective instance 124 expected type 0 ..."). Used to name rank 1 only.
+    err = io.BytesIO()
+    code = _launch.run(
+        worker,
+        num_workers=2,
+        args=[tmp_path, "stop-early", "train"],
+        grace_s=GRACE_S,
+        timeout_s=WAIT_S,
+        progress_timeout_s=5.0,
+        env=_env(),
+        system=System(stdout=io.BytesIO(), stderr=err),
+    )
+    text = err.getvalue().decode()
+    assert code not in (0, 124), text[-3000:]
+    assert (
+        "rank(s) 0 stopped training at shardfeed call 3 (a callback set `model.stop_training` "
+        "there) while rank(s) 1 trained on, so the ranks ran different collectives." in text
+    ), text[-3000:]
     _assert_all_gone(tmp_path)

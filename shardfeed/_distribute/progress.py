@@ -5,7 +5,7 @@ Each worker under `shardfeed launch` keeps one small file,
 (`report_progress`) and where it stands now (`Position.where`): inside one of
 those calls (`call`), in `fit`/`evaluate`/`predict` between them (`in_api`), in
 a Keras callback hook that shardfeed runs (`in_callback`), or in its own code.
-Each change is one `pwrite` of 64 bytes at offset 0. On SIGUSR2 the worker
+Each change is one `pwrite` of 84 bytes at offset 0. On SIGUSR2 the worker
 writes its Python stacks to `stacks<rank>` (`faulthandler`, which works while
 the main thread is blocked in native code). The launcher reads both
 (`shardfeed._launch.process`); nothing here runs outside `shardfeed launch`.
@@ -36,7 +36,9 @@ IN_CALL = "C"  # inside a counted call: a compiled call, a collective
 IN_CALLBACK = "B"  # in a Keras callback hook run by `fit`/`evaluate`
 _F = TypeVar("_F", bound=Callable[..., Any])
 _LABEL_BYTES = 40
-_RECORD = b"%20d %s %-40s"  # count, where, label: 63 bytes, each write replaces the last
+# calls, where, label, the call count when `fit` was told to stop (0: not):
+# 84 bytes, each write replaces the last.
+_RECORD = b"%20d %s %-40s %20d"
 
 
 class Position(NamedTuple):
@@ -47,11 +49,14 @@ class Position(NamedTuple):
         where: `OWN_CODE`, `IN_API`, `IN_CALL` or `IN_CALLBACK`.
         label: What it is in: the call (e.g. "fit's train call"), the API
             ("fit") or the callback hook ("on_epoch_end"); "" in its own code.
+        stopped_at: `calls` when a callback of its latest `fit` set
+            `model.stop_training` (0: none did).
     """
 
     calls: int
     where: str = OWN_CODE
     label: str = ""
+    stopped_at: int = 0
 
 
 # This process's file ([descriptor, calls reported]); [None, 0] before the
@@ -59,6 +64,7 @@ class Position(NamedTuple):
 _progress: list[int | None] = [None, 0]
 # Where this process stands now: [where, label].
 _where: list[str] = [OWN_CODE, ""]
+_stopped_at: list[int] = [0]  # see `Position.stopped_at`
 
 
 def _descriptor(environ: Mapping[str, str] | None) -> int:
@@ -83,7 +89,8 @@ def _write(environ: Mapping[str, str] | None = None) -> None:
         return
     label = _where[1].encode("ascii", "replace")[:_LABEL_BYTES]
     try:
-        os.pwrite(fd, _RECORD % (_progress[1], _where[0].encode(), label), 0)
+        record = _RECORD % (_progress[1], _where[0].encode(), label, _stopped_at[0])
+        os.pwrite(fd, record, 0)
     except OSError:
         _progress[0] = -1
 
@@ -97,7 +104,7 @@ def report_progress(environ: Mapping[str, str] | None = None) -> None:
     a collective across the ranks, so in a healthy job the counts move
     together: ranks whose count stays behind the others' for the launcher's
     `--progress-timeout-s` are stuck outside the collective the others wait
-    in. One `pwrite` of 63 bytes; nothing outside `shardfeed launch`.
+    in. One `pwrite` of 84 bytes; nothing outside `shardfeed launch`.
 
     Args:
         environ: Environment to read on the first report (default: `os.environ`).
@@ -152,17 +159,30 @@ def in_callback(hook: str) -> contextlib.AbstractContextManager[None]:
     return _standing(IN_CALLBACK, hook)
 
 
+def record_stop(stopped: bool) -> None:
+    """Records that a callback set `model.stop_training` in this `fit` (at
+    the current call count), or clears it (`stopped=False`, as `fit`
+    starts). A rank that stops alone leaves the others in collectives it
+    never joins: the launcher names it from this."""
+    value = int(_progress[1]) if stopped else 0  # type: ignore[arg-type]
+    if value != _stopped_at[0]:
+        _stopped_at[0] = value
+        _write()
+
+
 def read_position(path: str) -> Position | None:
     """The `Position` in a progress file, or None if unreadable (a file
     holding only a count, as older workers wrote, stands in its own code)."""
     try:
         with open(path, "rb") as progress_file:
-            data = progress_file.read(64)
+            data = progress_file.read(96)
         count = int(data[:20])
+        stopped_at = int(data[64:84] or 0)
     except (OSError, ValueError):
         return None
     where = data[21:22].decode("ascii", "replace") or OWN_CODE
-    return Position(count, where, data[23:].decode("ascii", "replace").strip())
+    label = data[23:63].decode("ascii", "replace").strip()
+    return Position(count, where, label, stopped_at)
 
 
 _stacks_file: list[IO[str]] = []  # kept open: faulthandler writes to its descriptor

@@ -226,11 +226,20 @@ class _Supervisor:
         why = stall.explain(positions, exiting, watch.progress_timeout_s, self.rank_names)
         if why is None:
             return None
+        cause = self.stopped_alone()
         return (
             f"{why}. Stopping {len(running)} worker(s); raise --progress-timeout-s if that "
             "only takes longer (chief-only work such as saving, one long compiled call), or "
-            "pass 'none'."
+            "pass 'none'." + ("" if cause is None else f" The cause: {cause}")
         )
+
+    def stopped_alone(self) -> str | None:
+        """`stall.stopped_alone` over every worker's last position (an exited
+        one's file stays)."""
+        if self.startup is None:
+            return None
+        positions = self.startup.positions(range(len(self.workers)))
+        return stall.stopped_alone(positions, self.rank_names)
 
     def report_stacks(self) -> None:
         """Asks the running workers that finished `shardfeed.init()` for their
@@ -329,6 +338,9 @@ class _Supervisor:
                 else:
                     text += "."
                 self.say(text)
+                cause = self.stopped_alone()
+                if cause is not None:
+                    self.say(f"The cause: {cause}")
                 self.signal_running(signal.SIGTERM)
                 stop_deadline = time.monotonic() + self.grace_s
             if not any(w.running for w in self.workers):

@@ -109,3 +109,29 @@ def explain(
             f"{_where(every - stuck, positions, exiting, names)}"
         )
     return f"worker rank(s) {names(stuck)} made no progress for {timeout_s:g} s: {text}"
+
+
+def stopped_alone(
+    positions: Mapping[int, Position], names: Callable[[set[int]], str]
+) -> str | None:
+    """Which ranks left `fit` on `model.stop_training` while others trained
+    on (`Position.stopped_at` differs): the others then wait in, or fail in,
+    collectives those ranks never join, and the first rank to fail is often
+    one that trained on. None when every rank stopped alike, or none did.
+
+    Example:
+        >>> stopped_alone({0: Position(5, stopped_at=4), 1: Position(5)}, names)
+        "rank(s) 0 stopped training at shardfeed call 4 (a callback set ..."
+    """
+    stops = {i: p.stopped_at for i, p in positions.items()}
+    if len(set(stops.values())) < 2:
+        return None
+    first = min(v for v in stops.values() if v)
+    stopped = {i for i, v in stops.items() if v == first}
+    return (
+        f"rank(s) {names(stopped)} stopped training at shardfeed call {first} (a callback set "
+        f"`model.stop_training` there) while rank(s) {names(set(stops) - stopped)} trained on, "
+        "so the ranks ran different collectives. Set `model.stop_training` alike on every "
+        "rank: decide from the logs, which every rank shares, in a callback that runs on "
+        "every rank."
+    )

@@ -135,14 +135,23 @@ def fit_params(
 
 class _Watched(keras.callbacks.CallbackList):
     """Keras' `CallbackList` that tells `shardfeed launch`'s progress watch
-    which hook it is in: a rank stuck in a callback while the others wait in
-    shardfeed's next collective is named as such."""
+    which hook it is in (a rank stuck in a callback while the others wait in
+    shardfeed's next collective is named as such), and when a hook set
+    `model.stop_training` (a rank that stops alone is named)."""
+
+
+_MAY_STOP = ("on_train_batch_end", "on_epoch_end")  # `fit` checks `stop_training` after them
 
 
 def _watched(hook: str) -> Callable[..., Any]:
     def run(self: _Watched, *args: Any, **kwargs: Any) -> Any:
+        if hook == "on_train_begin":
+            _progress.record_stop(False)
         with _progress.in_callback(hook):
-            return getattr(keras.callbacks.CallbackList, hook)(self, *args, **kwargs)
+            result = getattr(keras.callbacks.CallbackList, hook)(self, *args, **kwargs)
+        if hook in _MAY_STOP and getattr(self.model, "stop_training", False):
+            _progress.record_stop(True)  # `fit` leaves its loop here
+        return result
 
     run.__name__ = hook
     return run
