@@ -25,7 +25,8 @@ import pytest
 from shardfeed import _launch
 from shardfeed._common.ports import PortReservation, free_port
 from shardfeed._distribute import launch_env
-from shardfeed._launch import cli, delegate, local, multihost, netns, process
+from shardfeed._distribute import progress as progress_module
+from shardfeed._launch import cli, delegate, local, multihost, netns, process, stall
 from shardfeed._launch import lines as lines_module
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
@@ -53,6 +54,9 @@ class FakeProcess:
         out=b"",
         stages=(),
         progress=None,
+        where=(progress_module.OWN_CODE, ""),
+        stopped_at=0,
+        stacks=None,
         exit_began_ns=None,
     ):
         self.pid = pid
@@ -74,19 +78,31 @@ class FakeProcess:
         if exit_began_ns is not None:
             rank = self.env["SHARDFEED_RANK"]
             Path(self.env["SHARDFEED_READY_DIR"], f"exiting{rank}").write_text(str(exit_began_ns))
-        # How many shardfeed calls the worker reported before it stopped moving.
+        # How many shardfeed calls the worker reported before it stopped
+        # moving, and where it stands (`progress.Position`).
         if progress is not None:
-            launch_env._progress[:] = [None, 0]  # as a fresh worker process
+            progress_module._progress[:] = [None, 0]  # as a fresh worker process
+            progress_module._where[:] = where
+            progress_module._stopped_at[:] = [stopped_at]
             for _ in range(progress):
-                launch_env.report_progress(self.env)
-            os.close(launch_env._progress[0])
-            launch_env._progress[:] = [None, 0]
+                progress_module.report_progress(self.env)
+            os.close(progress_module._progress[0])
+            progress_module._progress[:] = [None, 0]
+            progress_module._where[:] = [progress_module.OWN_CODE, ""]
+            progress_module._stopped_at[:] = [0]
+        # What it writes when asked for its Python stacks (None: no handler).
+        self.stacks = stacks
 
     def exited(self) -> bool:
         return self.exit_at is not None and time.monotonic() >= self.exit_at
 
     def receive(self, signum: int) -> None:
         if self.exited():
+            return
+        if signum == progress_module.STACKS_SIGNAL:  # faulthandler's: the worker lives on
+            if self.stacks is not None:
+                rank = self.env["SHARDFEED_RANK"]
+                Path(self.env["SHARDFEED_READY_DIR"], f"stacks{rank}").write_text(self.stacks)
             return
         if signum == signal.SIGKILL or signum not in self.ignores:
             self.code, self.exit_at = -signum, time.monotonic()
@@ -531,9 +547,15 @@ def test_startup_timeout_only_when_someone_waits(script, stages):
 def test_a_rank_behind_the_others_is_named_and_the_launch_stopped(script):
     # Rank 1 reported 5 calls and stands still (stuck in a callback); ranks 0
     # and 2 entered call 6, the collective it never joins.
+    stacks = (
+        'Thread 0x01 (most recent call first):\n  File "train.py", line 9 in on_train_batch_end\n'
+    )
     fake = FakeSystem(
-        {r: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": n}
-         for r, n in ((0, 6), (1, 5), (2, 6))}
+        {r: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": n,
+             "where": where, "stacks": stacks if r == 1 else ""}
+         for r, n, where in ((0, 6, ("C", "a compiled train call")),
+                             (1, 5, ("B", "on_train_batch_end")),
+                             (2, 6, ("C", "a compiled train call")))}
     )  # fmt: skip
     start = time.monotonic()
     code = _launch.run(
@@ -544,11 +566,137 @@ def test_a_rank_behind_the_others_is_named_and_the_launch_stopped(script):
     text = fake.messages()
     assert (
         "shardfeed launch: worker rank(s) 1 made no progress for 0.2 s: they stand at shardfeed "
-        "call 5 while rank(s) 0, 2 wait for them in call 6 (a rank stuck outside the "
-        "collective, e.g. in a callback or its own code). Stopping 3 worker(s); raise "
-        "--progress-timeout-s if that rank only works longer, or pass 'none'." in text
+        "call 5 while rank(s) 0, 2 wait for them in call 6 (in the callback hook "
+        "on_train_batch_end). Stopping 3 worker(s); raise --progress-timeout-s if that only "
+        "takes longer (chief-only work such as saving, one long compiled call), or pass "
+        "'none'." in text
     )
-    assert all((p.pid, signal.SIGTERM) in fake.signals for p in fake.processes)
+    # Where each rank stood, from its own stacks (faulthandler on SIGUSR2), before SIGTERM.
+    assert (
+        "shardfeed launch: Python stacks of worker rank 1 (most recent call first):\n"
+        '[rank 1] Thread 0x01 (most recent call first):\n'
+        '[rank 1]   File "train.py", line 9 in on_train_batch_end\n' in text
+    )
+    for p in fake.processes:
+        asked, stopped = (p.pid, signal.SIGUSR2), (p.pid, signal.SIGTERM)
+        assert asked in fake.signals and stopped in fake.signals
+        assert fake.signals.index(asked) < fake.signals.index(stopped)
+
+
+def test_every_rank_inside_one_call_is_a_stall(script):
+    # Rank 1 sleeps in a py_function inside compiled call 4; rank 0 waits in
+    # that call's allreduce. The counts agree: only the time inside says so.
+    fake = FakeSystem(
+        {r: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": 4,
+             "where": ("C", "a compiled train call")}
+         for r in (0, 1)}
+    )  # fmt: skip
+    code = _launch.run(
+        script, num_workers=2, progress_timeout_s=0.2, grace_s=30, system=fake.system
+    )
+    assert code == 124
+    assert (
+        "shardfeed launch: worker rank(s) 0, 1 made no progress for 0.2 s: every one stands "
+        "inside shardfeed call 4 (a compiled train call): a rank stuck inside the call (a "
+        "py_function or io_callback that never returns, a collective that never completes; "
+        "see each rank's stacks below), or a call that takes longer than that. Stopping 2 "
+        "worker(s);" in fake.messages()
+    )
+
+
+def _names(indexes):
+    return ", ".join(str(i) for i in sorted(indexes))
+
+
+FIT = progress_module.Position(4, "A", "fit")
+CALL = progress_module.Position(4, "C", "a compiled train call")
+OWN = progress_module.Position(4)
+
+
+@pytest.mark.parametrize(
+    "positions, exiting, named",
+    [
+        # Rank 1 in a callback at an epoch's end; rank 0 opened the next epoch (a collective).
+        ({0: FIT, 1: progress_module.Position(4, "B", "on_epoch_end")}, (),
+         "worker rank(s) 1 made no progress for 5 s: they stand in the callback hook "
+         "on_epoch_end while rank(s) 0 wait for them in shardfeed's fit, in a collective "
+         "between its counted calls"),
+        # Rank 1 stopped training early and ended its script; rank 0 trains on.
+        ({0: FIT, 1: OWN}, (1,),
+         "worker rank(s) 1 made no progress for 5 s: they stand at their exit, done with the "
+         "script while rank(s) 0 wait for them in shardfeed's fit"),
+        # Rank 0 never left call 4 (asleep in it after its collectives); rank 1 passed it.
+        ({0: CALL, 1: FIT}, (),
+         "worker rank(s) 0 made no progress for 5 s: they stand inside shardfeed call 4 (a "
+         "compiled train call) while rank(s) 1 wait for them in shardfeed's fit"),
+        # The chief saves alone (its own code) while the others wait in the next fit.
+        ({0: progress_module.Position(3), 1: progress_module.Position(4, "C", "fit's agreement"),
+          2: progress_module.Position(4, "C", "fit's agreement")}, (),
+         "worker rank(s) 0 made no progress for 5 s: they stand at shardfeed call 3 while "
+         "rank(s) 1, 2 wait for them in call 4 (in their own code, outside shardfeed's calls)"),
+        # Waiting ranks in different places: each group named.
+        ({0: FIT, 1: CALL, 2: OWN}, (),
+         "worker rank(s) 2 made no progress for 5 s: they stand in their own code, outside "
+         "shardfeed's calls while rank(s) 0, 1 wait for them in several places: rank(s) 0 in "
+         "shardfeed's fit, in a collective between its counted calls; rank(s) 1 inside "
+         "shardfeed call 4"),
+    ],
+)  # fmt: skip
+def test_the_watch_names_the_ranks_the_others_wait_for(positions, exiting, named):
+    assert named in stall.explain(positions, exiting, 5, _names)
+
+
+def test_a_rank_that_stopped_training_alone_is_named_when_another_fails(script):
+    # Rank 0's callback set `model.stop_training` after call 4; rank 1 trained
+    # on, and its next collective failed first (TensorFlow: "Collective
+    # instance 124 expected type 0 ..."). Used to name rank 1 only.
+    fake = FakeSystem(
+        {0: {"exit_after_s": None, "stages": ("arrived", "initialized"), "progress": 5,
+             "stopped_at": 4},
+         1: {"exit_after_s": 0.05, "code": 1, "stages": ("arrived", "initialized"),
+             "progress": 5}}
+    )  # fmt: skip
+    code = _launch.run(script, num_workers=2, grace_s=30, system=fake.system)
+    assert code == 1
+    text = fake.messages()
+    assert "shardfeed launch: worker rank 1 exited with code 1; stopping the other 1" in text
+    assert (
+        "shardfeed launch: The cause: rank(s) 0 stopped training at shardfeed "
+        "call 4 (a callback set `model.stop_training` there) while rank(s) 1 trained on, so the "
+        "ranks ran different collectives. Set `model.stop_training` alike on every rank: "
+        "decide from the logs, which every rank shares, in a callback that runs on every "
+        "rank." in text
+    )
+
+
+@pytest.mark.parametrize(
+    "stops, named",
+    [
+        ((4, 0), "rank(s) 0 stopped training at shardfeed call 4"),
+        ((0, 7, 0), "rank(s) 1 stopped training at shardfeed call 7 "),
+        ((4, 9), "rank(s) 0 stopped training at shardfeed call 4"),  # the first to stop
+        ((4, 4), None),  # every rank stopped alike (EarlyStopping on the shared logs)
+        ((0, 0), None),  # none stopped
+    ],
+)
+def test_a_rank_that_stops_training_alone_is_told_apart(stops, named):
+    positions = {i: progress_module.Position(9, stopped_at=s) for i, s in enumerate(stops)}
+    got = stall.stopped_alone(positions, _names)
+    assert got is None if named is None else named in got
+
+
+@pytest.mark.parametrize(
+    "positions, exiting",
+    [
+        ({0: OWN, 1: OWN}, ()),  # every rank in its own code: evaluating, saving
+        ({0: OWN, 1: OWN}, (1,)),  # one rank done: the other works on alone (chief-only work)
+        ({0: progress_module.Position(4, "B", "on_epoch_end"), 1: OWN}, ()),  # no rank waits
+        ({0: FIT, 1: FIT}, ()),  # every rank in fit between calls: opening an epoch, exchanging
+        ({0: FIT}, ()),  # one worker left
+    ],
+)
+def test_the_watch_leaves_work_on_every_rank_alone(positions, exiting):
+    assert stall.explain(positions, exiting, 5, _names) is None
 
 
 @pytest.mark.parametrize(

@@ -42,8 +42,12 @@ WAIT_S = 100.0  # every wait ends before the grace period would
 LAUNCH_TIMEOUT_S = 400.0
 
 # argv: out_dir, then one mode per rank: "train" (train until stopped),
-# "hang" (never reach shardfeed.init()), "stuck" (sleep in a callback after step 1) or
-# "before-fit" (sleep after building the dataset, while the others enter `fit`).
+# "hang" (never reach shardfeed.init()), "stuck" (sleep in a callback after step 1),
+# "before-fit" (sleep after building the dataset, while the others enter `fit`),
+# "epoch-end" (sleep in `on_epoch_end`, while the others open the next epoch) or
+# "step" (sleep in a `tf.py_function` inside the third compiled step, while the
+# others wait in that step's allreduce) or "stop-early" (set `model.stop_training`
+# after step 1, on that rank alone).
 WORKER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -54,13 +58,26 @@ if modes[rank] == "hang":
     time.sleep(3600)
 import keras, numpy as np, shardfeed
 world = shardfeed.init()
+import tensorflow as tf
 address = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][rank]
 (out / f"port{rank}").write_text(address.rsplit(":", 1)[1])
 rng = np.random.default_rng(0)
 x = rng.normal(size=(256, 4)).astype("float32")
 y = x.sum(axis=1, keepdims=True)
+
+def nap():
+    nap.calls = getattr(nap, "calls", 0) + 1
+    if modes[rank] == "step" and nap.calls == 3:  # alive, inside the compiled call
+        time.sleep(3600)
+    return np.float32(0)
+
+class Nap(keras.layers.Layer):
+    def call(self, x):
+        return x + tf.ensure_shape(tf.py_function(nap, [], tf.float32), [])
+
 with world.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    layers = [Nap()] if "step" in modes else []  # the same model on every rank
+    model = keras.Sequential([keras.Input((4,)), *layers, keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     train = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
 
@@ -68,17 +85,22 @@ class Mark(keras.callbacks.Callback):
     shardfeed_all_ranks = True
     def on_epoch_end(self, epoch, logs=None):
         (out / f"epoch{rank}").write_text(str(epoch))
+        if modes[rank] == "epoch-end":  # alive, outside the next epoch's collectives
+            time.sleep(3600)
 
 class Stuck(keras.callbacks.Callback):
     shardfeed_all_ranks = True
     def on_train_batch_end(self, batch, logs=None):
         if modes[rank] == "stuck" and batch == 1:  # alive, outside the next call's collective
             time.sleep(3600)
+        if modes[rank] == "stop-early" and batch == 1:  # this rank alone leaves `fit`
+            self.model.stop_training = True
 
 if modes[rank] == "before-fit":  # alive, outside fit's first collective (its arguments')
     time.sleep(3600)
 shardfeed.fit(model, train, epochs=100000, callbacks=[Mark(), Stuck()], verbose=0,
-              options=shardfeed.FitOptions(steps_per_execution=1))
+              options=shardfeed.FitOptions(steps_per_execution=1,
+                                           jit_compile=False if layers else "auto"))
 """
 
 # The launcher in its own process, so the test can signal it.
@@ -259,15 +281,28 @@ def test_busy_port_without_isolation_is_named_at_once(worker, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(
-    ("mode", "calls"),
+    ("mode", "named"),
     [
-        ("stuck", (3, 4)),
+        ("stuck",
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 3 while "
+         "rank(s) 0 wait for them in call 4 (in the callback hook on_train_batch_end)"),
         # Used to run into the launch's timeout: the ranks' agreement on fit's
         # arguments is a collective but counted no call, so both stood at 0.
-        ("before-fit", (0, 1)),
+        ("before-fit",
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 0 while "
+         "rank(s) 0 wait for them in call 1 (in their own code, outside shardfeed's calls)"),
+        # These two used to run into the launch's timeout: every rank's count
+        # stood still and agreed.
+        ("epoch-end",
+         "worker rank(s) 1 made no progress for 5 s: they stand in the callback hook "
+         "on_epoch_end while rank(s) 0 wait for them in shardfeed's fit, in a collective "
+         "between its counted calls"),
+        ("step",
+         "worker rank(s) 0, 1 made no progress for 5 s: every one stands inside shardfeed "
+         "call 4 (a compiled train call): a rank stuck inside the call"),
     ],
-)
-def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, calls):
+)  # fmt: skip
+def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, named):
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
@@ -282,11 +317,38 @@ def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, c
     )
     text = err.getvalue().decode()
     assert code == 124, text[-3000:]
-    assert (
-        f"worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call {calls[0]} "
-        f"while rank(s) 0 wait for them in call {calls[1]}" in text
-    ), text[-3000:]
+    assert f"shardfeed launch: {named}" in text, text[-3000:]
+    # Where each rank stood, from its own stacks, before they were stopped.
+    for rank in (0, 1):
+        assert f"shardfeed launch: Python stacks of worker rank {rank} " in text
+    sleeping = {"stuck": "on_train_batch_end", "epoch-end": "on_epoch_end", "step": "nap"}
+    if mode in sleeping:
+        assert f"in {sleeping[mode]}\n" in text  # the sleeping rank's frame
     assert "timed out after" not in text
     assert "still running" not in text  # SIGTERM ended both, rank 0 inside a collective
     assert time.monotonic() - start < WAIT_S
+    _assert_all_gone(tmp_path)
+
+
+def test_a_rank_that_stops_training_alone_is_named(worker, tmp_path):
+    # Rank 0 leaves `fit` after step 1 (the epoch's sync check next) while rank
+    # 1 trains on: their collectives differ and TensorFlow fails rank 1 first
+    # ("Collective instance 124 expected type 0 ..."). Used to name rank 1 only.
+    err = io.BytesIO()
+    code = _launch.run(
+        worker,
+        num_workers=2,
+        args=[tmp_path, "stop-early", "train"],
+        grace_s=GRACE_S,
+        timeout_s=WAIT_S,
+        progress_timeout_s=5.0,
+        env=_env(),
+        system=System(stdout=io.BytesIO(), stderr=err),
+    )
+    text = err.getvalue().decode()
+    assert code not in (0, 124), text[-3000:]
+    assert (
+        "rank(s) 0 stopped training at shardfeed call 3 (a callback set `model.stop_training` "
+        "there) while rank(s) 1 trained on, so the ranks ran different collectives." in text
+    ), text[-3000:]
     _assert_all_gone(tmp_path)

@@ -31,6 +31,7 @@ from shardfeed._data import sources as _sources
 from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 
 logger = logging.getLogger("shardfeed")
 
@@ -489,11 +490,14 @@ class DatasetBase(Generic[WorldT]):
         `model`'s variables (and its compiled optimizer's) compared across
         them, refused on every worker when they differ (a collective)."""
         if model is not None:
-            _model_sync.check_in_sync(
-                self.world,  # type: ignore[arg-type]
-                _model_sync.model_variables(model),
-                "start a training loop of your own",
-            )
+            # Counted for `shardfeed launch`'s progress watch: a rank that
+            # calls it alone is seen waiting for the others.
+            with _progress.call("iterator(model=)'s model check"):
+                _model_sync.check_in_sync(
+                    self.world,  # type: ignore[arg-type]
+                    _model_sync.model_variables(model),
+                    "start a training loop of your own",
+                )
 
     @property
     def world(self) -> WorldT:

@@ -1,5 +1,5 @@
 """Which launcher started this process and its rank among the workers (`detect_launch_env`),
-and the files `shardfeed launch` watches (ready, progress, exit).
+and the files `shardfeed launch` watches (ready, exit; progress in `progress.py`).
 
 Reading is pure (an environment mapping in, a `LaunchEnv` out). Detection
 order, first match wins: `shardfeed` (`SHARDFEED_RANK`...), a `TF_CONFIG`
@@ -315,59 +315,6 @@ def announce(stage: str, environ: Mapping[str, str] | None = None) -> None:
             pass
     except OSError:
         pass  # not our launch's directory any more: nobody is waiting for the file
-
-
-PROGRESS = "progress"
-# This process's progress file under `shardfeed launch` ([descriptor, calls
-# reported]); [None, 0] before the first report, [-1, n] where there is none.
-_progress: list[int | None] = [None, 0]
-
-
-def report_progress(environ: Mapping[str, str] | None = None) -> None:
-    """Tells `shardfeed launch` that this worker starts one more shardfeed call.
-
-    The start of each `fit`, `evaluate` and `predict` (before the ranks'
-    agreement on its arguments), each of their compiled calls, the sync
-    check and every batch a custom loop takes report here; the count goes to
-    the file `progress<rank>` in the launcher's `SHARDFEED_READY_DIR`. Each such call
-    is a collective across the ranks, so in a healthy job the counts move
-    together: ranks whose count stays behind the others' for the launcher's
-    `--progress-timeout-s` are stuck outside the collective the others wait
-    in, and the launcher stops the job naming them. One `pwrite` of a few
-    bytes per call; nothing outside `shardfeed launch`.
-
-    Args:
-        environ: Environment to read on the first report (default: `os.environ`).
-    """
-    fd = _progress[0]
-    if fd is None:
-        environ = os.environ if environ is None else environ
-        ready_dir, rank = environ.get(READY_DIR_VARIABLE), environ.get("SHARDFEED_RANK", "")
-        fd = -1
-        if ready_dir and rank.isdigit():
-            try:
-                path = os.path.join(ready_dir, f"{PROGRESS}{int(rank)}")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-            except OSError:
-                fd = -1  # not our launch's directory any more: nobody watches
-        _progress[0] = fd
-    if fd < 0:
-        return
-    count = _progress[1] + 1  # type: ignore[operator]
-    _progress[1] = count
-    try:
-        os.pwrite(fd, b"%20d" % count, 0)  # fixed width: each write replaces the last
-    except OSError:
-        _progress[0] = -1
-
-
-def read_progress(path: str) -> int | None:
-    """The count in a progress file (`report_progress`), or None if unreadable."""
-    try:
-        with open(path, "rb") as progress_file:
-            return int(progress_file.read(20))
-    except (OSError, ValueError):
-        return None
 
 
 EXITING = "exiting"

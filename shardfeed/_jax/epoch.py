@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from shardfeed._common import errors as _errors
 from shardfeed._data.batch import Batch
 from shardfeed._data.plan import EpochSizes, ShardPlan
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import order as _order
 from shardfeed._jax.augment import augment_key, augmented
@@ -350,7 +350,7 @@ class ResidentEpoch(EpochSizes):
         if isinstance(step, jax.Array) and not isinstance(step, np.ndarray):
             return self.batch_fn(arrays, step)
         self._check_step(step)
-        _launch_env.report_progress()  # a custom loop's step, for `shardfeed launch`
+        _progress.report_progress()  # a custom loop's step, for `shardfeed launch`
         if step >= self.full_steps:
             batch = self.partial_batch()
             assert batch is not None

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from shardfeed._common.model_sync import check_in_sync
+from shardfeed._distribute import progress as _progress
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax import loop as _loop
@@ -99,6 +100,7 @@ def check_same_weights(loop: Loop, action: str) -> None:
     check_in_sync(loop.world, loop.model.weights, action)
 
 
+@_progress.in_api("evaluate")  # for `shardfeed launch`'s progress watch
 def evaluate(
     model: keras.Model,
     data: Any = None,
@@ -144,6 +146,7 @@ def evaluate(
     return values[0] if len(values) == 1 else values
 
 
+@_progress.in_api("predict")  # for `shardfeed launch`'s progress watch
 def predict(
     model: keras.Model,
     data: Any = None,

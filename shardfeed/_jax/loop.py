@@ -31,7 +31,7 @@ from keras.src.models.functional import Functional
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from shardfeed._data.batch import Batch
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.class_weights import ClassWeights
@@ -580,7 +580,14 @@ class Loop:
         logs (train/test: Keras' logs after the call's last step) or the
         outputs (predict: stacked `[steps, global batch, ...]`, or the
         partial step's `[rows, ...]`)."""
-        _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
+        # Counted for `shardfeed launch`'s progress watch, which also sees a
+        # rank stuck inside it (e.g. in an `io_callback` that never returns):
+        # inside until the result is ready, not only dispatched (`fit` and
+        # `evaluate` read the logs at once anyway).
+        with _progress.call(f"a compiled {mode} call"):
+            return jax.block_until_ready(self._run(mode, epoch, call))
+
+    def _run(self, mode: Mode, epoch: Any, call: Call) -> Any:
         fn = self._compiled(mode, call.partial)
         batch = epoch.partial_batch() if call.partial else None
         arrays = None if call.partial else epoch.call_arrays(call.start, call.stop)

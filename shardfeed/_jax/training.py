@@ -11,6 +11,7 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute import progress as _progress
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
@@ -27,6 +28,7 @@ from shardfeed._training.options import FitOptions
 from shardfeed._training.resume_state import Cursor, ResumeState, epoch_span
 
 
+@_progress.in_api("fit")  # for `shardfeed launch`'s progress watch
 def fit(
     model: keras.Model,
     dataset: ShardedResidentDataset | None = None,

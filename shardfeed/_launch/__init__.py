@@ -80,10 +80,13 @@ class LaunchOptions:
             for every worker, through SHARDFEED_HEARTBEAT_TIMEOUT_S (None:
             as above).
         progress_timeout_s: `multiworker`: stop the launch (exit 124) when
-            the workers' shardfeed calls (steps of `fit`, `evaluate`,
-            `predict`, custom loops) stand still this long while some ranks
-            are ahead of others, naming the ranks behind: a rank stuck outside
-            a collective the others wait in (None: never).
+            no worker's position (`shardfeed._distribute.progress`: calls
+            counted, and whether it is inside one, in `fit`/`evaluate`/
+            `predict` between them, in a callback or in its own code) moved
+            this long while some ranks wait for others, or every rank is
+            inside one compiled call; names those ranks and prints each
+            rank's Python stacks (None: never). A single compiled call, its
+            first compile included, must finish within it.
         mtls_dir: A job's credentials directory (`shardfeed credentials DIR`),
             checked before any worker starts and passed to the workers as
             SHARDFEED_MTLS_DIR: a JAX job's `jax.distributed` coordinator then
@@ -266,10 +269,10 @@ def run(
             see `LaunchOptions`.
         heartbeat_timeout_s: JAX workers' `shardfeed.init(heartbeat_timeout_s=)`;
             see `LaunchOptions`.
-        progress_timeout_s: `multiworker`: seconds the workers' shardfeed
-            calls may stand still with some ranks behind the others before
-            the launch stops, naming those ranks (default 300; None: never);
-            see `LaunchOptions`.
+        progress_timeout_s: `multiworker`: seconds no worker may move while
+            some ranks wait for others, or every rank is inside one compiled
+            call, before the launch stops, naming those ranks (default 300;
+            None: never); see `LaunchOptions`.
         mtls_dir: The job's credentials directory; see `LaunchOptions`.
         insecure_network: Accept a multi-host JAX job without credentials;
             see `LaunchOptions`.

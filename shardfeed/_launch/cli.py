@@ -81,8 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_seconds_or_none,
         default=_launch.DEFAULT_PROGRESS_TIMEOUT_S,
         metavar="S",
-        help="multiworker: stop (exit 124) when the workers' shardfeed steps stand still S "
-        "seconds with some ranks behind the others, naming them ('none': never; default: 300)",
+        help="multiworker: stop (exit 124) when no worker moved for S seconds while some ranks "
+        "wait for others (in a callback, their own code) or every rank is inside one "
+        "compiled call, naming them and printing each rank's Python stacks ('none': never, "
+        "e.g. for interactive use; default: 300; a single compiled call, its first compile "
+        "included, must finish within it)",
     )
     parser.add_argument(
         "--shutdown-timeout-s",

@@ -193,8 +193,8 @@ def run_multiworker(
         isolate_network: True: run the workers in a private network namespace
             (fail if impossible); "auto": when the system permits it; False:
             on the host's network.
-        progress_timeout_s: Stop when the workers' progress stands still this
-            long with some ranks behind (None: not watched; see
+        progress_timeout_s: Stop when the workers' positions stand still this
+            long while some ranks wait for others (None: not watched; see
             `system.StartupWatch`).
 
     Returns:

@@ -255,9 +255,9 @@ def run_multihost(
         timeout_s: Stop this host's workers after this many seconds (None: no limit).
         system: Operating-system calls.
         startup_timeout_s: Seconds the workers wait for each other at start-up.
-        progress_timeout_s: Stop when this host's workers' progress stands
-            still this long with some of them behind (None: not watched; the
-            other hosts' workers are not seen from here).
+        progress_timeout_s: Stop when this host's workers' positions stand
+            still this long while some of them wait for others (None: not
+            watched; the other hosts' workers are not seen from here).
 
     Returns:
         The exit code, as `process.run_workers`.

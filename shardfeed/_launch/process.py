@@ -19,13 +19,16 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from shardfeed._launch import lines
+from shardfeed._distribute import progress
+from shardfeed._launch import lines, stall
 from shardfeed._launch.system import StartupWatch, System, WorkerSpec
 
 TIMEOUT_EXIT_CODE = 124  # same as coreutils `timeout`
 _MESSAGE_PREFIX = b"shardfeed launch: "
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _READER_JOIN_S = 5.0  # how long to wait for a worker's pipes to drain after it exited
+_STACKS_WAIT_S = 2.0  # how long a stop for a stall waits for the workers' stacks
+_STACK_LINES = 200  # of each worker's stacks, at most
 
 
 class _BinaryText(io.RawIOBase):
@@ -109,8 +112,8 @@ class _Supervisor:
         self.err_lock = self.out_lock if self.out is self.err else threading.Lock()
         self.workers: list[_Worker] = []
         self.signals: list[int] = []
-        # The running workers' progress counts last seen, and since when.
-        self.progress: dict[int, int] = {}
+        # The running workers' positions last seen, and since when.
+        self.progress: dict[int, progress.Position] = {}
         self.progress_since = 0.0
 
     # -- output ---------------------------------------------------------------
@@ -204,36 +207,67 @@ class _Supervisor:
         return self.startup.ranks("arrived", count) - self.startup.ranks("initialized", count)
 
     def stalled(self, now: float) -> str | None:
-        """Why to stop, when the running workers' progress counts stood still
-        `progress_timeout_s` with some ranks behind the others; else None.
-
-        Every shardfeed call is a collective, so healthy ranks' counts move
-        together; the ranks behind are the ones the others wait for. Counts
-        that stand still but agree (all ranks outside shardfeed's calls:
-        evaluation of their own, saving, a long `on_epoch_end` on every rank)
-        are not a stall.
+        """Why to stop, when the running workers' positions (progress counts
+        and where each stands) stood still `progress_timeout_s` while some
+        ranks wait for others, or every rank is inside one call
+        (`stall.explain`); else None.
         """
         watch = self.startup
         if watch is None or watch.progress_timeout_s is None:
             return None
         running = [i for i, w in enumerate(self.workers) if w.running]
-        counts = watch.progress(running)
-        if counts != self.progress:
-            self.progress, self.progress_since = counts, now
+        positions = watch.positions(running)
+        if positions != self.progress:
+            self.progress, self.progress_since = positions, now
             return None
-        values = set(counts.values())
-        if len(values) < 2 or now - self.progress_since < watch.progress_timeout_s:
+        if now - self.progress_since < watch.progress_timeout_s:
             return None
-        behind = {i for i, c in counts.items() if c == min(values)}
-        ahead = set(counts) - behind
+        exiting = {i for i in running if watch.exit_start(i) is not None}
+        why = stall.explain(positions, exiting, watch.progress_timeout_s, self.rank_names)
+        if why is None:
+            return None
+        cause = self.stopped_alone()
         return (
-            f"worker rank(s) {self.rank_names(behind)} made no progress for "
-            f"{watch.progress_timeout_s:g} s: they stand at shardfeed call {min(values)} while "
-            f"rank(s) {self.rank_names(ahead)} wait for them in call {max(values)} (a rank "
-            "stuck outside the collective, e.g. in a callback or its own code). Stopping "
-            f"{len(running)} worker(s); raise --progress-timeout-s if that rank only works "
-            "longer, or pass 'none'."
+            f"{why}. Stopping {len(running)} worker(s); raise --progress-timeout-s if that "
+            "only takes longer (chief-only work such as saving, one long compiled call), or "
+            "pass 'none'." + ("" if cause is None else f" The cause: {cause}")
         )
+
+    def stopped_alone(self) -> str | None:
+        """`stall.stopped_alone` over every worker's last position (an exited
+        one's file stays)."""
+        if self.startup is None:
+            return None
+        positions = self.startup.positions(range(len(self.workers)))
+        return stall.stopped_alone(positions, self.rank_names)
+
+    def report_stacks(self) -> None:
+        """Asks the running workers that finished `shardfeed.init()` for their
+        Python stacks (`progress.STACKS_SIGNAL`) and prints them, so a stop
+        for a stall says where each rank stood."""
+        watch = self.startup
+        if watch is None:
+            return
+        ready = watch.ranks("initialized", len(self.workers))
+        asked = [i for i in sorted(ready) if self.workers[i].running]
+        for i in asked:
+            self.signal_group(self.workers[i], progress.STACKS_SIGNAL)
+        stacks: dict[int, str] = {}
+        deadline = time.monotonic() + _STACKS_WAIT_S
+        while True:
+            stacks = {i: watch.stacks(i) for i in asked}
+            if all(stacks.values()) or time.monotonic() >= deadline:
+                break
+            time.sleep(self.system.poll_interval_s)
+        for i, text in stacks.items():
+            if not text:
+                continue
+            name = self.rank_names({i})
+            self.say(f"Python stacks of worker rank {name} (most recent call first):")
+            with self.err_lock:
+                for line in text.splitlines()[:_STACK_LINES]:
+                    self.err.write(f"[rank {name}] {line}\n".encode())
+                self.err.flush()
 
     def on_signal(self, signum: int, frame: object) -> None:
         # Only record it: the watch loop acts on it between polls.
@@ -304,6 +338,9 @@ class _Supervisor:
                 else:
                     text += "."
                 self.say(text)
+                cause = self.stopped_alone()
+                if cause is not None:
+                    self.say(f"The cause: {cause}")
                 self.signal_running(signal.SIGTERM)
                 stop_deadline = time.monotonic() + self.grace_s
             if not any(w.running for w in self.workers):
@@ -347,9 +384,10 @@ class _Supervisor:
                     self.signal_running(signal.SIGTERM)
                     exit_code = TIMEOUT_EXIT_CODE
                     stop_deadline = now + self.grace_s
-            stall = self.stalled(now) if exit_code is None else None
-            if stall is not None:
-                self.say(stall)
+            stuck = self.stalled(now) if exit_code is None else None
+            if stuck is not None:
+                self.say(stuck)
+                self.report_stacks()
                 self.signal_running(signal.SIGTERM)
                 exit_code = TIMEOUT_EXIT_CODE
                 stop_deadline = now + self.grace_s

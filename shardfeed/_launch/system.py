@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
-from shardfeed._distribute import launch_env
+from shardfeed._distribute import launch_env, progress
 from shardfeed._launch import netns
 
 
@@ -100,10 +100,10 @@ class StartupWatch:
             the launch stops (None: forever).
         first_rank: The rank of the first spec (a host's first rank in a
             multi-host job; 0 on one host).
-        progress_timeout_s: Seconds the workers' progress counts (files
-            `progress<rank>`, `launch_env.report_progress`) may stand still
-            while some are behind the others before the launch stops (None:
-            not watched).
+        progress_timeout_s: Seconds the workers' positions (files
+            `progress<rank>`, `shardfeed._distribute.progress`) may stand
+            still while some ranks wait for others, or every rank is inside
+            one call, before the launch stops (None: not watched).
     """
 
     ready_dir: str
@@ -128,11 +128,22 @@ class StartupWatch:
             os.path.join(self.ready_dir, f"{launch_env.EXITING}{self.first_rank + index}")
         )
 
-    def progress(self, indexes: Iterable[int]) -> dict[int, int]:
-        """The progress count of the specs at `indexes` (0 before their first
-        report; None-free: an unreadable file counts as 0)."""
-        counts = {}
+    def positions(self, indexes: Iterable[int]) -> dict[int, progress.Position]:
+        """Where the specs at `indexes` stand (files `progress<rank>`,
+        `progress.Position`); count 0 in their own code before their first
+        report or where the file is unreadable."""
+        positions = {}
         for i in indexes:
-            path = os.path.join(self.ready_dir, f"{launch_env.PROGRESS}{self.first_rank + i}")
-            counts[i] = launch_env.read_progress(path) or 0
-        return counts
+            path = os.path.join(self.ready_dir, f"{progress.PROGRESS}{self.first_rank + i}")
+            positions[i] = progress.read_position(path) or progress.Position(0)
+        return positions
+
+    def stacks(self, index: int) -> str:
+        """The Python stacks the spec at `index` wrote on `progress.STACKS_SIGNAL`
+        (file `stacks<rank>`), or "" if none yet."""
+        path = os.path.join(self.ready_dir, f"{progress.STACKS}{self.first_rank + index}")
+        try:
+            with open(path, errors="replace") as stacks_file:
+                return stacks_file.read()
+        except OSError:
+            return ""

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from shardfeed._data.plan import ShardPlan
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._tf.epoch import ResidentEpoch
 
 if TYPE_CHECKING:
@@ -106,12 +106,14 @@ class EpochCalls:
     def run(self, call: Call) -> dict[str, Any]:
         """Runs `call`; returns the epoch's logs after it: our exact loss and
         the compiled metrics, or what the model's own step returned."""
-        _launch_env.report_progress()  # for `shardfeed launch`'s progress watch
         value: Any = None
-        for start, stop in call.pieces:
-            value, rows = self._loop.run(self._inputs, self._mode, start, stop)
-            if not self._own:
-                self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
+        # Counted for `shardfeed launch`'s progress watch, which also sees a
+        # rank stuck inside it (e.g. in a `py_function` that never returns).
+        with _progress.call(f"a compiled {self._mode} call"):
+            for start, stop in call.pieces:
+                value, rows = self._loop.run(self._inputs, self._mode, start, stop)
+                if not self._own:
+                    self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
         return self._loop.own_logs(value) if self._own else self.logs()
 
 

@@ -19,7 +19,7 @@ from shardfeed._data import memory as _memory
 from shardfeed._data.batch import Batch as Batch
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.position import check_int
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._tf.augment import step_seed
 from shardfeed._tf.order import Order
 
@@ -165,7 +165,7 @@ class ResidentEpoch(EpochSizes):
     def __iter__(self) -> Iterator[tuple[int, Batch]]:
         for step in range(self.first_step, self.steps):
             self._check_open()
-            _launch_env.report_progress()  # a custom loop's step, for `shardfeed launch`
+            _progress.report_progress()  # a custom loop's step, for `shardfeed launch`
             (batch,) = self._batches(step, step + 1)
             if self._on_step is not None:
                 self._on_step(self, step)
@@ -215,7 +215,7 @@ class ResidentEpoch(EpochSizes):
                     per_replica.append(self._gather(local, self._matrices[local][step], step))
             return self._distribute(per_replica)
         self._check_step(step, self.steps)
-        _launch_env.report_progress()  # a custom loop's step, for `shardfeed launch`
+        _progress.report_progress()  # a custom loop's step, for `shardfeed launch`
         (batch,) = self._batches(int(step), int(step) + 1)
         return batch
 

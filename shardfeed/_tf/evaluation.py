@@ -12,6 +12,7 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
+from shardfeed._distribute import progress as _progress
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.inputs import (
@@ -59,6 +60,7 @@ def evaluate_loop(
 
 @naming_lost_peers
 @one_call_at_a_time
+@_progress.in_api("evaluate")  # for `shardfeed launch`'s progress watch
 def evaluate(
     model: keras.Model,
     data: Any = None,
@@ -143,6 +145,7 @@ def evaluate(
 
 @naming_lost_peers
 @one_call_at_a_time
+@_progress.in_api("predict")  # for `shardfeed launch`'s progress watch
 def predict(
     model: keras.Model,
     data: Any = None,

@@ -16,6 +16,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._common.host import local_size as local_size
 from shardfeed._distribute import credentials as _credentials
 from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
 from shardfeed._distribute.startup import CPU_DEVICES_ENV as CPU_DEVICES_ENV
@@ -152,6 +153,7 @@ def init(
     _world.remember_initialized(world)
     _launch_env.announce(_launch_env.INITIALIZED)
     _launch_env.record_exit_start()
+    _progress.dump_stacks_on_request()
     return world
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._data.plan import ShardPlan
+from shardfeed._distribute import progress as _progress
 from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import model_steps as _model_steps
 from shardfeed._tf import predictions as _predictions
@@ -546,12 +547,14 @@ class Loop:
         try:
             steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
             for start, stop in self.schedule(steps, order.call_bounds):
-                out, _ = self.run(inputs, "predict", start, stop)
+                with _progress.call("a compiled predict call"):  # `shardfeed launch` watches
+                    out, _ = self.run(inputs, "predict", start, stop)
                 for local, value in enumerate(self._local_structures(out)):
                     structure = value
                     chunks[local].append([np.asarray(t) for t in keras.tree.flatten(value)])
             if partial:
-                out, _ = self.run(inputs, "predict", steps, steps + 1)
+                with _progress.call("a compiled predict call"):
+                    out, _ = self.run(inputs, "predict", steps, steps + 1)
                 for local, value in enumerate(self._local_structures(out)):
                     structure = self._own.padded(value, plan.per_replica_batch_size)
                     chunks[local].append([t for t in keras.tree.flatten(structure)])

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 
 _INT_OF_SIZE = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
 
@@ -58,8 +58,8 @@ def check_in_sync(model: keras.Model, engine: Any, epoch: int, step: int) -> Non
     Example:
         >>> check_in_sync(model, loop.engine, epoch=0, step=120)
     """
-    _launch_env.report_progress()  # a collective: `shardfeed launch`'s progress watch
-    sums = replica_checksums(model, engine)
+    with _progress.call("the sync check"):  # a collective: `shardfeed launch` watches it
+        sums = replica_checksums(model, engine)
     differs = np.any(sums != sums[:1], axis=2)  # [replicas, variables]
     diverged_vars = np.flatnonzero(differs.any(axis=0))
     if not diverged_vars.size:

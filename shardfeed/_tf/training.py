@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from shardfeed._distribute import progress as _progress
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.epochs import FitRun
@@ -35,6 +36,7 @@ from shardfeed._training.options import FitOptions, with_model_steps
 
 @naming_lost_peers
 @one_call_at_a_time
+@_progress.in_api("fit")  # for `shardfeed launch`'s progress watch
 def fit(
     model: keras.Model,
     dataset: ShardedResidentDataset | None = None,

@@ -16,7 +16,7 @@ import keras
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import check_settings
 from shardfeed._data import dataset_args as _dataset_args
-from shardfeed._distribute import launch_env as _launch_env
+from shardfeed._distribute import progress as _progress
 
 DEFAULT_EVAL_BATCH_SIZE = 256
 
@@ -36,8 +36,8 @@ def start_call(world: Any, call: str, settings: dict[str, Any]) -> None:
     a split or arrays build a dataset: tells `shardfeed launch`'s progress
     watch the call started, then refuses on every worker `settings` that
     differ across the workers (`check_settings`)."""
-    _launch_env.report_progress()
-    check_settings(world, call, settings)
+    with _progress.call(f"{call}'s agreement on its arguments"):
+        check_settings(world, call, settings)
 
 
 def check_model(model: Any, needs_compile: bool) -> None:

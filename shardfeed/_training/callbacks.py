@@ -13,6 +13,7 @@ from typing import Any
 import keras
 
 from shardfeed._common import errors as _errors
+from shardfeed._distribute import progress as _progress
 from shardfeed._training.progress import Progress
 
 # Callbacks that write files or print: run on the chief (rank 0) only.
@@ -132,6 +133,39 @@ def fit_params(
     }
 
 
+class _Watched(keras.callbacks.CallbackList):
+    """Keras' `CallbackList` that tells `shardfeed launch`'s progress watch
+    which hook it is in (a rank stuck in a callback while the others wait in
+    shardfeed's next collective is named as such), and when a hook set
+    `model.stop_training` (a rank that stops alone is named)."""
+
+
+_MAY_STOP = ("on_train_batch_end", "on_epoch_end")  # `fit` checks `stop_training` after them
+
+
+def _watched(hook: str) -> Callable[..., Any]:
+    def run(self: _Watched, *args: Any, **kwargs: Any) -> Any:
+        if hook == "on_train_begin":
+            _progress.record_stop(False)
+        with _progress.in_callback(hook):
+            result = getattr(keras.callbacks.CallbackList, hook)(self, *args, **kwargs)
+        if hook in _MAY_STOP and getattr(self.model, "stop_training", False):
+            _progress.record_stop(True)  # `fit` leaves its loop here
+        return result
+
+    run.__name__ = hook
+    return run
+
+
+for _hook in (
+    "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+    "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
+    "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
+    "on_predict_batch_begin", "on_predict_batch_end",
+):  # fmt: skip
+    setattr(_Watched, _hook, _watched(_hook))
+
+
 def callback_list(
     callbacks: list[keras.callbacks.Callback] | None,
     model: keras.Model,
@@ -151,9 +185,7 @@ def callback_list(
     callbacks = [c for c in callbacks if _runs_here(c, is_chief)]
     if not is_chief:
         callbacks += _silence(callbacks)
-    return keras.callbacks.CallbackList(
-        callbacks, add_history=True, add_progbar=False, model=model, **params
-    )
+    return _Watched(callbacks, add_history=True, add_progbar=False, model=model, **params)
 
 
 def evaluation_callback_list(
@@ -161,7 +193,7 @@ def evaluation_callback_list(
 ) -> keras.callbacks.CallbackList:
     """`evaluate`'s callbacks with Keras' own progress bar, in its evaluation
     mode, on rank 0 only (`dataset`: the one evaluated, for its steps)."""
-    return keras.callbacks.CallbackList(
+    return _Watched(
         callbacks,
         add_progbar=bool(verbose) and dataset.world.is_chief,
         model=model,

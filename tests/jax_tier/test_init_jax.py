@@ -421,47 +421,95 @@ def test_sys_exit_on_one_jax_worker_ends_with_its_status_within_the_shutdown_tim
     assert [pid for pid in pids if not _gone(pid)] == []
 
 
-# Rank 1 sleeps (alive, stuck outside the collective) in a callback, while rank 0
-# waits for it in the next call of `fit`, or before `fit`, while rank 0 waits in
-# the ranks' agreement on fit's arguments.
+# One rank sleeps (alive) where the others wait for it: rank 1 in a callback
+# while rank 0 waits in the next call of `fit`; rank 1 before `fit` while rank 0
+# waits in the ranks' agreement on its arguments; rank 1 in `on_epoch_end` while
+# rank 0 waits in the next epoch's opening (a collective between counted calls);
+# rank 1 at its exit while rank 0 waits in `iterator(model=)`, called there alone;
+# inside a compiled step, in an `io_callback` (JAX runs it on the first device,
+# rank 0's), while rank 1 waits inside the same call.
 STUCK_JOB = r"""
 import os, sys, time
 import shardfeed
 world = shardfeed.init()
-import keras, numpy as np
+import jax, keras, numpy as np
+from jax.experimental import io_callback
 with open(os.path.join(sys.argv[1], f"pid{world.rank}"), "w") as f:
     f.write(str(os.getpid()))
+where = sys.argv[2]
 x = np.arange(256 * 4, dtype=np.float32).reshape(256, 4) / 1000.0
 y = x.sum(axis=1, keepdims=True)
 ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=1)
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+def nap():
+    nap.calls = getattr(nap, "calls", 0) + 1
+    if nap.calls == 3:  # a step after the first compiled call's
+        print("stuck", flush=True)
+        time.sleep(10**6)
+    return np.float32(0)
+
+class Nap(keras.layers.Layer):
+    def call(self, x):
+        return x + io_callback(nap, jax.ShapeDtypeStruct((), np.float32))
+
+layers = [Nap()] if where == "step" else []
+model = keras.Sequential([keras.Input((4,)), *layers, keras.layers.Dense(1)])
 model.compile("sgd", "mse")
 
 class Stuck(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        if world.rank == 1 and batch == 2:
+        if world.rank == 1 and where == "callback" and batch == 2:
             print("stuck", flush=True)
             time.sleep(10**6)
 
-if world.rank == 1 and sys.argv[2] == "before-fit":
+    def on_epoch_end(self, epoch, logs=None):
+        if world.rank == 1 and where == "epoch-end":
+            print("stuck", flush=True)
+            time.sleep(10**6)
+
+if world.rank == 1 and where == "before-fit":
     print("stuck", flush=True)
     time.sleep(10**6)
-shardfeed.fit(model, ds, epochs=1, verbose=0, callbacks=[Stuck()],
+if where == "iterator":  # a collective called on rank 0 only; rank 1 ends its script
+    if world.rank == 0:
+        print("stuck", flush=True)
+        ds.iterator(model=model)
+    sys.exit(0)
+shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[Stuck()],
               options=shardfeed.FitOptions(steps_per_execution=1))
 """
 
 
 @pytest.mark.multi_process
 @pytest.mark.parametrize(
-    ("where", "calls"),
+    ("where", "stuck", "named"),
     [
-        ("callback", (4, 5)),
+        ("callback", 1,
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 4 while "
+         "rank(s) 0 wait for them in call 5 (in the callback hook on_train_batch_end)"),
         # Used to run into the launch's timeout: the agreement on fit's arguments
         # is a collective but counted no call, so both ranks stood at 0.
-        ("before-fit", (0, 1)),
+        ("before-fit", 1,
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 0 while "
+         "rank(s) 0 wait for them in call 1 (in their own code, outside shardfeed's calls)"),
+        # These two used to run into the launch's timeout: every rank's count
+        # stood still and agreed.
+        ("epoch-end", 1,
+         "worker rank(s) 1 made no progress for 5 s: they stand in the callback hook "
+         "on_epoch_end while rank(s) 0 wait for them in shardfeed's fit, in a collective "
+         "between its counted calls"),
+        # Used to run into the launch's timeout: the model check was no counted call.
+        ("iterator", 0,
+         "worker rank(s) 1 made no progress for 5 s: they stand at shardfeed call 0 while "
+         "rank(s) 0 wait for them in call 1 (at their exit, done with the script)"),
+        ("step", 0,
+         "worker rank(s) 0, 1 made no progress for 5 s: every one stands inside shardfeed "
+         "call 4 (a compiled train call): a rank stuck inside the call"),
     ],
-)
-def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch, where, calls):
+)  # fmt: skip
+def test_a_stuck_jax_worker_is_named_and_the_job_stopped(
+    tmp_path, monkeypatch, where, stuck, named
+):
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_JOB)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -469,22 +517,20 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(tmp_path, monkeypatch, 
     out, err = io.BytesIO(), io.BytesIO()
     start = time.monotonic()
     code = _launch.run(
-        script,
-        num_workers=2,
-        args=[tmp_path, where],
-        timeout_s=150,
-        grace_s=5,
-        progress_timeout_s=5,
-        system=System(stdout=out, stderr=err),
+        script, num_workers=2, args=[tmp_path, where], timeout_s=60, grace_s=5,
+        progress_timeout_s=5, system=System(stdout=out, stderr=err),
     )
     elapsed, err_text = time.monotonic() - start, err.getvalue().decode()
     assert code == 124, err_text[-3000:]
-    assert "[rank 1] stuck" in out.getvalue().decode()
-    assert (
-        "shardfeed launch: worker rank(s) 1 made no progress for 5 s: they stand at shardfeed "
-        f"call {calls[0]} while rank(s) 0 wait for them in call {calls[1]}" in err_text
-    ), err_text[-3000:]
-    assert elapsed < 120
+    assert f"[rank {stuck}] stuck" in out.getvalue().decode()
+    assert f"shardfeed launch: {named}" in err_text, err_text[-3000:]
+    assert "timed out after" not in err_text
+    # Where each rank stood, from its own stacks, before they were stopped.
+    for rank in (0, 1):
+        assert f"shardfeed launch: Python stacks of worker rank {rank} " in err_text
+    if where == "epoch-end":
+        assert "in on_epoch_end\n" in err_text  # the sleeping rank's frame
+    assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
     assert [pid for pid in pids if not _gone(pid)] == []
