@@ -18,7 +18,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._common.agreement import plain
-from shardfeed._data.agreement import function_fingerprint
+from shardfeed._common.fingerprint import function_fingerprint
 from shardfeed._training.arguments import start_call
 from shardfeed._training.options import FitOptions
 
