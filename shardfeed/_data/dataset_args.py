@@ -111,14 +111,6 @@ def check_shuffle(
     return "local" if shuffle == "local" else bool(shuffle)
 
 
-def uses_exchange(shuffle: bool | str, plan: _plan.ShardPlan) -> bool:
-    """Whether epochs need the exchange: the global order of sharded rows on
-    several replicas. One replica holds every row: its permutation of them is
-    the global order already (`order.epoch_indices`), and it may stream."""
-    return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
-
-
-
 def check_augment(augment: Any, seed: int | None) -> None:
     """Refuses an `augment` that is not a function, or one without a seed."""
     if augment is not None and not callable(augment):

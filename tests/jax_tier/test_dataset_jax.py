@@ -46,14 +46,18 @@ def test_each_row_once_per_epoch(replicas, num_devices, placement, shuffle):
 
 @pytest.mark.parametrize("num_devices", [2, 4])
 @pytest.mark.parametrize("placement", ["shard", "replicate"])
-def test_global_order_equals_one_replica_with_the_global_batch(replicas, num_devices, placement):
+@pytest.mark.parametrize("shuffle", [True, False])  # the global order, or rows in order
+def test_global_order_equals_one_replica_with_the_global_batch(
+    replicas, num_devices, placement, shuffle
+):
     n, b = 212, 5  # a partial last step with rows on every replica (sharded: 53 or 106 each)
     x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
 
     def batches(devices: int, batch: int) -> list[np.ndarray]:
         replicas(devices)
         ds = ShardedResidentDataset(
-            x, np.arange(n), per_replica_batch_size=batch, seed=3, placement=placement
+            x, np.arange(n), per_replica_batch_size=batch, seed=3, placement=placement,
+            shuffle=shuffle,
         )
         return [np.asarray(bt.x) for e in range(2) for _, bt in ds.epoch(e)]
 
@@ -82,7 +86,7 @@ def test_each_replicas_part_is_on_its_own_device(replicas, placement, shuffle):
         shard = by_device[device]
         assert shard.index[0] == slice(r * b, (r + 1) * b)
         np.testing.assert_array_equal(np.asarray(shard.data), rows[r * b : (r + 1) * b])
-        if placement == "shard" and shuffle is not True:  # its own rows, never another's
+        if placement == "shard" and shuffle == "local":  # its own rows, never another's
             start, stop = ds.plan.shards[r]
             assert ((start <= np.asarray(shard.data)) & (np.asarray(shard.data) < stop)).all()
 
