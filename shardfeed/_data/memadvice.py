@@ -197,7 +197,7 @@ def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
                     f"Lower `LoadOptions.exchange_buffer_bytes` to {way.value:,} "
                     f"({format_bytes(way.value)}; now {mem.exchange_buffer_bytes:,}): "
                     f"{_outcome(way.plan, usable)}; a smaller buffer means more exchange "
-                    "rounds per epoch."
+                    f"rounds{' per epoch' if mem.shuffle is True else ''}."
                 )
             elif way.plan is not None:
                 lines.append(
