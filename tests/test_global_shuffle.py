@@ -359,3 +359,7 @@ def test_describe_says_sharded_rows_move_with_the_global_shuffle():
         "shuffle=False: rows move between replicas once, before the first training epoch, "
         "to follow one replica's batches"
     )
+    # Validation data never trains: no move, and no staging counted for one.
+    training, validation = in_order.split(0.5)
+    assert training.exchange is not None and validation.exchange is None
+    assert validation.memory_reports[0].needed_bytes < training.memory_reports[0].needed_bytes

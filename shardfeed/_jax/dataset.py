@@ -122,7 +122,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         plan = self.eval_plan
         self._epoch_copy, self.memory_reports = _choose_epoch_copy(
-            self.world, plan, self.columns.row_bytes, _plan.uses_exchange(self.shuffle, plan),
+            self.world, plan, self.columns.row_bytes, self.moves_rows,
             _plan.partial_exchange(self.shuffle, plan, options.exchange_fraction), options,
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
@@ -211,7 +211,9 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         `_plan.uses_exchange`), streamed or not. Not `shuffle="local"`."""
         if self.plan.placement == "replicate":
             return True
-        return self.shuffle != "local" and not _plan.partial_exchange(
+        if self.shuffle is False:
+            return self.plan.num_replicas == 1 or self.moves_rows
+        return self.shuffle is True and not _plan.partial_exchange(
             self.shuffle, self.plan, self.load_options.exchange_fraction
         )
 
@@ -390,7 +392,9 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             rows = _order.mixed_rows(plan, self._layout, self._layout_epoch,
                                      self.load_options.exchange_fraction, self.seed, epoch)
         else:
-            rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
+            rows = _order.epoch_rows(
+                plan, self.shuffle, self.seed, epoch, training, self.moves_rows
+            )
         if self.epoch_copy:
             # Rows moved in place (a partial exchange) are copied from where they sit.
             placed = self._placed(plan, rows) if mixed or self._layout is not None else None

@@ -13,7 +13,6 @@ from typing import NamedTuple
 import numpy as np
 
 from shardfeed._data import exchange as _exchange
-from shardfeed._data import plan as _plan
 from shardfeed._data.plan import ShardPlan
 
 
@@ -48,20 +47,23 @@ def permutation(n: int, seed: int | None, key: tuple[int, ...], shuffle: bool) -
 
 
 def epoch_rows(
-    plan: ShardPlan, shuffle: bool | str, seed: int | None, epoch: int, training: bool
+    plan: ShardPlan, shuffle: bool | str, seed: int | None, epoch: int, training: bool,
+    moves_rows: bool,
 ) -> EpochRows:
     """The epoch's rows per replica (evaluation: each replica's own rows in
-    order, `shuffle` ignored).
+    order, `shuffle` ignored). `moves_rows`: the dataset's
+    (`DatasetBase.moves_rows`): sharded rows that follow one order of all rows
+    (the global shuffle, or rows in order) move to the replica whose slice of
+    a global batch they are.
 
     Example:
         >>> from shardfeed._data.plan import plan_shards
-        >>> [r.tolist() for r in epoch_rows(plan_shards(6, 2, 2), False, None, 0, True).rows]
+        >>> plan = plan_shards(6, 2, 2)
+        >>> [r.tolist() for r in epoch_rows(plan, False, None, 0, True, True).rows]
         [[0, 1, 4], [2, 3, 5]]
     """
     shuffle = shuffle if training else False
-    # Sharded rows that follow one order of all rows (the global shuffle, or
-    # rows in order) move to the replica whose slice of a global batch they are.
-    moved = training and _plan.uses_exchange(shuffle, plan)
+    moved = training and moves_rows
     if plan.placement == "shard" and shuffle is not True and not moved:
         rows = []
         for r, (start, stop) in enumerate(plan.shards):
@@ -121,7 +123,7 @@ def slot_rows(plan: ShardPlan, rows: list[np.ndarray]) -> np.ndarray:
     Example:
         >>> from shardfeed._data.plan import plan_shards
         >>> plan = plan_shards(7, 2, 2)
-        >>> slot_rows(plan, epoch_rows(plan, False, None, 0, False).rows).tolist()
+        >>> slot_rows(plan, epoch_rows(plan, False, None, 0, False, True).rows).tolist()
         [0, 1, 4, 5, 2, 3, 6]
     """
     b, full = plan.per_replica_batch_size, plan.full_steps_per_epoch

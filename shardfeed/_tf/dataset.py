@@ -121,7 +121,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             transform=transform, augment=augment, load_options=load_options, strategy=strategy,
         )
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
-        exchanged = _plan.uses_exchange(self.shuffle, self.eval_plan)
+        exchanged = self.moves_rows
         self.memory_reports = self._memory_reports(exchanged)
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         if exchanged and self.shuffle is False and self._cannot_move(misfit):

@@ -416,8 +416,9 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
     assert training.seed == 9 and validation.per_replica_batch_size == 2
     assert sorted(rows_of(validation.epoch(0, training=False))) == list(range(15, 20))
     assert ds.split(0.25) == (training, validation)
-    # Rows in order follow one replica's batches on any number of replicas.
-    assert training.order_is_global and validation.order_is_global
+    # Validation data never trains: its rows in order stay on their shards.
+    assert training.order_is_global and not validation.order_is_global
+    assert training.moves_rows and not validation.moves_rows
     with pytest.raises(ValueError, match="leave rows on both sides"):
         ds.split(0.99)
 
