@@ -3,7 +3,8 @@
 Trains a dict-input model with sample weights on 1,001 rows for 3 epochs,
 records the weights after each epoch, then walks 3 epochs of an id-only
 dataset (with and without drop_remainder) and records the row ids each
-replica's device data held at its epoch's slots. With `--npy DIR` the
+replica's device data held at its epoch's slots (`--in-order`: shuffle=False,
+and each replica's ids per epoch). With `--npy DIR` the
 float column comes from two .npy shard files and every file read is counted.
 """
 
@@ -23,6 +24,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--placement", default="shard")
     p.add_argument("--npy")
+    p.add_argument("--in-order", action="store_true", help="shuffle=False")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -66,7 +68,7 @@ def main() -> int:
         model.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"])
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=args.batch, seed=11, placement=args.placement,
-            transform=scale, load_options=small,
+            transform=scale, load_options=small, shuffle=not args.in_order,
         )
     loaded = list(reads)
     weights = []
@@ -89,7 +91,7 @@ def main() -> int:
         idset = ShardedResidentDataset(
             {"id": ids.astype("int64"), "twice": (2 * ids).astype("float32")},
             per_replica_batch_size=40, seed=3, drop_remainder=drop, load_options=small,
-            strategy=world.strategy,
+            strategy=world.strategy, shuffle=not args.in_order,
         )
         plan = idset.plan
         out[f"dropped_{drop}"] = np.array(plan.dropped_rows_per_epoch)
@@ -106,6 +108,8 @@ def main() -> int:
                 assert np.array_equal(order.rows(local)[:real], got)
                 used.append(got)
             out[f"ids_{drop}_{epoch}"] = np.concatenate(used)
+            for local, got in enumerate(used):
+                out[f"replica_ids_{drop}_{epoch}_{idset.stores[local].replica}"] = got
     np.savez(f"{args.out}.rank{world.rank}.npz", **out)
     return 0
 

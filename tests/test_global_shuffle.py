@@ -67,13 +67,13 @@ class _EpochWeights(keras.callbacks.Callback):
         self.weights.append(self.model.get_weights())
 
 
-def _train(replicas, b, placement, options=None):
+def _train(replicas, b, placement, options=None, shuffle=True):
     x, y, w = _data()
     with _strategy(replicas).scope():
         model = _model()
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=b, seed=11, placement=placement,
-            transform=_scale, load_options=options,
+            transform=_scale, load_options=options, shuffle=shuffle,
         )
     record = _EpochWeights()
     shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[record])
@@ -101,6 +101,56 @@ def test_sharded_global_order_trains_as_replicated_and_as_one_replica(replicas):
     assert all(r.rounds > 1 and min(r.rows_sent) > 0 for r in reports)
     # Packing and unpacking are traced once, in the first exchange, not per round.
     assert [r.traces for r in reports] == [2, 0, 0]
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_rows_in_order_on_sharded_replicas_train_as_one_replica_with_n_b(replicas):
+    """`shuffle=False`: global batch k is one replica's batch k of N*b (rows
+    k*N*b...), not each shard's k-th batch: the rows move once, before the
+    first training epoch, and stay; `predict` still returns them in order."""
+    b = 32
+    sharded, ds = _train(replicas, b, "shard", SMALL_BUFFER, shuffle=False)
+    replicated, _ = _train(replicas, b, "replicate", shuffle=False)
+    single, _ = _train(1, b * replicas, "shard", shuffle=False)
+    for epoch in range(3):
+        for got, rep, one in zip(sharded[epoch], replicated[epoch], single[epoch], strict=True):
+            np.testing.assert_allclose(got, rep, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-6)
+    assert ds.order_is_global
+    sent = [max(r.rows_sent) for r in ds.exchange.reports]
+    assert sent[0] > 0 and sent[1:] == [0, 0]  # moved once; the order never changes
+    assert [s.variables[0].shape[0] for s in ds.stores] == [
+        ds.plan.shard_rows(r) for r in range(replicas)
+    ]
+    x, _, _ = _data()
+    with ds.world.scope():
+        model = _model()
+    model.set_weights(sharded[-1])
+    got = shardfeed.predict(model, ds)
+    np.testing.assert_allclose(
+        got, model.predict(_scale(x), batch_size=ROWS, verbose=0), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_rows_in_order_that_cannot_move_warn_once_and_say_what_to_pass(caplog):
+    x, y, _ = _data(100)
+    streamed = LoadOptions(streaming=True)
+    shard_bytes = 50 * (6 * 4 + 4)
+    tight = LoadOptions(device_memory_bytes=int(shard_bytes * 1.5 / 0.8))  # no room to stage
+    for options in (streamed, tight):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="shardfeed"):
+            ds = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, shuffle=False,
+                                        load_options=options, strategy=_strategy(2))
+        assert ds.exchange is None and not ds.order_is_global
+        assert ds.is_streaming == (options is streamed)
+        warned = [r.getMessage() for r in caplog.records if "shuffle=False" in r.getMessage()]
+        assert len(warned) == 1
+        assert "a global batch joins rows from 2 places of the data, not the batches one " \
+            "replica with batch 20 takes" in warned[0]
+        assert 'or pass placement="replicate"' in warned[0]
+        rows = [ds.epoch_order(0, True).rows(r) for r in range(2)] if not ds.is_streaming else []
+        assert [r[:3].tolist() for r in rows] in ([], [[0, 1, 2], [50, 51, 52]])
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
@@ -253,6 +303,7 @@ def test_refusals_name_the_way_out():
         (2, "shard", True),  # shards plus the exchange's staging
         (3, "shard", True),
         (3, "shard", "local"),  # no exchange: shards only
+        (3, "shard", False),  # rows in order move once: the same staging
         (2, "replicate", True),  # every row on every device, no staging
     ],
 )
@@ -302,3 +353,13 @@ def test_describe_says_sharded_rows_move_with_the_global_shuffle():
     local = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
                                    shuffle="local", strategy=_strategy(2))
     assert "rows move" not in repr(local) and "loaded" not in repr(local)
+    in_order = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, shuffle=False,
+                                      strategy=_strategy(2))
+    assert repr(in_order).endswith(
+        "shuffle=False: rows move between replicas once, before the first training epoch, "
+        "to follow one replica's batches"
+    )
+    # Validation data never trains: no move, and no staging counted for one.
+    training, validation = in_order.split(0.5)
+    assert training.exchange is not None and validation.exchange is None
+    assert validation.memory_reports[0].needed_bytes < training.memory_reports[0].needed_bytes

@@ -45,6 +45,26 @@ def single(tmp_path_factory):
     return _load(out, 1)[0]
 
 
+def test_two_workers_sharded_rows_in_order_equal_one_process(tmp_path):
+    """`shuffle=False` across 2 workers (each loads half the rows): each
+    global batch is one process's batch of 2b, so the weights are its
+    weights; the workers agree that the rows may move (one all-gather)."""
+    single_out = tmp_path / "single"
+    _run([sys.executable, str(WORKER), "--batch", "64", "--in-order", "--out",
+          str(single_out)], ROOT)
+    (one,) = _load(single_out, 1)
+    out = tmp_path / "res"
+    _run(_launch("multiworker", "--batch", "32", "--in-order", "--out", str(out)), ROOT)
+    results = _load(out, 2)
+    for res in results:
+        np.testing.assert_allclose(res["weights"], one["weights"], rtol=1e-5, atol=1e-6)
+        assert int(res["exchanges"]) == 3
+    # Replica r takes rows [80k + 40r, 80k + 40r + 40) of step k, every epoch.
+    for epoch in range(3):
+        ids = results[1]["replica_ids_True_" + f"{epoch}_1"]
+        np.testing.assert_array_equal(ids[:80], np.r_[40:80, 120:160])
+
+
 @pytest.mark.parametrize(
     "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
 )

@@ -732,6 +732,10 @@ def test_global_shuffle_counts_the_exchange_staging_per_device():
     assert "shuffle=True: the per-epoch exchange stages up to" in capped.table()
     one = _memory_plan(data, num_workers=1, per_replica_batch_size=10, device_memory_bytes=GIB)
     assert one.ranks[0].staging_bytes == 0  # one replica: nothing to exchange
+    # Rows in order move once (to follow one replica's batches): the same staging.
+    in_order = _memory_plan(data, shuffle=False, exchange_buffer_bytes=1000, **args)
+    assert in_order.ranks[0].needed_bytes == 251 * 128 + 1000
+    assert "shuffle=False: the exchange (once) stages up to" in in_order.table()
 
 
 def test_cli_shuffle_flag_and_exchange_buffer(capsys):
@@ -741,6 +745,10 @@ def test_cli_shuffle_flag_and_exchange_buffer(capsys):
     code, out, _ = _plan_cli(capsys, *argv, "--shuffle=global")
     assert code == 1 and "stages up to" in out  # + 192 KB of staging does not
     assert _plan_cli(capsys, *argv, "--shuffle=global", "--exchange-buffer=100KB")[0] == 0
+    code, out, _ = _plan_cli(capsys, *argv, "--shuffle=none")
+    assert code == 1 and "exchange_buffer_bytes" in out  # rows in order stage as well
+    assert "Streamed on TensorFlow, each replica takes its own shard's rows in order" in out
+    assert _plan_cli(capsys, *argv, "--shuffle=none", "--exchange-buffer=100KB")[0] == 0
 
 
 @pytest.mark.tensorflow

@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("global", "local", "none"),
         default="global",
         help="global (default): sharded rows are exchanged each epoch, counting a staging "
-        "buffer per device; local: each device shuffles its rows; none",
+        "buffer per device; local: each device shuffles its rows; none: rows in order "
+        "(sharded rows are exchanged once, with the same staging)",
     )
     parser.add_argument(
         "--exchange-buffer",

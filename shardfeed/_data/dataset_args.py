@@ -112,14 +112,6 @@ def check_shuffle(
     return "local" if shuffle == "local" else bool(shuffle)
 
 
-def uses_exchange(shuffle: bool | str, plan: _plan.ShardPlan) -> bool:
-    """Whether epochs need the exchange: the global order of sharded rows on
-    several replicas. One replica holds every row: its permutation of them is
-    the global order already (`order.epoch_indices`), and it may stream."""
-    return shuffle is True and plan.placement == "shard" and plan.num_replicas > 1
-
-
-
 def check_augment(augment: Any, seed: int | None) -> None:
     """Refuses an `augment` that is not a function, or one without a seed."""
     if augment is not None and not callable(augment):
@@ -190,6 +182,17 @@ def for_evaluation() -> Iterator[None]:
         yield
     finally:
         _evaluation_only.reset(token)
+
+
+def moves_rows(shuffle: bool | str, plan: _plan.ShardPlan) -> bool:
+    """Whether the dataset being built moves its rows for training epochs
+    (`_plan.uses_exchange`, the rule), decided once: not rows in order in a
+    dataset built only to evaluate or predict (`for_evaluation`, `split`'s
+    validation part), which never trains, so the move and the staging the
+    memory check counts for it would buy nothing."""
+    if shuffle is False and _evaluation_only.get():
+        return False
+    return _plan.uses_exchange(shuffle, plan)
 
 
 def log_dropped(train_plan: _plan.ShardPlan | None, is_chief: bool) -> None:
@@ -372,6 +375,7 @@ class DatasetBase(Generic[WorldT]):
     _eval_plan: _plan.ShardPlan
     _train_plan: _plan.ShardPlan | None
     _train_plan_error: ValueError | None
+    _moves_rows: bool
     # A subclass's constructor sets its backend's `initialized_world` here
     # when the dataset took its world before `shardfeed.init()` was called.
     _world_before_init: Callable[[], Any] | None = None
@@ -428,6 +432,7 @@ class DatasetBase(Generic[WorldT]):
         )
         self._eval_plan, self._train_plan = built.eval_plan, built.train_plan
         self._train_plan_error = built.train_plan_error
+        self._moves_rows = moves_rows(shuffle, built.eval_plan)
         return options
 
     # What each backend provides to `_start` and `split`.
@@ -481,7 +486,8 @@ class DatasetBase(Generic[WorldT]):
         self._let_go()
         kind = type(self)
         training = kind(*self.columns.rows(0, at), **train_kw)
-        validation = kind(*self.columns.rows(at, self.num_rows), **val_kw)
+        with for_evaluation():  # validation data: never trained on
+            validation = kind(*self.columns.rows(at, self.num_rows), **val_kw)
         self._splits[float(validation_split)] = (training, validation)
         return training, validation
 
@@ -540,6 +546,13 @@ class DatasetBase(Generic[WorldT]):
     def load_options(self) -> LoadOptions:
         """The `LoadOptions` it was loaded with."""
         return self._load_options
+
+    @property
+    def moves_rows(self) -> bool:
+        """Whether training epochs move rows between replicas to follow one
+        order of all rows (`moves_rows`, decided when built); a backend may
+        still hold them where they are (TensorFlow's streamed rows in order)."""
+        return self._moves_rows
 
     @property
     def eval_plan(self) -> _plan.ShardPlan:

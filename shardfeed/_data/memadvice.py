@@ -35,7 +35,8 @@ def table(mem: MemoryNumbers) -> str:
         f"(global batch {plan.global_batch_size:,}); placement={plan.placement!r}; "
         f"drop_remainder={plan.drop_remainder}",
         *(
-            [f"shuffle=True: the per-epoch exchange stages up to "
+            [f"shuffle={mem.shuffle}: the "
+             f"{'per-epoch exchange' if mem.shuffle is True else 'exchange (once)'} stages up to "
              f"{format_bytes(mem.ranks[0].staging_bytes)} per device (counted in fits)"]
             if mem.ranks[0].staging_bytes
             else []
@@ -172,14 +173,14 @@ def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
             now = mem.num_hosts if way.change == "hosts" else mem.num_workers
             if way.value is not None and way.plan is not None:
                 lines.append(
-                    f"Use more {unit}s: with shuffle=True (its exchange stages up to "
+                    f"Use more {unit}s: with shuffle={mem.shuffle} (its exchange stages up to "
                     f"{format_bytes(way.plan.ranks[0].staging_bytes)} per device then), "
                     f"{way.value:,} {unit}(s) are the fewest that fit: "
                     f"{_outcome(way.plan, usable)} (now {now})."
                 )
             else:
                 lines.append(
-                    f"More {unit}s do not make it fit with shuffle=True: each device also "
+                    f"More {unit}s do not make it fit with shuffle={mem.shuffle}: each device also "
                     f"stages the exchange's buffer (now {staged}, at most "
                     f"exchange_buffer_bytes={mem.exchange_buffer_bytes:,}), which does not "
                     "shrink with the shards."
@@ -196,7 +197,7 @@ def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
                     f"Lower `LoadOptions.exchange_buffer_bytes` to {way.value:,} "
                     f"({format_bytes(way.value)}; now {mem.exchange_buffer_bytes:,}): "
                     f"{_outcome(way.plan, usable)}; a smaller buffer means more exchange "
-                    "rounds per epoch."
+                    f"rounds{' per epoch' if mem.shuffle is True else ''}."
                 )
             elif way.plan is not None:
                 lines.append(
@@ -213,8 +214,14 @@ def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
     if not local_fits:
         # The global shuffle refuses to stream (a streamed shard has no global order).
         stream = _streaming(mem, usable)
-        if stream.startswith("Stream the shard"):
+        if stream.startswith("Stream the shard") and mem.shuffle is True:
             stream = 'With shuffle="local" (the global shuffle cannot stream), s' + stream[1:]
+        elif stream.startswith("Stream the shard"):
+            # Rows in order stream too; on TensorFlow they then stay on their shards.
+            stream += (
+                " Streamed on TensorFlow, each replica takes its own shard's rows in order "
+                "(not one replica's batches; it warns)."
+            )
         lines.append(stream)
     return lines
 

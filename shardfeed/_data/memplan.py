@@ -22,6 +22,7 @@ from shardfeed._data.plan import (
     Placement,
     _check_positive,
     plan_shards,
+    uses_exchange,
 )
 
 
@@ -220,7 +221,7 @@ class _Setup:
         factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
         staged = (
             _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
-            if shuffle is True
+            if uses_exchange(shuffle, plan)
             else 0
         )
         # Bytes per device as the dataset counts them, one device per replica.
@@ -291,7 +292,7 @@ class _Setup:
         ways.append(_fewest(change, groups, with_groups))
         if shuffle is True:
             ways.append(WayOut("shuffle_local", None, self.plan(*base, "local", buffer)))
-            ways.append(self._largest_buffer(mem, base, buffer))
+        ways.append(self._largest_buffer(mem, base, buffer))
         compact = tuple(
             c._replace(dtype=_memadvice.COMPACT.get(c.dtype, c.dtype)) for c in mem.columns
         )
@@ -308,13 +309,13 @@ class _Setup:
             mem.num_workers * base[1], mem.num_workers, backend=None
         )
         low = factor * mem.row_bytes  # stages one row
-        smallest = self.plan(*base, True, low)
+        smallest = self.plan(*base, mem.shuffle, low)
         if low >= buffer or not smallest.fits:
             return WayOut("exchange_buffer_bytes", None, smallest)
         good, bad = low, buffer  # fits at good, not at bad
         while bad - good > 1:
             middle = (good + bad) // 2
-            if self.plan(*base, True, middle).fits:
+            if self.plan(*base, mem.shuffle, middle).fits:
                 good = middle
             else:
                 bad = middle

@@ -123,6 +123,30 @@ class ShardPlan:
         )
 
 
+def uses_exchange(shuffle: bool | str, plan: ShardPlan) -> bool:
+    """Whether training epochs move rows between replicas so that global step
+    `s` takes the rows one replica with batch `global_batch_size` takes: sharded
+    rows on several replicas, in the global order (`shuffle=True`, moved every
+    epoch) or in order (`shuffle=False`: moved once, before the first training
+    epoch, so that replica r holds its slice `[r*b, (r+1)*b)` of every global
+    batch; nothing moves after). `"local"` keeps each replica on its own shard;
+    one replica, or replicated rows, hold every row already. The one owner of
+    this rule: both backends' residency, their memory checks and `memory_plan`.
+
+    Example:
+        >>> uses_exchange(False, plan_shards(8, 2, 2)), uses_exchange("local", plan_shards(8, 2, 2))
+        (True, False)
+    """
+    return shuffle != "local" and plan.placement == "shard" and plan.num_replicas > 1
+
+
+def partial_exchange(shuffle: bool | str, plan: ShardPlan, exchange_fraction: float) -> bool:
+    """Whether training epochs mix only `exchange_fraction` of each replica's
+    rows (`LoadOptions.exchange_fraction` below 1): a partial global shuffle.
+    Rows in order (`shuffle=False`) always follow one replica's batches."""
+    return shuffle is True and uses_exchange(shuffle, plan) and exchange_fraction < 1
+
+
 def split_rows(num_rows: int, num_parts: int) -> tuple[tuple[int, int], ...]:
     """Splits `range(num_rows)` into `num_parts` contiguous, balanced ranges.
 

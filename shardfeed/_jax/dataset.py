@@ -122,8 +122,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self._epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         plan = self.eval_plan
         self._epoch_copy, self.memory_reports = _choose_epoch_copy(
-            self.world, plan, self.columns.row_bytes, _args.uses_exchange(self.shuffle, plan),
-            options,
+            self.world, plan, self.columns.row_bytes, self.moves_rows,
+            _plan.partial_exchange(self.shuffle, plan, options.exchange_fraction), options,
         )
         misfit = next((r for r in self.memory_reports if not r.fits), None)
         # Rows per ring slot when streaming (the rows stay on the host); None: resident.
@@ -161,7 +161,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         """Chooses the ring and its memory check (two slots, no rows)."""
         if misfit is not None and options.epoch_copy is True:
             raise ValueError(_STREAMED_COPY.format(streaming='"auto"'))
-        if options.exchange_fraction < 1 and _args.uses_exchange(self.shuffle, self.eval_plan):
+        if _plan.partial_exchange(self.shuffle, self.eval_plan, options.exchange_fraction):
             raise ValueError(
                 _errors.message(
                     "A streamed dataset moves no rows between devices (each chunk is "
@@ -206,14 +206,16 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     @property
     def order_is_global(self) -> bool:
         """Whether step `s` of a training epoch takes the same global rows on
-        any number of replicas: replicated rows, the global order
-        (`shuffle=True`, not a partial exchange), or one replica holding
-        every row in order."""
+        any number of replicas: replicated rows, or one order of all rows
+        (`shuffle=True` without a partial exchange, or `shuffle=False`:
+        `_plan.uses_exchange`), streamed or not. Not `shuffle="local"`."""
         if self.plan.placement == "replicate":
             return True
-        if self.shuffle is True:
-            return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
-        return self.shuffle is False and self.plan.num_replicas == 1
+        if self.shuffle is False:
+            return self.plan.num_replicas == 1 or self.moves_rows
+        return self.shuffle is True and not _plan.partial_exchange(
+            self.shuffle, self.plan, self.load_options.exchange_fraction
+        )
 
     @property
     def epoch_copy(self) -> bool:
@@ -382,15 +384,17 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         static = self.shuffle is False
         if static and self._static is not None and self._static[0] == plan:
             return self._static[1]
-        mixed = training and _args.uses_exchange(self.shuffle, plan) and (
-            self.load_options.exchange_fraction < 1
+        mixed = training and _plan.partial_exchange(
+            self.shuffle, plan, self.load_options.exchange_fraction
         )
         if mixed:
             assert self.seed is not None  # a shuffle needs one: checked when built
             rows = _order.mixed_rows(plan, self._layout, self._layout_epoch,
                                      self.load_options.exchange_fraction, self.seed, epoch)
         else:
-            rows = _order.epoch_rows(plan, self.shuffle, self.seed, epoch, training)
+            rows = _order.epoch_rows(
+                plan, self.shuffle, self.seed, epoch, training, self.moves_rows
+            )
         if self.epoch_copy:
             # Rows moved in place (a partial exchange) are copied from where they sit.
             placed = self._placed(plan, rows) if mixed or self._layout is not None else None
@@ -486,14 +490,15 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
 
 
 def _choose_epoch_copy(
-    world: World, plan: _plan.ShardPlan, row_bytes: int, exchange: bool, options: LoadOptions
+    world: World, plan: _plan.ShardPlan, row_bytes: int, exchange: bool, mixed: bool,
+    options: LoadOptions,
 ) -> tuple[bool, list[_memory.MemoryReport]]:
     """Whether epochs keep a copy of their rows (`LoadOptions.epoch_copy`), and
     the memory reports of that choice: what the devices hold besides the rows."""
     slots = plan.steps_per_epoch * plan.per_replica_batch_size
     # The in-place rounds' staging (the global order without a copy, a partial
     # exchange), no more than one replica can send another: its shard, or its pool.
-    in_place, mixed = 0, options.exchange_fraction < 1
+    in_place = 0
     if exchange:
         most = max(plan.shard_rows(r) for r in range(plan.num_replicas))
         in_place = _relayout.staging_bytes(

@@ -47,25 +47,31 @@ def permutation(n: int, seed: int | None, key: tuple[int, ...], shuffle: bool) -
 
 
 def epoch_rows(
-    plan: ShardPlan, shuffle: bool | str, seed: int | None, epoch: int, training: bool
+    plan: ShardPlan, shuffle: bool | str, seed: int | None, epoch: int, training: bool,
+    moves_rows: bool,
 ) -> EpochRows:
-    """The epoch's rows per replica (evaluation: in order, `shuffle` ignored).
+    """The epoch's rows per replica (evaluation: each replica's own rows in
+    order, `shuffle` ignored). `moves_rows`: the dataset's
+    (`DatasetBase.moves_rows`): sharded rows that follow one order of all rows
+    (the global shuffle, or rows in order) move to the replica whose slice of
+    a global batch they are.
 
     Example:
         >>> from shardfeed._data.plan import plan_shards
-        >>> [r.tolist() for r in epoch_rows(plan_shards(6, 2, 2), False, None, 0, True).rows]
-        [[0, 1, 2], [3, 4, 5]]
+        >>> plan = plan_shards(6, 2, 2)
+        >>> [r.tolist() for r in epoch_rows(plan, False, None, 0, True, True).rows]
+        [[0, 1, 4], [2, 3, 5]]
     """
     shuffle = shuffle if training else False
-    if plan.placement == "shard" and shuffle is not True:
+    moved = training and moves_rows
+    if plan.placement == "shard" and shuffle is not True and not moved:
         rows = []
         for r, (start, stop) in enumerate(plan.shards):
             local = permutation(stop - start, seed, (epoch, r), shuffle == "local")
             rows.append(local[: plan.rows_per_epoch(r)] + start)
         return EpochRows(rows, False)
-    # The global order (or replicated rows in order): slices of one order of all rows.
+    # One order of all rows (drawn, or in order), each global step a slice of it.
     order = permutation(plan.num_rows, seed, (epoch,), shuffle is True)
-    moved = plan.placement == "shard" and plan.num_replicas > 1
     return EpochRows(_exchange.epoch_rows(plan, order), moved)
 
 
@@ -117,7 +123,7 @@ def slot_rows(plan: ShardPlan, rows: list[np.ndarray]) -> np.ndarray:
     Example:
         >>> from shardfeed._data.plan import plan_shards
         >>> plan = plan_shards(7, 2, 2)
-        >>> slot_rows(plan, epoch_rows(plan, False, None, 0, True).rows).tolist()
+        >>> slot_rows(plan, epoch_rows(plan, False, None, 0, False, True).rows).tolist()
         [0, 1, 4, 5, 2, 3, 6]
     """
     b, full = plan.per_replica_batch_size, plan.full_steps_per_epoch

@@ -159,7 +159,9 @@ class StreamedEpoch(ResidentEpoch):
         b = plan.per_replica_batch_size
         # A batch larger than the slot (a resumed plan's) still streams a step at a time.
         self.chunk_steps = max(1, min(rows_per_slot // b, max(1, plan.full_steps_per_epoch)))
-        self._rows = _order.epoch_rows(plan, dataset.shuffle, dataset.seed, epoch, training).rows
+        self._rows = _order.epoch_rows(
+            plan, dataset.shuffle, dataset.seed, epoch, training, dataset.moves_rows
+        ).rows
         self.arrays = None
         self._closed = False
         self._number = jax.device_put(np.int32(epoch), NamedSharding(self._mesh, P()))

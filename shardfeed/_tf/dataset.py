@@ -121,25 +121,15 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             transform=transform, augment=augment, load_options=load_options, strategy=strategy,
         )
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
-        exchanged = _args.uses_exchange(self.shuffle, self.eval_plan)
-        row_bytes = self.columns.row_bytes
-        staged = (
-            _global_order.staging_bytes(self.eval_plan, row_bytes, opts, self.world)
-            if exchanged
-            else 0
-        )
-        # Each replica's `[steps, batch]` index matrix of an epoch lives on its
-        # device (`order.py`, `exchange.py`): device memory on a GPU too.
-        plan = self.eval_plan
-        needed = _memory.device_bytes(
-            plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
-            staged + _memory.call_rows_bytes(plan, row_bytes) + _memory.position_bytes(plan),
-            _memory.index_bytes_per_row(self.world.local_devices, opts.device_memory_bytes),
-        )
-        self.memory_reports = _memory.memory_reports(
-            needed, opts.memory_fraction, opts.device_memory_bytes
-        )
+        exchanged = self.moves_rows
+        self.memory_reports = self._memory_reports(exchanged)
         misfit = next((r for r in self.memory_reports if not r.fits), None)
+        if exchanged and self.shuffle is False and self._cannot_move(misfit):
+            # Rows in order stay where they were loaded: each replica takes its
+            # own shard's rows, and the one warning says why and what to pass.
+            exchanged = False
+            self.memory_reports = self._memory_reports(exchanged)
+            misfit = next((r for r in self.memory_reports if not r.fits), None)
         self.stream: _streaming.StreamLayout | None = None
         self._exchanged = exchanged
         self._open_epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
@@ -167,6 +157,49 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         _args.log_dropped(self._train_plan, self.world.is_chief)
 
     _TRANSFORM_EXAMPLE = "tf.cast(x, 'float32') / 255"
+
+    def _memory_reports(self, exchanged: bool) -> list[_memory.MemoryReport]:
+        """The fit of the shards, plus the exchange's staging when rows move."""
+        opts, plan, row_bytes = self.load_options, self.eval_plan, self.columns.row_bytes
+        staged = _global_order.staging_bytes(plan, row_bytes, opts, self.world) if exchanged else 0
+        # Each replica's `[steps, batch]` index matrix of an epoch lives on its
+        # device (`order.py`, `exchange.py`): device memory on a GPU too.
+        needed = _memory.device_bytes(
+            plan, self.world.global_replica_ids, self.world.local_devices, row_bytes,
+            staged + _memory.call_rows_bytes(plan, row_bytes) + _memory.position_bytes(plan),
+            _memory.index_bytes_per_row(self.world.local_devices, opts.device_memory_bytes),
+        )
+        return _memory.memory_reports(needed, opts.memory_fraction, opts.device_memory_bytes)
+
+    def _cannot_move(self, misfit: _memory.MemoryReport | None) -> bool:
+        """Whether rows in order (`shuffle=False`) cannot move to follow one
+        replica's batches: streamed shards (asked for, or not fitting with the
+        exchange's staging on some worker; every worker decides alike, since
+        the exchange is a collective). Warns once, on the chief, when so."""
+        opts = self.load_options
+        misfits = [misfit is not None]
+        if opts.streaming is not True and self.world.world_size > 1:
+            misfits = [p == b"1" for p in self.world.all_gather_bytes(b"1" if misfit else b"0")]
+        if opts.streaming is not True and not any(misfits):
+            return False
+        if self.world.is_chief:
+            why = (
+                "LoadOptions(streaming=True)" if opts.streaming is True
+                else "the shards with the exchange's staging do not fit"
+                f"{'' if misfit is None else f' ({misfit.numbers()})'}"
+            )
+            logger.warning(
+                "shardfeed: shuffle=False on %d sharded replicas: %s, so each replica "
+                "takes its own shard's rows in order and a global batch joins rows from "
+                "%d places of the data, not the batches one replica with batch %d takes. "
+                "For those, hold the shards resident with room for the exchange (more "
+                "replicas, or a smaller LoadOptions.exchange_buffer_bytes; "
+                "streaming=False), or pass placement=\"replicate\" where every row fits "
+                "on each device.",
+                self.eval_plan.num_replicas, why, self.eval_plan.num_replicas,
+                self.eval_plan.global_batch_size,
+            )
+        return True
 
     def _check_backend_args(self, strategy: Any, options: LoadOptions) -> None:
         if options.epoch_copy is True:
@@ -232,8 +265,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if not self._exchanged:
             return _Held(stores, _order.ResidentRows(stores, self.seed, self.shuffle), None)
         exchange = _global_order.GlobalShuffle(
-            self.eval_plan, stores, self.engine, self.columns.row_bytes, opts,
-            self.seed,  # type: ignore[arg-type]
+            self.eval_plan, stores, self.engine, self.columns.row_bytes, opts, self.seed,
+            shuffle=self.shuffle is True,
         )
         return _Held(stores, exchange, exchange)
 
@@ -281,7 +314,12 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             held = "rows let go of by `split` (loaded again when next used)"
         elif self._held.exchange is not None:
             # The ranges are what each replica loaded; the exchange moves rows every epoch.
-            held = f"loaded {held}; shuffle=True: rows move between replicas each epoch"
+            held = (
+                f"loaded {held}; shuffle=True: rows move between replicas each epoch"
+                if self.shuffle is True
+                else f"loaded {held}; shuffle=False: rows move between replicas once, "
+                "before the first training epoch, to follow one replica's batches"
+            )
         return (
             f"ShardedResidentDataset: {plan.num_rows:,} rows ({self.columns.describe()}), "
             f"{self.nbytes_on_device / 2**20:,.1f} MiB on this worker's devices; "
@@ -336,12 +374,15 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def order_is_global(self) -> bool:
         """Whether step `s` of a training epoch takes the same global rows on
         any number of replicas: `placement="replicate"`, or sharded rows with
-        `shuffle=True` and the full exchange, or one replica holding every row.
+        `shuffle=True` and the full exchange, or `shuffle=False` with the rows
+        moved to follow one replica's batches (`_plan.uses_exchange`), or one
+        replica holding every row.
 
         Not with `shuffle="local"` (one order per replica), `shuffle=False`
-        over several replicas (rows per replica depend on their number), a
-        partial exchange (it mixes the rows each replica happened to hold) or
-        streaming (chunks are shuffled per replica).
+        over several replicas when its rows could not move (streamed: rows
+        per replica depend on their number), a partial exchange (it mixes the
+        rows each replica happened to hold) or streaming (chunks are shuffled
+        per replica).
         """
         if self.is_streaming:
             return False
@@ -349,7 +390,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             return True
         if self.shuffle is True:
             return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
-        return self.shuffle is False and self.plan.num_replicas == 1
+        return self.shuffle is False and (self.plan.num_replicas == 1 or self._exchanged)
 
     @property
     def order_is_replayable(self) -> bool:
@@ -357,7 +398,9 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         so a restarted process draws it again. False for a partial exchange
         (`exchange_fraction < 1`), which mixes what each replica held after
         the epochs before, and a restart reloads the shards as first loaded."""
-        return self.exchange is None or self.load_options.exchange_fraction == 1
+        return self.exchange is None or not _plan.partial_exchange(
+            self.shuffle, self.plan, self.load_options.exchange_fraction
+        )
 
     # -- label ranges (checked by the Keras surface) -----------------------------
 

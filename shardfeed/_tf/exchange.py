@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import exchange as _exchange
+from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
 from shardfeed._tf import alltoall as _alltoall
@@ -90,7 +91,8 @@ def misfit_error(numbers: str, options: LoadOptions, streaming_asked: bool) -> s
 
 class GlobalShuffle:
     """The layout of sharded rows across replicas and the per-epoch exchange
-    (the `order.Residency` of globally shuffled sharded rows).
+    (the `order.Residency` of sharded rows that follow one order of all rows:
+    globally shuffled, or in order; `_plan.uses_exchange`).
 
     Args:
         plan: The dataset's evaluation plan (which rows each replica holds).
@@ -99,6 +101,8 @@ class GlobalShuffle:
         row_bytes: Bytes of one row, all columns.
         options: `exchange_buffer_bytes`, `exchange_fraction`.
         seed: The dataset's seed.
+        shuffle: True: one permutation of all rows per epoch; False: rows in
+            order (they move once, before the first training epoch, and stay).
     """
 
     def __init__(
@@ -108,12 +112,14 @@ class GlobalShuffle:
         engine: Engine,
         row_bytes: int,
         options: LoadOptions,
-        seed: int,
+        seed: int | None,
+        shuffle: bool = True,
     ) -> None:
         self.held = _exchange.initial_layout(plan)
         self.reports: list[ExchangeReport] = []
         self._stores, self._engine, self._world = stores, engine, engine.world
         self._row_bytes, self._options, self._seed = row_bytes, options, seed
+        self._shuffle = shuffle
         self._num_rows = plan.num_rows
         self._moves: _RoundMoves | None = None
 
@@ -133,14 +139,17 @@ class GlobalShuffle:
             indices = _order.epoch_indices(plan, self._stores, None, epoch, False)
             return _order.EpochOrder(indices, self._stores, self._local_layout())
         fraction = self._options.exchange_fraction
-        if fraction < 1:
+        if _plan.partial_exchange(self._shuffle, plan, fraction):
+            assert self._seed is not None  # a shuffle needs one: checked when built
             dest = _exchange.partial_destinations(
                 self.held, fraction, self._seed, epoch, self._num_rows
             )
             self._move(dest, epoch)
             indices = _order.epoch_indices(plan, self._stores, self._seed, epoch, True)
             return _order.EpochOrder(indices, self._stores, self._local_layout())
-        permutation = _order.permutation(self._num_rows, self._seed, epoch, None, True).numpy()
+        permutation = _order.permutation(
+            self._num_rows, self._seed, epoch, None, self._shuffle
+        ).numpy()
         needed = _exchange.epoch_rows(plan, permutation)
         self._move(_exchange.global_destinations(self.held, needed, self._num_rows), epoch)
         slot = np.empty(self._num_rows, dtype=np.int64)

@@ -26,11 +26,13 @@ from shardfeed import FitOptions, ShardedResidentDataset, fit
 ROWS = 600  # global batch 50: 12 steps per epoch, 2 per call
 
 
-def _fit(devices, callbacks, epochs=3, **kwargs):
+def _fit(devices, callbacks, epochs=3, shuffle=True, **kwargs):
     x, y = regression_data(ROWS)
     with replicas(devices):
-        # Sharded rows in the global order: the exchange runs every epoch.
-        ds = ShardedResidentDataset(x, y, per_replica_batch_size=50 // devices, seed=1)
+        # Sharded rows in the global order: the exchange runs every epoch
+        # (rows in order: once).
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=50 // devices, seed=1,
+                                    shuffle=shuffle)
         model = mlp()
         history = fit(model, ds, epochs=epochs, callbacks=callbacks, verbose=0,
                       options=FitOptions(steps_per_execution=2), **kwargs)
@@ -48,24 +50,28 @@ def _assert_same(ours, theirs, history, expected, rtol):
 
 
 @pytest.mark.parametrize(
-    ("before", "after"),
+    ("before", "after", "shuffle"),
     [
-        (1, 1),
-        (2, 2),
-        (2, 1),  # another number of replicas: the global batch and order are kept
+        (1, 1, True),
+        (2, 2, True),
+        (2, 1, True),  # another number of replicas: the global batch and order are kept
+        (2, 1, False),  # rows in order follow one replica's batches on any number
     ],
 )
-def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path, before, after):
+def test_backup_every_n_steps_resumes_at_the_exact_step(tmp_path, before, after, shuffle):
     """Backups every 4 steps; preempted after step 10 of epoch 1, resumed
     from step 8: weights, optimizer state and epoch 1's logs equal an
     uninterrupted run's."""
-    straight, straight_history = _fit(after, [])
+    straight, straight_history = _fit(after, [], shuffle=shuffle)
     backup = str(tmp_path / "backup")
     with pytest.raises(KeyboardInterrupt):
-        _fit(before, [keras.callbacks.BackupAndRestore(backup, save_freq=4), Preempt(1, 9)])
+        _fit(before, [keras.callbacks.BackupAndRestore(backup, save_freq=4), Preempt(1, 9)],
+             shuffle=shuffle)
     seen = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))
-    resumed, history = _fit(after, [keras.callbacks.BackupAndRestore(backup, save_freq=4), record])
+    resumed, history = _fit(
+        after, [keras.callbacks.BackupAndRestore(backup, save_freq=4), record], shuffle=shuffle
+    )
     # Resumed inside epoch 1 at step 8: calls end at steps 9 and 11, then epoch 2.
     assert seen[:3] == [9, 11, 1]
     expected = {k: v[1:] for k, v in straight_history.history.items()}

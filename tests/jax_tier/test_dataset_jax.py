@@ -46,14 +46,18 @@ def test_each_row_once_per_epoch(replicas, num_devices, placement, shuffle):
 
 @pytest.mark.parametrize("num_devices", [2, 4])
 @pytest.mark.parametrize("placement", ["shard", "replicate"])
-def test_global_order_equals_one_replica_with_the_global_batch(replicas, num_devices, placement):
+@pytest.mark.parametrize("shuffle", [True, False])  # the global order, or rows in order
+def test_global_order_equals_one_replica_with_the_global_batch(
+    replicas, num_devices, placement, shuffle
+):
     n, b = 212, 5  # a partial last step with rows on every replica (sharded: 53 or 106 each)
     x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
 
     def batches(devices: int, batch: int) -> list[np.ndarray]:
         replicas(devices)
         ds = ShardedResidentDataset(
-            x, np.arange(n), per_replica_batch_size=batch, seed=3, placement=placement
+            x, np.arange(n), per_replica_batch_size=batch, seed=3, placement=placement,
+            shuffle=shuffle,
         )
         return [np.asarray(bt.x) for e in range(2) for _, bt in ds.epoch(e)]
 
@@ -82,7 +86,7 @@ def test_each_replicas_part_is_on_its_own_device(replicas, placement, shuffle):
         shard = by_device[device]
         assert shard.index[0] == slice(r * b, (r + 1) * b)
         np.testing.assert_array_equal(np.asarray(shard.data), rows[r * b : (r + 1) * b])
-        if placement == "shard" and shuffle is not True:  # its own rows, never another's
+        if placement == "shard" and shuffle == "local":  # its own rows, never another's
             start, stop = ds.plan.shards[r]
             assert ((start <= np.asarray(shard.data)) & (np.asarray(shard.data) < stop)).all()
 
@@ -374,7 +378,9 @@ def test_memory_counts_the_epoch_copy_and_the_exchange(replicas):
     replicas(2)
     opts = LoadOptions(device_memory_bytes=2**30)
     x = np.zeros((1000, 4), np.float32)  # 16 bytes a row, 500 per replica
-    plain = ShardedResidentDataset(x, per_replica_batch_size=10, shuffle=False, load_options=opts)
+    # Each replica on its own rows: no exchange (rows in order move once, as the global order).
+    plain = ShardedResidentDataset(x, per_replica_batch_size=10, shuffle="local", seed=0,
+                                   load_options=opts)
     assert [r.needed_bytes for r in plain.memory_reports] == [2 * 500 * 16] * 2  # rows + copy
     mixed = ShardedResidentDataset(x, per_replica_batch_size=10, seed=0, load_options=opts)
     assert all(r.needed_bytes > 2 * 500 * 16 for r in mixed.memory_reports)
@@ -425,7 +431,9 @@ def test_split_keeps_the_options_and_the_last_rows_for_validation(replicas):
     assert training.seed == 9 and validation.per_replica_batch_size == 2
     assert sorted(rows_of(validation.epoch(0, training=False))) == list(range(15, 20))
     assert ds.split(0.25) == (training, validation)
-    assert training.order_is_global and not validation.order_is_global  # 2 replicas in order
+    # Validation data never trains: its rows in order stay on their shards.
+    assert training.order_is_global and not validation.order_is_global
+    assert training.moves_rows and not validation.moves_rows
     with pytest.raises(ValueError, match="leave rows on both sides"):
         ds.split(0.99)
 

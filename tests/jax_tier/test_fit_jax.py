@@ -16,7 +16,7 @@ from _helpers_fit import (
     replicas,
 )
 
-from shardfeed import FitOptions, ShardedResidentDataset, evaluate, fit, predict
+from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset, evaluate, fit, predict
 
 
 def _two_input_model(seed: int = 3) -> keras.Model:
@@ -77,6 +77,28 @@ def test_sharded_global_shuffle_on_n_replicas_equals_one_replica_with_n_b(n):
         history = fit(ours := mlp(), ds, epochs=3, verbose=0)
     assert max_weight_diff(ours, theirs) < 1e-5
     assert_history_close(history.history, expected.history)
+
+
+@pytest.mark.parametrize("epoch_copy", [True, False])
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharded_rows_in_order_on_n_replicas_equal_one_replica_with_n_b(n, epoch_copy):
+    """`shuffle=False`: global batch k is one replica's batch k of N*b (rows
+    moved once to their replica), with a partial last step; `predict` keeps
+    the rows' order."""
+    x, y = regression_data(1003)
+    options = LoadOptions(epoch_copy=epoch_copy)
+    with replicas(1):
+        one = ShardedResidentDataset(x, y, per_replica_batch_size=8 * n, shuffle=False)
+        expected = fit(theirs := mlp(), one, epochs=3, verbose=0)
+    with replicas(n):
+        ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, shuffle=False,
+                                    load_options=options)
+        history = fit(ours := mlp(), ds, epochs=3, verbose=0)
+        assert max_weight_diff(ours, theirs) < 1e-5
+        assert_history_close(history.history, expected.history)
+        assert ds.order_is_global and ds.epoch_copy == epoch_copy
+        np.testing.assert_allclose(predict(ours, ds), ours.predict(x, verbose=0),
+                                   rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -42,9 +42,9 @@ def test_gathered_batches_equal_the_copys(replicas, num_devices, placement, shuf
             emitted = rows_of(g)
             assert len(np.unique(emitted)) == len(emitted)
             np.testing.assert_array_equal(emitted, g.slot_rows())
-            if training or placement == "replicate" or shuffle is not True:
+            if training or placement == "replicate" or shuffle == "local":
                 np.testing.assert_array_equal(emitted, rows_of(c))  # the same global batches
-            else:  # after rows moved, each replica evaluates the rows it holds
+            else:  # after rows moved (in order too), each replica evaluates the rows it holds
                 np.testing.assert_array_equal(np.sort(emitted), np.sort(rows_of(c)))
             for _, batch in g:  # x is the row's own x
                 np.testing.assert_array_equal(np.asarray(batch.x)[:, 0],
@@ -103,7 +103,8 @@ def test_memory_counts_positions_and_staging_not_a_copy(replicas):
     replicas(2)
     x = np.zeros((1000, 4), np.float32)  # 16 bytes a row, 500 per replica, 50 steps of 10
     opts = LoadOptions(device_memory_bytes=2**30, epoch_copy=False, exchange_buffer_bytes=640)
-    plain = ShardedResidentDataset(x, per_replica_batch_size=10, shuffle=False, load_options=opts)
+    plain = ShardedResidentDataset(x, per_replica_batch_size=10, shuffle="local", seed=0,
+                                   load_options=opts)
     assert [r.needed_bytes for r in plain.memory_reports] == [500 * 16 + 500 * 4] * 2
     mixed = ShardedResidentDataset(x, per_replica_batch_size=10, seed=0, load_options=opts)
     # Plus a round's staging: 10 rows a pair, sent and received, 2 replicas.
