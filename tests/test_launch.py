@@ -596,12 +596,35 @@ def test_every_rank_inside_one_call_is_a_stall(script):
     )
     assert code == 124
     assert (
-        "shardfeed launch: worker rank(s) 0, 1 made no progress for 0.2 s: every one stands "
+        # A kind's first call (it compiles) may take 4 bounds.
+        "shardfeed launch: worker rank(s) 0, 1 made no progress for 0.8 s: every one stands "
         "inside shardfeed call 4 (a compiled train call): a rank stuck inside the call (a "
         "py_function or io_callback that never returns, a collective that never completes; "
         "see each rank's stacks below), or a call that takes longer than that. Stopping 2 "
         "worker(s);" in fake.messages()
     )
+
+
+def test_a_long_call_is_no_stall_until_three_times_the_longest_of_its_kind():
+    """From outside, a rank stuck inside a compiled call and every rank in one
+    long call look alike: the bound for "every rank inside one call" follows
+    the calls of that kind that completed (steps per call set their length)."""
+    supervisor = process._Supervisor(System(), grace_s=1, timeout_s=None)
+    inside = {r: progress_module.Position(4, "C", "a compiled train call") for r in (0, 1)}
+    # Its first call (a compile with it): four bounds.
+    assert supervisor.stall_bound_s(inside, 5.0) == 20.0
+    supervisor.time_calls({r: progress_module.Position(3, "C", "a compiled train call")
+                           for r in (0, 1)}, now=100.0)  # fmt: skip
+    supervisor.time_calls({r: progress_module.Position(3, "A", "fit") for r in (0, 1)}, 130.0)
+    assert supervisor.longest_call_s == {"a compiled train call": 30.0}
+    assert supervisor.stall_bound_s(inside, 5.0) == 90.0  # 3 x 30 s
+    # Short calls: the bound itself.
+    supervisor.longest_call_s["a compiled train call"] = 0.5
+    assert supervisor.stall_bound_s(inside, 5.0) == 5.0
+    # Ranks in different places: the bound itself, whatever the calls took.
+    mixed = {0: progress_module.Position(4, "C", "a compiled train call"),
+             1: progress_module.Position(4, "B", "on_epoch_end")}  # fmt: skip
+    assert supervisor.stall_bound_s(mixed, 5.0) == 5.0
 
 
 def _names(indexes):

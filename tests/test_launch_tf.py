@@ -298,8 +298,9 @@ def test_busy_port_without_isolation_is_named_at_once(worker, tmp_path, monkeypa
          "on_epoch_end while rank(s) 0 wait for them in shardfeed's fit, in a collective "
          "between its counted calls"),
         ("step",
-         "worker rank(s) 0, 1 made no progress for 5 s: every one stands inside shardfeed "
-         "call 4 (a compiled train call): a rank stuck inside the call"),
+         # Past 3 x the longest train call that completed (at least 5 s).
+         "every one stands inside shardfeed call 4 (a compiled train call): a rank stuck "
+         "inside the call"),
     ],
 )  # fmt: skip
 def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, named):
@@ -317,7 +318,7 @@ def test_a_stuck_worker_is_named_by_the_progress_watch(worker, tmp_path, mode, n
     )
     text = err.getvalue().decode()
     assert code == 124, text[-3000:]
-    assert f"shardfeed launch: {named}" in text, text[-3000:]
+    assert named in text, text[-3000:]  # after "shardfeed launch: worker rank(s) ..."
     # Where each rank stood, from its own stacks, before they were stopped.
     for rank in (0, 1):
         assert f"shardfeed launch: Python stacks of worker rank {rank} " in text

@@ -85,8 +85,9 @@ class LaunchOptions:
             `predict` between them, in a callback or in its own code) moved
             this long while some ranks wait for others, or every rank is
             inside one compiled call; names those ranks and prints each
-            rank's Python stacks (None: never). A single compiled call, its
-            first compile included, must finish within it.
+            rank's Python stacks (None: never). Every rank inside one call
+            is stopped only past 3 times the longest call of its kind that
+            completed (at least this bound; 4 bounds for its first call).
         mtls_dir: A job's credentials directory (`shardfeed credentials DIR`),
             checked before any worker starts and passed to the workers as
             SHARDFEED_MTLS_DIR: a JAX job's `jax.distributed` coordinator then

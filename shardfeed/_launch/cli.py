@@ -84,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="multiworker: stop (exit 124) when no worker moved for S seconds while some ranks "
         "wait for others (in a callback, their own code) or every rank is inside one "
         "compiled call, naming them and printing each rank's Python stacks ('none': never, "
-        "e.g. for interactive use; default: 300; a single compiled call, its first compile "
-        "included, must finish within it)",
+        "e.g. for interactive use; default: 300; every rank inside one call stops the job "
+        "past 3 times the longest call of its kind, at least S, or 4 x S for its first call)",
     )
     parser.add_argument(
         "--shutdown-timeout-s",

@@ -29,6 +29,12 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _READER_JOIN_S = 5.0  # how long to wait for a worker's pipes to drain after it exited
 _STACKS_WAIT_S = 2.0  # how long a stop for a stall waits for the workers' stacks
 _STACK_LINES = 200  # of each worker's stacks, at most
+# Every rank inside one compiled call is a stall only past this many times the
+# longest call of that kind that completed (a stuck call and a long one look
+# alike from outside: steps per call and row counts set a call's length), and
+# past this many `--progress-timeout-s` for a kind's first call, which compiles.
+_CALL_LENGTHS_ALLOWED = 3
+_FIRST_CALL_TIMEOUTS_ALLOWED = 4
 
 
 class _BinaryText(io.RawIOBase):
@@ -115,6 +121,10 @@ class _Supervisor:
         # The running workers' positions last seen, and since when.
         self.progress: dict[int, progress.Position] = {}
         self.progress_since = 0.0
+        # Each rank's current counted call (its count, label) and when it began;
+        # the longest completed call of each label, in seconds.
+        self.calls_begun: dict[int, tuple[int, str, float]] = {}
+        self.longest_call_s: dict[str, float] = {}
 
     # -- output ---------------------------------------------------------------
 
@@ -218,12 +228,14 @@ class _Supervisor:
         running = [i for i, w in enumerate(self.workers) if w.running]
         positions = watch.positions(running)
         if positions != self.progress:
+            self.time_calls(positions, now)
             self.progress, self.progress_since = positions, now
             return None
-        if now - self.progress_since < watch.progress_timeout_s:
+        bound_s = self.stall_bound_s(positions, watch.progress_timeout_s)
+        if now - self.progress_since < bound_s:
             return None
         exiting = {i for i in running if watch.exit_start(i) is not None}
-        why = stall.explain(positions, exiting, watch.progress_timeout_s, self.rank_names)
+        why = stall.explain(positions, exiting, round(bound_s, 1), self.rank_names)
         if why is None:
             return None
         cause = self.stopped_alone()
@@ -232,6 +244,36 @@ class _Supervisor:
             "only takes longer (chief-only work such as saving, one long compiled call), or "
             "pass 'none'." + ("" if cause is None else f" The cause: {cause}")
         )
+
+    def time_calls(self, positions: dict[int, progress.Position], now: float) -> None:
+        """Records when each rank entered its counted call and, when it left,
+        how long that call took (the longest per label)."""
+        for i, position in positions.items():
+            begun = self.calls_begun.get(i)
+            current = (position.calls, position.label)
+            if begun is not None and begun[:2] != current:
+                label, took = begun[1], now - begun[2]
+                self.longest_call_s[label] = max(self.longest_call_s.get(label, 0.0), took)
+                del self.calls_begun[i]
+            if position.where == progress.IN_CALL and i not in self.calls_begun:
+                self.calls_begun[i] = (*current, now)
+
+    def stall_bound_s(self, positions: dict[int, progress.Position], timeout_s: float) -> float:
+        """How long positions may stand still: `timeout_s`, except with every
+        rank inside one counted call, where a long call is no stall: then
+        `_CALL_LENGTHS_ALLOWED` times the longest completed call of its kind,
+        at least `timeout_s`; `_FIRST_CALL_TIMEOUTS_ALLOWED` times `timeout_s`
+        for a kind's first call (its compile included)."""
+        inside = {(p.calls, p.label) for p in positions.values() if p.where == progress.IN_CALL}
+        if len(inside) != 1 or len(positions) != sum(
+            p.where == progress.IN_CALL for p in positions.values()
+        ):
+            return timeout_s
+        ((_, label),) = inside
+        longest = self.longest_call_s.get(label)
+        if longest is None:
+            return _FIRST_CALL_TIMEOUTS_ALLOWED * timeout_s
+        return max(timeout_s, _CALL_LENGTHS_ALLOWED * longest)
 
     def stopped_alone(self) -> str | None:
         """`stall.stopped_alone` over every worker's last position (an exited
