@@ -5,6 +5,8 @@ Why: a training call donates the model's variables' arrays, so an interrupt
 between the call and the write-back left deleted arrays (10 of 18 real Ctrl-Cs).
 The handler is installed once per `fit`/`evaluate`/`predict` (`handled`); each
 call only counts itself in and out (`CALL`): a handler per call cost ~45 us a call.
+A KeyboardInterrupt raised outside a call may land in a finalizer, which
+swallows it (2 of 8 Ctrl-Cs): the next call raises it again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from types import FrameType, TracebackType
 
 _inside = 0  # calls whose state is out of the model's variables now
 _pending = False  # a SIGINT came while `_inside`: raised when the last one ends
+_retry = False  # a KeyboardInterrupt raised outside a call, perhaps swallowed there
 
 
 @contextlib.contextmanager
@@ -31,17 +34,24 @@ def handled() -> Iterator[None]:
         return
 
     def hold(signum: int, frame: FrameType | None) -> None:
-        global _pending
+        global _pending, _retry
         if _inside:
             _pending = True
-        else:
-            previous(signum, frame)
+            return
+        if previous is signal.default_int_handler:
+            # Raised here, the KeyboardInterrupt may land in a finalizer (a
+            # weakref callback of JAX's caches), which swallows it: 2 of 8
+            # Ctrl-Cs were lost so. The next call raises it again.
+            _retry = True
+        previous(signum, frame)
 
     signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        global _retry
+        _retry = False
 
 
 class _Call:
@@ -49,7 +59,12 @@ class _Call:
     call and writing its result back."""
 
     def __enter__(self) -> None:
-        global _inside
+        global _inside, _retry
+        if not _inside and _retry:
+            # A Ctrl-C perhaps swallowed where it was raised (see `handled`):
+            # raised again before the next call takes the state out of the model.
+            _retry = False
+            raise KeyboardInterrupt
         _inside += 1
 
     def __exit__(

@@ -166,3 +166,32 @@ def test_an_ignored_sigint_stays_ignored():
         history = fit(mlp(), ds, epochs=2, verbose=0, callbacks=[SendCtrlC()], options=ONE_STEP)
     assert len(history.history["loss"]) == 2
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_a_ctrl_c_a_finalizer_swallowed_is_raised_at_the_next_call(monkeypatch):
+    """Python raises a SIGINT's KeyboardInterrupt wherever the main thread is;
+    inside a finalizer (a weakref callback, as JAX's caches have) it goes to
+    the unraisable hook and the Ctrl-C is lost (2 of 8 on JAX). Under `fit`
+    the next call raises it again, before it takes the model's state out."""
+    import sys
+    import weakref
+
+    from shardfeed._jax import interrupts
+
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+
+    class Cached:
+        pass
+
+    with interrupts.handled():
+        entry = Cached()
+        # The Ctrl-C's handler runs while the finalizer runs.
+        weakref.finalize(entry, signal.getsignal(signal.SIGINT), signal.SIGINT, None)
+        del entry
+        assert swallowed == [KeyboardInterrupt]
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.CALL:
+                pytest.fail("the call ran after a Ctrl-C")
+        with interrupts.CALL:  # raised once, not again
+            pass
