@@ -396,7 +396,11 @@ def compile_settings(model: keras.Model) -> dict[str, Any]:
     at `predict`/`save` (JAX); `run_eagerly` on one rank only aborted (JAX) or
     raised a raw collective error (TensorFlow)."""
     try:
-        config = model.get_compile_config() or {}
+        with warnings.catch_warnings():
+            # Keras 3.15's optimizer config reads its learning rate with
+            # `np.array(variable)`, which warns on JAX (`__array__` without `copy`).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            config = model.get_compile_config() or {}
     except Exception:  # an object Keras cannot serialize: its type is compared
         config = {"loss": getattr(model, "loss", None)}
     described: dict[str, Any] = {
