@@ -125,11 +125,17 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             self.world, plan, self.columns.row_bytes, _args.uses_exchange(self.shuffle, plan),
             options,
         )
-        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        # One decision for every rank: a rank that streamed or refused alone
+        # ran other collectives than the others and hung the job.
+        agreed = _memory.agree_on_fit(
+            self.world, self.memory_reports,
+            _streaming.usable_per_replica(self.memory_reports, self.world),
+        )
+        misfit = agreed.misfit
         # Rows per ring slot when streaming (the rows stay on the host); None: resident.
         self._slot_rows: int | None = None
         if options.streaming is True or (misfit is not None and options.streaming == "auto"):
-            self._stream(misfit, options)
+            self._stream(misfit, agreed.usable_per_replica, options)
         elif misfit is not None:
             raise MemoryError(_memory.fit_error(misfit, options.memory_fraction))
         self._tables: tuple[Any, ...] | None = None
@@ -157,8 +163,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def _take_world(self, strategy: Any) -> tuple[World, Callable[[], Any] | None]:
         return current_world(), initialized_world if initialized_world() is None else None
 
-    def _stream(self, misfit: _memory.MemoryReport | None, options: LoadOptions) -> None:
-        """Chooses the ring and its memory check (two slots, no rows)."""
+    def _stream(
+        self, misfit: _memory.MemoryReport | None, usable: int | None, options: LoadOptions
+    ) -> None:
+        """Chooses the ring (its slot sized by `usable` bytes per replica, the
+        same on every rank) and its memory check (two slots, no rows)."""
         if misfit is not None and options.epoch_copy is True:
             raise ValueError(_STREAMED_COPY.format(streaming='"auto"'))
         if options.exchange_fraction < 1 and _args.uses_exchange(self.shuffle, self.eval_plan):
@@ -173,7 +182,6 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 )
             )
         plan, row_bytes = self.eval_plan, self.columns.row_bytes
-        usable = _streaming.usable_per_replica(self.memory_reports, self.world)
         self._slot_rows = _streaming.slot_rows(self.world, plan, row_bytes, usable, options)
         self._epoch_copy = False
         self.memory_reports = _streaming.ring_reports(
@@ -515,7 +523,8 @@ def _choose_epoch_copy(
         copy = on_cpu and copy_bytes <= options.epoch_copy_bytes
         if copy:
             reports = _storage.memory_reports(world, plan, row_bytes, copy_bytes, options)
-            if all(r.fits for r in reports):
+            # A copy changes the exchange's collectives: every rank or none.
+            if _memory.fits_on_every_rank(world, all(r.fits for r in reports)):
                 return True, reports
             copy = False
     extra = copy_bytes if copy else gather_bytes

@@ -136,7 +136,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         self.memory_reports = _memory.memory_reports(
             needed, opts.memory_fraction, opts.device_memory_bytes
         )
-        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        # One decision for every rank: a rank that streamed or refused alone
+        # ran other collectives than the others and hung the job.
+        agreed = _memory.agree_on_fit(self.world, self.memory_reports, self._usable_per_replica())
+        misfit = agreed.misfit
         self.stream: _streaming.StreamLayout | None = None
         self._exchanged = exchanged
         self._open_epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
@@ -146,7 +149,7 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True))
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.stream_layout(
-                self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
+                self.eval_plan, self.columns.row_bytes, agreed.usable_per_replica, opts
             )
             if misfit is not None and self.world.is_chief:
                 logger.warning(
