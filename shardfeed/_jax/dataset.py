@@ -17,6 +17,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
+from shardfeed._data import exchange as _rounds
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data import relayout as _relayout
@@ -437,10 +438,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 for open_epoch in list(self._epochs):  # the tables are donated below
                     if open_epoch.arrays is not None and open_epoch.arrays.positions is not None:
                         open_epoch.invalidate()  # (an epoch's own copy stays valid)
-                per_pair = _relayout.rows_per_pair(
-                    plan.num_replicas, self.columns.row_bytes,
-                    self.load_options.exchange_buffer_bytes,
+                row_bytes = self.columns.row_bytes
+                buffer = _rounds.buffer_bytes(
+                    self.load_options.exchange_buffer_bytes, self.eval_plan, row_bytes
                 )
+                per_pair = _relayout.rows_per_pair(plan.num_replicas, row_bytes, buffer)
                 # `layout` is moved in place; `targets` is let go of once planned.
                 moves, layout = _relayout.rounds(layout, target, held, per_pair)
                 del target
@@ -505,7 +507,8 @@ def _choose_epoch_copy(
     if exchange:
         most = max(plan.shard_rows(r) for r in range(plan.num_replicas))
         in_place = _relayout.staging_bytes(
-            plan.num_replicas, row_bytes, options.exchange_buffer_bytes,
+            plan.num_replicas, row_bytes,
+            _rounds.buffer_bytes(options.exchange_buffer_bytes, plan, row_bytes),
             int(options.exchange_fraction * most) if mixed else most,
         )
     copy_bytes = slots * row_bytes

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
+from shardfeed._data import exchange as _exchange
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
@@ -146,7 +147,8 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if exchanged and (opts.streaming is True or misfit is not None):
             numbers = misfit.numbers() if misfit is not None else ""
             error = MemoryError if misfit is not None else ValueError
-            raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True))
+            buffer = _exchange.buffer_bytes(opts.exchange_buffer_bytes, self.eval_plan, row_bytes)
+            raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True, buffer))
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.stream_layout(
                 self.eval_plan, self.columns.row_bytes, agreed.usable_per_replica, opts
