@@ -4,7 +4,10 @@
 `rows`: 1,000 rows on rank 0 and 1,037 others on rank 1; `permuted`: the same
 1,000 rows in a per-rank order) and calls `fit`, `evaluate` or `predict`.
 `save WHAT PATH`: `save_model` to PATH, or `fit` with a `BackupAndRestore`
-writing to PATH. `fitargs all fit`: the `FIT_CASES`, one `fit` each with one
+writing to PATH. `memory SHUFFLE STREAMING`: rank 1 alone has little device
+memory (`device_memory_bytes`, which may differ per host); builds the
+dataset with that `shuffle` and `LoadOptions.streaming` and fits one epoch.
+`fitargs all fit`: the `FIT_CASES`, one `fit` each with one
 argument other on rank 1 (`fit_setting_outcomes`, which the JAX tier's
 two-process test runs too), outcomes joined by newlines. Each case is one
 `--case TASK MODE ARG`; a job may run several, in order, each on a model and
@@ -182,6 +185,17 @@ def case_outcome(keras, shardfeed, world, task: str, mode: str, arg: str) -> str
                 shardfeed.evaluate(model, x, y, verbose=0)
             else:
                 shardfeed.predict(model, x)
+        elif task == "memory":
+            # 1,000 rows of 20 bytes over 2 replicas: 10,000 bytes a shard;
+            # rank 1 may use 8,000 (4,000 a ring slot: 4 steps of 50 rows).
+            options = shardfeed.LoadOptions(device_memory_bytes=10_000 if world.rank == 1 else None,
+                                  streaming={"auto": "auto", "off": False}[arg])
+            ds = shardfeed.ShardedResidentDataset(
+                x, y, per_replica_batch_size=50, seed=0, strategy=world.strategy,
+                shuffle={"global": True, "local": "local"}[mode], load_options=options,
+            )
+            shardfeed.fit(model, ds, epochs=1, verbose=0)
+            return f"ok: {ds.stream}"
         elif mode == "save_model":
             shardfeed.save_model(model, arg)
         else:
@@ -203,13 +217,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     for task, _, _ in args.case:
-        if task not in ("data", "save", "fitargs"):
+        if task not in ("data", "save", "fitargs", "memory"):
             p.error(f"unknown task {task!r}")
 
     import keras
 
     import shardfeed
-
     world = shardfeed.init()
     outcomes = [case_outcome(keras, shardfeed, world, *case) for case in args.case]
     with open(f"{args.out}.rank{world.rank}.json", "w") as f:

@@ -128,3 +128,20 @@ def test_one_staging_factor_for_the_fit_check_the_rounds_and_the_memory_plan(
     largest = max(plan.shard_rows(r) for r in range(replicas)) * 8
     assert ex.staging_bytes(plan, 8, 10**9, staged) == staged * largest  # whole shards
     assert ex.staging_bytes(plan, 8, 1000, staged) == 1000  # the buffer caps it
+
+
+def test_the_default_buffer_is_an_eighth_of_the_largest_shard_within_bounds():
+    # Before: 256 MiB whatever the shard (2 x 256 MiB staged beside 366 MiB of
+    # rows on 2 devices: a peak of 2.56x the rows).
+    from shardfeed import LoadOptions
+
+    mib = 2**20
+    plan = plan_shards(2**20 + 1, 2, 256, "shard", False)  # shards of 524,289 and 524,288 rows
+    assert LoadOptions().exchange_buffer_bytes == "auto"
+    assert ex.buffer_bytes("auto", plan, 512) == 524_289 * 512 // 8  # the larger shard's eighth
+    assert ex.buffer_bytes("auto", plan, 4) == 16 * mib  # small shards: the floor
+    assert ex.buffer_bytes("auto", plan, 8192) == 256 * mib  # large shards: the old default
+    assert ex.buffer_bytes(12_345, plan, 4) == 12_345  # a number given is kept
+    with pytest.raises(ValueError, match=r'must be "auto" or a positive integer.*'
+                       r"Received: exchange_buffer_bytes='big'"):
+        LoadOptions(exchange_buffer_bytes="big")  # type: ignore[arg-type]

@@ -772,8 +772,11 @@ def test_advice_when_the_global_shuffle_staging_does_not_fit(monkeypatch):
     monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
     monkeypatch.setattr(_memory, "host_available_bytes", lambda: 400 * 2**20)
     data = _data(1_000_000)  # 136 MB
+    # A buffer given, not "auto" (sized to the shard, it would fit as it is).
     args = dict(per_replica_batch_size=256, workers_per_host=2)
-    plan = _memory_plan(data, num_workers=2, **args)
+    given = dict(exchange_buffer_bytes=256 * 2**20)
+    assert _memory_plan(data, num_workers=2, **args).fits
+    plan = _memory_plan(data, num_workers=2, **given, **args)
     assert not plan.fits and plan.ranks[0].staging_bytes > 0
     assert plan.advice() == [
         "Use more hosts: with shuffle=True (its exchange stages up to 142.67 MiB per device "
@@ -788,9 +791,9 @@ def test_advice_when_the_global_shuffle_staging_does_not_fit(monkeypatch):
         "per host, which fits in 320.00 MiB usable (now 518.80 MiB).",
     ]
     # What the advice says fits does, and one less does not.
-    assert _memory_plan(data, num_workers=10, **args).fits
-    assert not _memory_plan(data, num_workers=8, **args).fits
-    assert _memory_plan(data, num_workers=2, shuffle="local", **args).fits
+    assert _memory_plan(data, num_workers=10, **given, **args).fits
+    assert not _memory_plan(data, num_workers=8, **given, **args).fits
+    assert _memory_plan(data, num_workers=2, shuffle="local", **given, **args).fits
     assert _memory_plan(data, num_workers=2, exchange_buffer_bytes=99_614_720, **args).fits
     assert not _memory_plan(data, num_workers=2, exchange_buffer_bytes=100 * 2**20, **args).fits
     assert not any("streaming=True" in line for line in plan.advice())
@@ -800,12 +803,13 @@ def test_advice_when_no_count_of_workers_fits_the_staging(monkeypatch):
     monkeypatch.setattr(_memory, "gpu_free_bytes", lambda index: None)
     monkeypatch.setattr(_memory, "host_available_bytes", lambda: 100 * 2**20)
     data = _data(1_000_000)
-    plan = _memory_plan(data, num_workers=2, per_replica_batch_size=256)
+    plan = _memory_plan(data, num_workers=2, per_replica_batch_size=256,
+                        exchange_buffer_bytes=256 * 2**20)
     advice = plan.advice()
     assert advice[0] == (
         "More workers do not make it fit with shuffle=True: each device also stages the "
         "exchange's buffer (now 194.55 MiB, at most exchange_buffer_bytes=268,435,456), "
-        "which does not shrink with the shards."
+        "which more workers do not shrink enough."
     )
     assert advice[1].startswith('Pass shuffle="local"') and "which fits in" in advice[1]
     # Neither the local shuffle nor a smaller buffer: streaming, with the local shuffle.

@@ -414,3 +414,26 @@ def test_sync_model_with_one_worker_copies_nothing():
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
     assert shardfeed.sync_model(model) == 0
+
+
+@pytest.mark.multi_process
+@pytest.mark.slow
+def test_two_workers_decide_together_whether_rows_stream(tmp_path):
+    """Rank 1 alone has too little device memory for its shard. Under
+    `streaming="auto"` both stream, in the same chunks (before: rank 1 alone
+    streamed and the job hung until the launcher's timeout); where streaming is
+    not possible (the global shuffle) or off, both refuse, naming rank 1."""
+    local, global_, off = _job(
+        tmp_path, ("memory", "local", "auto"), ("memory", "global", "auto"),
+        ("memory", "local", "off"),
+    )
+    assert local == ["ok: StreamLayout(chunk_steps=4, per_replica_batch_size=50)"] * 2
+    for outcome in global_:
+        assert outcome.startswith("MemoryError: The global shuffle (shuffle=True) of sharded "
+                                  "rows needs every shard resident"), outcome
+        assert "Received: rank 1: needed_bytes=" in outcome, outcome
+    for outcome in off:
+        assert outcome.startswith("MemoryError: The resident data must fit in 80% of the free "
+                                  "memory on rank 1's "), outcome
+        assert "Received: rank 1: needed_bytes=" in outcome, outcome
+    assert global_[0] == global_[1] and off[0] == off[1]

@@ -103,8 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exchange-buffer",
         metavar="SIZE",
-        default="256MiB",
-        help="staging buffer per device of the global shuffle's exchange (default 256MiB)",
+        default="auto",
+        help="staging buffer per device of the global shuffle's exchange (default auto: "
+        "an eighth of the largest shard, 16MiB to 256MiB)",
     )
     parser.add_argument(
         "--device-memory",
@@ -143,7 +144,11 @@ def run(args: argparse.Namespace) -> int:
             device_memory_bytes=device_memory,
             memory_fraction=args.memory_fraction,
             shuffle=_SHUFFLES[args.shuffle],
-            exchange_buffer_bytes=parse_size(args.exchange_buffer, "--exchange-buffer"),
+            exchange_buffer_bytes=(
+                "auto"
+                if args.exchange_buffer == "auto"
+                else parse_size(args.exchange_buffer, "--exchange-buffer")
+            ),
             workers_per_host=(
                 args.workers_per_host
                 if args.workers_per_host is not None

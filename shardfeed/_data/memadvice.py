@@ -182,8 +182,8 @@ def _staged_advice(mem: MemoryNumbers, usable: int) -> list[str]:
                 lines.append(
                     f"More {unit}s do not make it fit with shuffle={mem.shuffle}: each device also "
                     f"stages the exchange's buffer (now {staged}, at most "
-                    f"exchange_buffer_bytes={mem.exchange_buffer_bytes:,}), which does not "
-                    "shrink with the shards."
+                    f"exchange_buffer_bytes={mem.exchange_buffer_bytes:,}), which more "
+                    f"{unit}s do not shrink enough."
                 )
         elif way.change == "shuffle_local" and way.plan is not None:
             local_fits = way.plan.fits

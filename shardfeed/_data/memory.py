@@ -3,19 +3,25 @@
 Owns `device_bytes`, `usable_bytes`, `fits` and `memory_reports`: the one check
 of both datasets (before anything is allocated) and `memory_plan`. GPUs are read
 through NVML, CPU devices from the host's RAM, shared among the host's workers;
-a backend may pass its own reader (`read_free`).
+a backend may pass its own reader (`read_free`). `agree_on_fit` and
+`fits_on_every_rank` turn each rank's check into one decision for all ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from shardfeed._common import errors as _errors
 from shardfeed._common import host as _host
 from shardfeed._common.units import GIB, MIB
 from shardfeed._data.plan import ShardPlan
+
+if TYPE_CHECKING:
+    from shardfeed._common.world import WorldLike
 
 # `free_bytes`' source for the host's available RAM: every device read this way shares it.
 HOST_RAM_SOURCE = "meminfo"
@@ -222,6 +228,8 @@ class MemoryReport:
             "unknown").
         workers_on_host: Workers sharing `free_bytes` (the host's RAM);
             `usable_bytes` is this worker's share.
+        rank: The rank whose device this is, when several ranks compared
+            their reports (`agree_on_fit`); None: this rank's, alone.
     """
 
     device: str
@@ -230,14 +238,22 @@ class MemoryReport:
     usable_bytes: int | None
     source: str
     workers_on_host: int = 1
+    rank: int | None = None
 
     @property
     def fits(self) -> bool:
         return fits(self.needed_bytes, self.usable_bytes)
 
+    @property
+    def where(self) -> str:
+        """The device, with its rank when several ranks compared reports."""
+        return self.device if self.rank is None else f"rank {self.rank}'s {self.device}"
+
     def numbers(self) -> str:
-        """`needed_bytes=..., free_bytes=..., usable_bytes=...` for messages."""
-        text = (
+        """`needed_bytes=..., free_bytes=..., usable_bytes=...` for messages
+        (after `rank R: ` when several ranks compared reports)."""
+        text = "" if self.rank is None else f"rank {self.rank}: "
+        text += (
             f"needed_bytes={self.needed_bytes:,} ({self.needed_bytes / GIB:.2f} GiB), "
             f"free_bytes={self.free_bytes:,} ({(self.free_bytes or 0) / GIB:.2f} GiB, "
             f"from {self.source}), usable_bytes={self.usable_bytes:,}"
@@ -245,6 +261,70 @@ class MemoryReport:
         if self.workers_on_host > 1:
             text += f" (this worker's share: {self.workers_on_host} workers share the host)"
         return text
+
+
+@dataclasses.dataclass(frozen=True)
+class AgreedFit:
+    """The fit as every rank sees it (`agree_on_fit`).
+
+    Attributes:
+        misfit: The first report that does not fit, of the lowest rank that
+            has one (its `rank` set when there are several ranks); None when
+            every rank's rows fit.
+        usable_per_replica: The fewest usable bytes per replica of any rank
+            (None when no rank knows its free memory): what sizes a stream's
+            chunks alike on every rank.
+    """
+
+    misfit: MemoryReport | None
+    usable_per_replica: int | None
+
+
+def agree_on_fit(
+    world: WorldLike, reports: Sequence[MemoryReport], usable_per_replica: int | None
+) -> AgreedFit:
+    """Every rank's fit check, gathered: the same answer on every rank.
+
+    Why: free memory differs per host, and a rank that streamed (or refused)
+    while the others stayed resident ran other collectives and hung the job
+    until its timeout. A collective (one `all_gather_bytes`) with several
+    ranks: call it on every rank at the same point.
+
+    Args:
+        world: The workers.
+        reports: This rank's `memory_reports`.
+        usable_per_replica: This rank's usable bytes per local replica.
+
+    Example:
+        >>> class One:
+        ...     rank, world_size, is_chief = 0, 1, True
+        >>> agree_on_fit(One(), memory_reports({"GPU:0": 10}, 0.8, 100), 80)
+        AgreedFit(misfit=None, usable_per_replica=80)
+    """
+    mine = next((r for r in reports if not r.fits), None)
+    if world.world_size == 1:
+        return AgreedFit(mine, usable_per_replica)
+    payload = {
+        "misfit": dataclasses.asdict(mine) if mine is not None else None,
+        "usable": usable_per_replica,
+    }
+    gathered = [json.loads(p) for p in world.all_gather_bytes(json.dumps(payload).encode())]
+    misfit = None
+    for rank, theirs in enumerate(gathered):
+        if theirs["misfit"] is not None:
+            misfit = MemoryReport(**{**theirs["misfit"], "rank": rank})
+            break
+    usable = [theirs["usable"] for theirs in gathered if theirs["usable"] is not None]
+    return AgreedFit(misfit, min(usable) if usable else None)
+
+
+def fits_on_every_rank(world: WorldLike, fits_here: bool) -> bool:
+    """Whether an optional use of memory fits on every rank (a collective
+    with several ranks): a choice that changes the collectives an epoch runs
+    must be one choice."""
+    if world.world_size == 1:
+        return fits_here
+    return all(p == b"1" for p in world.all_gather_bytes(b"1" if fits_here else b"0"))
 
 
 def host_available_bytes() -> int | None:
@@ -385,7 +465,7 @@ def fit_error(report: MemoryReport, memory_fraction: float, can_stream: bool = T
     if not can_stream:
         return _errors.message(
             f"The resident data must fit in {memory_fraction:.0%} of the free memory "
-            f"on {report.device} (the rest is headroom for the model).",
+            f"on {report.where} (the rest is headroom for the model).",
             report.numbers(),
             "Spread the rows over more replicas with placement='shard' (more devices or "
             "workers), store a compact dtype (e.g. uint8 images, float16 features) "
@@ -394,7 +474,7 @@ def fit_error(report: MemoryReport, memory_fraction: float, can_stream: bool = T
         )
     return _errors.message(
         f"The resident data must fit in {memory_fraction:.0%} of the free memory "
-        f"on {report.device} (the rest is headroom for the model).",
+        f"on {report.where} (the rest is headroom for the model).",
         report.numbers(),
         "Spread the rows over more replicas with placement='shard' (more GPUs or "
         "workers), store a compact dtype (e.g. uint8 images, float16 features) "

@@ -87,7 +87,7 @@ def memory_plan(
     memory_fraction: float = 0.8,
     workers_per_host: int = 1,
     shuffle: bool | Literal["local"] = True,
-    exchange_buffer_bytes: int = 256 * MIB,
+    exchange_buffer_bytes: int | Literal["auto"] = "auto",
 ) -> MemoryPlan:
     """Plans where the rows go and whether each worker's devices can hold them.
 
@@ -118,7 +118,8 @@ def memory_plan(
         shuffle: The dataset's `shuffle`: True (the global order) with
             `placement="shard"` counts the exchange's staging buffer on
             every device; `"local"` and False need none.
-        exchange_buffer_bytes: `LoadOptions.exchange_buffer_bytes`.
+        exchange_buffer_bytes: `LoadOptions.exchange_buffer_bytes` (`"auto"`:
+            sized to the largest shard, as the dataset does).
 
     Returns:
         The `MemoryPlan`; `.table()` prints it and `.advice()` says what to
@@ -180,7 +181,7 @@ def memory_plan(
                      exchange_buffer_bytes)
     if mem.fits or not mem.ranks[0].staging_bytes:
         return mem
-    return dataclasses.replace(mem, ways_out=setup.ways_out(mem))
+    return dataclasses.replace(mem, ways_out=setup.ways_out(mem, exchange_buffer_bytes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +204,7 @@ class _Setup:
         replicas_per_worker: int,
         workers_per_host: int,
         shuffle: bool | Literal["local"],
-        exchange_buffer_bytes: int,
+        exchange_buffer_bytes: int | Literal["auto"],
         columns: tuple[ColumnSpec, ...] | None = None,
     ) -> MemoryPlan:
         columns = columns or self.columns
@@ -219,8 +220,9 @@ class _Setup:
         shared_host = _memory.shares_host_ram(source)
         # The backend is not known here: several workers count the larger staging.
         factor = _exchange.staged_rows_per_row(num_replicas, num_workers, backend=None)
+        buffer_bytes = _exchange.buffer_bytes(exchange_buffer_bytes, plan, row_bytes)
         staged = (
-            _exchange.staging_bytes(plan, row_bytes, exchange_buffer_bytes, factor)
+            _exchange.staging_bytes(plan, row_bytes, buffer_bytes, factor)
             if uses_exchange(shuffle, plan)
             else 0
         )
@@ -270,13 +272,16 @@ class _Setup:
             ranks=tuple(ranks),
             workers_per_host=workers_per_host,
             shuffle=shuffle,
-            exchange_buffer_bytes=exchange_buffer_bytes,
+            exchange_buffer_bytes=buffer_bytes,
         )
 
-    def ways_out(self, mem: MemoryNumbers) -> tuple[WayOut, ...]:
-        """Each change that could make `mem` fit, planned again."""
+    def ways_out(
+        self, mem: MemoryNumbers, requested: int | Literal["auto"]
+    ) -> tuple[WayOut, ...]:
+        """Each change that could make `mem` fit, planned again (with the
+        `requested` buffer: `"auto"` resized to each plan's shards)."""
         base = (mem.num_workers, mem.replicas_per_worker, mem.workers_per_host)
-        shuffle, buffer = mem.shuffle, mem.exchange_buffer_bytes
+        shuffle, buffer = mem.shuffle, requested
         ways = []
         # More workers (or hosts, when the workers on a host share its RAM).
         per_group = mem.workers_per_host if mem.shared_host else 1
@@ -292,7 +297,7 @@ class _Setup:
         ways.append(_fewest(change, groups, with_groups))
         if shuffle is True:
             ways.append(WayOut("shuffle_local", None, self.plan(*base, "local", buffer)))
-        ways.append(self._largest_buffer(mem, base, buffer))
+        ways.append(self._largest_buffer(mem, base, mem.exchange_buffer_bytes))
         compact = tuple(
             c._replace(dtype=_memadvice.COMPACT.get(c.dtype, c.dtype)) for c in mem.columns
         )

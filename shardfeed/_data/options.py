@@ -38,7 +38,9 @@ class LoadOptions:
             down to whole steps; shrunk so two slots fit).
         exchange_buffer_bytes: Most device bytes per replica the per-epoch
             exchange of a globally shuffled sharded dataset stages at once
-            (counted in the memory check and `memory_plan`).
+            (counted in the memory check and `memory_plan`). `"auto"`
+            (default): an eighth of the largest shard, at least 16 MiB and
+            at most 256 MiB (`_data/exchange.buffer_bytes`); a number: that.
         exchange_fraction: Share of each replica's rows that the per-epoch
             exchange mixes across replicas, in (0, 1]. 1 (default): the exact
             global order; below 1: a partial mix, then a local shuffle
@@ -70,7 +72,7 @@ class LoadOptions:
     check_finite: bool = False
     streaming: bool | Literal["auto"] = "auto"
     stream_chunk_bytes: int = 256 * MIB
-    exchange_buffer_bytes: int = 256 * MIB
+    exchange_buffer_bytes: int | Literal["auto"] = "auto"
     exchange_fraction: float = 1.0
     check_agreement: bool = True
     epoch_copy: bool | Literal["auto"] = "auto"
@@ -104,10 +106,12 @@ class LoadOptions:
             "Use e.g. 256 * 1024**2 (256 MiB per slot).",
         )
         _errors.require(
-            _errors.is_integer(self.exchange_buffer_bytes) and self.exchange_buffer_bytes >= 1,
-            "`exchange_buffer_bytes` must be a positive integer.",
+            (isinstance(self.exchange_buffer_bytes, str) and self.exchange_buffer_bytes == "auto")
+            or (_errors.is_integer(self.exchange_buffer_bytes) and self.exchange_buffer_bytes >= 1),
+            '`exchange_buffer_bytes` must be "auto" or a positive integer.',
             f"exchange_buffer_bytes={self.exchange_buffer_bytes!r}",
-            "Use e.g. 256 * 1024**2 (256 MiB of staging per replica).",
+            'Use "auto" (sized to the shard) or e.g. 256 * 1024**2 (256 MiB of staging '
+            "per replica).",
         )
         _errors.require(
             isinstance(self.exchange_fraction, int | float)

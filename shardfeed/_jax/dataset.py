@@ -17,6 +17,7 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
+from shardfeed._data import exchange as _rounds
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data import relayout as _relayout
@@ -125,11 +126,17 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
             self.world, plan, self.columns.row_bytes, self.moves_rows,
             _plan.partial_exchange(self.shuffle, plan, options.exchange_fraction), options,
         )
-        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        # One decision for every rank: a rank that streamed or refused alone
+        # ran other collectives than the others and hung the job.
+        agreed = _memory.agree_on_fit(
+            self.world, self.memory_reports,
+            _streaming.usable_per_replica(self.memory_reports, self.world),
+        )
+        misfit = agreed.misfit
         # Rows per ring slot when streaming (the rows stay on the host); None: resident.
         self._slot_rows: int | None = None
         if options.streaming is True or (misfit is not None and options.streaming == "auto"):
-            self._stream(misfit, options)
+            self._stream(misfit, agreed.usable_per_replica, options)
         elif misfit is not None:
             raise MemoryError(_memory.fit_error(misfit, options.memory_fraction))
         self._tables: tuple[Any, ...] | None = None
@@ -157,8 +164,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
     def _take_world(self, strategy: Any) -> tuple[World, Callable[[], Any] | None]:
         return current_world(), initialized_world if initialized_world() is None else None
 
-    def _stream(self, misfit: _memory.MemoryReport | None, options: LoadOptions) -> None:
-        """Chooses the ring and its memory check (two slots, no rows)."""
+    def _stream(
+        self, misfit: _memory.MemoryReport | None, usable: int | None, options: LoadOptions
+    ) -> None:
+        """Chooses the ring (its slot sized by `usable` bytes per replica, the
+        same on every rank) and its memory check (two slots, no rows)."""
         if misfit is not None and options.epoch_copy is True:
             raise ValueError(_STREAMED_COPY.format(streaming='"auto"'))
         if _plan.partial_exchange(self.shuffle, self.eval_plan, options.exchange_fraction):
@@ -173,7 +183,6 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 )
             )
         plan, row_bytes = self.eval_plan, self.columns.row_bytes
-        usable = _streaming.usable_per_replica(self.memory_reports, self.world)
         self._slot_rows = _streaming.slot_rows(self.world, plan, row_bytes, usable, options)
         self._epoch_copy = False
         self.memory_reports = _streaming.ring_reports(
@@ -433,10 +442,11 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
                 for open_epoch in list(self._epochs):  # the tables are donated below
                     if open_epoch.arrays is not None and open_epoch.arrays.positions is not None:
                         open_epoch.invalidate()  # (an epoch's own copy stays valid)
-                per_pair = _relayout.rows_per_pair(
-                    plan.num_replicas, self.columns.row_bytes,
-                    self.load_options.exchange_buffer_bytes,
+                row_bytes = self.columns.row_bytes
+                buffer = _rounds.buffer_bytes(
+                    self.load_options.exchange_buffer_bytes, self.eval_plan, row_bytes
                 )
+                per_pair = _relayout.rows_per_pair(plan.num_replicas, row_bytes, buffer)
                 # `layout` is moved in place; `targets` is let go of once planned.
                 moves, layout = _relayout.rounds(layout, target, held, per_pair)
                 del target
@@ -502,7 +512,8 @@ def _choose_epoch_copy(
     if exchange:
         most = max(plan.shard_rows(r) for r in range(plan.num_replicas))
         in_place = _relayout.staging_bytes(
-            plan.num_replicas, row_bytes, options.exchange_buffer_bytes,
+            plan.num_replicas, row_bytes,
+            _rounds.buffer_bytes(options.exchange_buffer_bytes, plan, row_bytes),
             int(options.exchange_fraction * most) if mixed else most,
         )
     copy_bytes = slots * row_bytes
@@ -517,12 +528,13 @@ def _choose_epoch_copy(
         # Measured faster only on CPU devices (W2: 0.34 s/epoch against 0.47);
         # on a GPU a batch's gather from device memory is cheap, and rows fit 2x.
         on_cpu = all(d.platform == "cpu" for d in world.devices)
-        copy = on_cpu and copy_bytes <= options.epoch_copy_bytes
-        if copy:
+        reports = []
+        if on_cpu and copy_bytes <= options.epoch_copy_bytes:  # per rank: a host's option
             reports = _storage.memory_reports(world, plan, row_bytes, copy_bytes, options)
-            if all(r.fits for r in reports):
-                return True, reports
-            copy = False
+        # A copy changes the exchange's collectives: every rank or none.
+        if _memory.fits_on_every_rank(world, bool(reports) and all(r.fits for r in reports)):
+            return True, reports
+        copy = False
     extra = copy_bytes if copy else gather_bytes
     return bool(copy), _storage.memory_reports(world, plan, row_bytes, extra, options)
 

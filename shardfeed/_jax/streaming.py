@@ -26,7 +26,7 @@ from shardfeed._data.sources import Column
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax.epoch import EpochArrays, ResidentEpoch
-from shardfeed._jax.world import REPLICA_AXIS, World
+from shardfeed._jax.world import REPLICA_AXIS, World, replicated
 
 if TYPE_CHECKING:
     from shardfeed._jax.dataset import ShardedResidentDataset
@@ -342,5 +342,7 @@ class StreamedEpoch(ResidentEpoch):
             shape = (self.plan.num_replicas * slot, *column.row_shape)
             columns.append(jax.make_array_from_single_device_arrays(shape, sharding, buffers))
         jax.block_until_ready(columns)
-        start = jax.device_put(np.int32(first), NamedSharding(self._mesh, P()))
+        # Not `jax.device_put` onto the mesh: across processes that is a
+        # collective, and this thread's would cross the main thread's.
+        start = replicated(np.int32(first), self._mesh)
         return EpochArrays(tuple(columns), self._number, None, start, self._full_steps)

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shardfeed._common.world import ReplicaNumbering
 
@@ -96,6 +97,20 @@ class World(ReplicaNumbering):
         rows = np.asarray(multihost_utils.process_allgather(row.view(np.int32)))
         rows = rows.reshape(self.world_size, -1)
         return [rows[r].tobytes()[: int(lengths[r])] for r in range(self.world_size)]
+
+
+def replicated(value: Any, mesh: Mesh) -> jax.Array:
+    """`value` (the same on every process) on every device of `mesh`, built
+    from this process's devices alone. Why not `jax.device_put(value,
+    NamedSharding(mesh, P()))`: across processes that runs a collective
+    (`multihost_utils.assert_equal`), and from the streaming upload thread it
+    met the main thread's collectives out of order (a hang, a Gloo
+    "collective mismatch", garbage in `all_gather_bytes`)."""
+    sharding = NamedSharding(mesh, P())
+    devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+    return jax.make_array_from_single_device_arrays(
+        np.shape(value), sharding, [jax.device_put(value, d) for d in devices]
+    )
 
 
 _meshes: dict[tuple[Any, ...], Mesh] = {}

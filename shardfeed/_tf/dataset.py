@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
+from shardfeed._data import exchange as _exchange
 from shardfeed._data import memory as _memory
 from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
@@ -122,24 +123,32 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         )
         self._label_stats: dict[tuple[int, int | None], list[np.ndarray]] = {}
         exchanged = self.moves_rows
+        row_bytes = self.columns.row_bytes
         self.memory_reports = self._memory_reports(exchanged)
-        misfit = next((r for r in self.memory_reports if not r.fits), None)
+        # One decision for every rank: a rank that streamed or refused alone
+        # ran other collectives than the others and hung the job.
+        agreed = _memory.agree_on_fit(self.world, self.memory_reports, self._usable_per_replica())
+        misfit = agreed.misfit
         if exchanged and self.shuffle is False and self._cannot_move(misfit):
             # Rows in order stay where they were loaded: each replica takes its
             # own shard's rows, and the one warning says why and what to pass.
             exchanged = False
             self.memory_reports = self._memory_reports(exchanged)
-            misfit = next((r for r in self.memory_reports if not r.fits), None)
+            agreed = _memory.agree_on_fit(
+                self.world, self.memory_reports, self._usable_per_replica()
+            )
+            misfit = agreed.misfit
         self.stream: _streaming.StreamLayout | None = None
         self._exchanged = exchanged
         self._open_epochs: weakref.WeakSet[_epoch.ResidentEpoch] = weakref.WeakSet()
         if exchanged and (opts.streaming is True or misfit is not None):
             numbers = misfit.numbers() if misfit is not None else ""
             error = MemoryError if misfit is not None else ValueError
-            raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True))
+            buffer = _exchange.buffer_bytes(opts.exchange_buffer_bytes, self.eval_plan, row_bytes)
+            raise error(_global_order.misfit_error(numbers, opts, opts.streaming is True, buffer))
         if opts.streaming is True or (misfit is not None and opts.streaming == "auto"):
             self.stream = _streaming.stream_layout(
-                self.eval_plan, self.columns.row_bytes, self._usable_per_replica(), opts
+                self.eval_plan, self.columns.row_bytes, agreed.usable_per_replica, opts
             )
             if misfit is not None and self.world.is_chief:
                 logger.warning(

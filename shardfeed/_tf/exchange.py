@@ -60,7 +60,8 @@ class ExchangeReport:
 def staging_bytes(plan: ShardPlan, row_bytes: int, options: LoadOptions, world: World) -> int:
     """Device bytes per replica the exchange may stage in this world."""
     return _exchange.staging_bytes(
-        plan, row_bytes, options.exchange_buffer_bytes, _staged_rows_per_row(world)
+        plan, row_bytes, _exchange.buffer_bytes(options.exchange_buffer_bytes, plan, row_bytes),
+        _staged_rows_per_row(world),
     )
 
 
@@ -70,14 +71,17 @@ def _staged_rows_per_row(world: World) -> int:
     )
 
 
-def misfit_error(numbers: str, options: LoadOptions, streaming_asked: bool) -> str:
+def misfit_error(
+    numbers: str, options: LoadOptions, streaming_asked: bool, buffer_bytes: int
+) -> str:
     """The refusal when globally shuffled sharded rows (and their staging)
-    do not fit, or would stream."""
+    do not fit, or would stream (`buffer_bytes`: the exchange's buffer as
+    resolved, `exchange.buffer_bytes`)."""
     return _errors.message(
         "The global shuffle (shuffle=True) of sharded rows needs every shard resident, "
         "plus a staging buffer of at most `LoadOptions.exchange_buffer_bytes` per replica "
         "for the per-epoch exchange; a streamed shard has no global order.",
-        f"{numbers}, exchange_buffer_bytes={options.exchange_buffer_bytes}"
+        f"{numbers}, exchange_buffer_bytes={buffer_bytes}"
         if numbers
         else f"streaming={options.streaming!r}, shuffle=True",
         'Pass shuffle="local" (each replica shuffles its own rows; a shard that does '
@@ -120,6 +124,7 @@ class GlobalShuffle:
         self._stores, self._engine, self._world = stores, engine, engine.world
         self._row_bytes, self._options, self._seed = row_bytes, options, seed
         self._shuffle = shuffle
+        self._buffer_bytes = _exchange.buffer_bytes(options.exchange_buffer_bytes, plan, row_bytes)
         self._num_rows = plan.num_rows
         self._moves: _RoundMoves | None = None
 
@@ -176,7 +181,7 @@ class GlobalShuffle:
         # Rounds are sized by the words that cross (every column padded to a
         # word), so one round stages at most the buffer.
         k = _exchange.round_rows(
-            self._options.exchange_buffer_bytes, 4 * moves.words_per_row,
+            self._buffer_bytes, 4 * moves.words_per_row,
             _staged_rows_per_row(self._world),
         )
         rounds = _exchange.plan_rounds(self.held, dest, k)

@@ -62,12 +62,15 @@ def assert_history_close(ours: dict[str, list[float]], keras_: dict[str, list[fl
         np.testing.assert_allclose(ours[name], keras_[name], rtol=1e-5, err_msg=name)
 
 
-def train_and_predict(shardfeed: Any, save_to: str | None = None) -> dict[str, Any]:
+def train_and_predict(
+    shardfeed: Any, save_to: str | None = None, load_options: Any = None
+) -> dict[str, Any]:
     """The multi-process check's run (in each worker and in the test): fit on
     sharded rows in the global order with validation, then evaluate and
     predict (and `save_model` to `save_to`); JSON-ready results."""
     x, y = regression_data(1003)
-    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3)
+    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3,
+                                          load_options=load_options)
     model = mlp()
     history = shardfeed.fit(model, ds, epochs=2, verbose=0, validation_data=(x[:200], y[:200]))
     if save_to is not None:

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
-from _helpers_jax import ORDERS, rows_of
+from _helpers_fit import mlp, regression_data, train_and_predict
+from _helpers_jax import ORDERS, rows_of, run_jax_processes
 
 import shardfeed
 from shardfeed import files
@@ -269,3 +270,72 @@ def test_a_resumed_iterator_streams_the_resident_batches(replicas):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+# The two-process checks: `sys.argv[1:3]` are the coordinator's port and the
+# process id (`run_jax_processes`), then what to run.
+PROCESSES = """
+import json, sys
+sys.path.insert(0, "tests/jax_tier")
+import jax
+port, pid, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                           process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
+                           initialization_timeout=60)
+import shardfeed
+from _helpers_fit import mlp, regression_data, train_and_predict
+if case == "stream":
+    options = shardfeed.LoadOptions(streaming=True, stream_chunk_bytes=3 * 8 * 36)
+    print("RESULT " + json.dumps([train_and_predict(shardfeed, load_options=options)
+                                  for _ in range(3)]))
+else:
+    x, y = regression_data(1003)
+    # Only rank 1 has little memory (free memory differs per host).
+    small = 2_000 if pid == 1 else None
+    def build(**kwargs):
+        return shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3,
+            load_options=shardfeed.LoadOptions(device_memory_bytes=small, **kwargs))
+    ds = build()
+    history = shardfeed.fit(mlp(), ds, epochs=1, verbose=0)
+    try:
+        build(streaming=False)
+        refused = None
+    except MemoryError as err:
+        refused = str(err)
+    print("RESULT " + json.dumps({"streaming": ds.is_streaming, "slot_rows": ds._slot_rows,
+                                  "loss": history.history["loss"], "refused": refused}))
+"""
+
+
+def test_two_processes_stream_when_one_rank_must(replicas):
+    """Under `streaming="auto"` rank 1's shard does not fit: both ranks stream
+    with the same chunks (rank 1 alone streamed and the job hung until its
+    timeout), and `streaming=False` is refused on both, naming rank 1."""
+    results = run_jax_processes(PROCESSES, ["agree"])
+    replicas(4)
+    x, y = regression_data(1003)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3)
+    expected = shardfeed.fit(mlp(), ds, epochs=1, verbose=0).history["loss"]
+    for result in results:
+        # 800 usable bytes a slot on rank 1's devices: 2 steps of 8 rows of 36 bytes.
+        assert result["streaming"] and result["slot_rows"] == 16
+        np.testing.assert_allclose(result["loss"], expected, rtol=1e-5)
+        assert "free memory on rank 1's " in result["refused"]
+        assert "Received: rank 1: needed_bytes=" in result["refused"]
+
+
+def test_two_processes_fit_evaluate_predict_streamed_rows(replicas):
+    """Three streamed fit/evaluate/predict runs on each of two processes give
+    the one-process results (the upload thread's `device_put` onto the mesh
+    was a collective that crossed the main thread's: 6 of 8 runs hung or
+    failed in `evaluate`'s weights check)."""
+    results = run_jax_processes(PROCESSES, ["stream"])
+    replicas(4)
+    expected = train_and_predict(shardfeed)
+    for runs in results:
+        for result in runs:
+            for name in ("history", "evaluate"):
+                for key, value in expected[name].items():
+                    np.testing.assert_allclose(result[name][key], value, rtol=1e-5, err_msg=key)
+            np.testing.assert_allclose(result["predict"], expected["predict"], rtol=1e-5,
+                                       atol=1e-6)

@@ -47,6 +47,7 @@ def _worker(args: argparse.Namespace) -> int:
     import shardfeed
     from shardfeed._commands.bench.timing import epoch_timer
     from shardfeed._commands.bench.workloads import WORKLOADS, build_model, compile_model, make_data
+    from shardfeed._data.exchange import buffer_bytes as resolved_buffer
     from shardfeed._data.exchange import staged_rows_per_row, staging_bytes
 
     world = shardfeed.init("multiworker" if workers > 1 else "auto")
@@ -70,12 +71,14 @@ def _worker(args: argparse.Namespace) -> int:
         epoch_s = statistics.median(timer.seconds[1:])
         reports = ds.exchange.reports[1:] if ds.exchange is not None else []
         factor = staged_rows_per_row(world.num_replicas_in_sync, world.world_size, world.backend)
-        staged = staging_bytes(ds.eval_plan, ds.columns.row_bytes,
-                               ds.load_options.exchange_buffer_bytes, factor) if reports else 0
+        buffer = resolved_buffer(
+            options.exchange_buffer_bytes, ds.eval_plan, ds.columns.row_bytes
+        )
+        staged = staging_bytes(ds.eval_plan, ds.columns.row_bytes, buffer, factor) if reports else 0
         result = {
             "placement": placement,
             "shuffle": shuffle,
-            "exchange_buffer_bytes": options.exchange_buffer_bytes,
+            "exchange_buffer_bytes": buffer,
             "rounds": statistics.median([r.rounds for r in reports]) if reports else 0,
             "epoch_s": epoch_s,
             "bytes_sent_per_replica": max((max(r.bytes_sent) for r in reports), default=0),
