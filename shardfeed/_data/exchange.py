@@ -9,6 +9,7 @@ freed: no second copy. Also a partial exchange's holdings (both backends).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
@@ -48,9 +49,21 @@ class Round:
         return int(self.counts.sum(axis=1).max(initial=0))
 
 
+def row_dtype(num_rows: int) -> np.dtype:
+    """The dtype of global row ids and slots: int32 below 2**31 rows. On narrow
+    rows the host's per-row arrays are a share of the rows themselves (128-byte
+    rows: each int64 array 6%), and on CPU devices the same memory."""
+    return np.dtype(np.int32 if num_rows < 2**31 else np.int64)
+
+
+def _replica_dtype(num_replicas: int) -> np.dtype:
+    return np.dtype(np.int16 if num_replicas < 2**15 else np.int32)
+
+
 def initial_layout(plan: ShardPlan) -> list[np.ndarray]:
     """Per replica, the global rows its slots hold after the upload."""
-    return [np.arange(start, stop, dtype=np.int64) for start, stop in plan.shards]
+    dtype = row_dtype(plan.num_rows)
+    return [np.arange(start, stop, dtype=dtype) for start, stop in plan.shards]
 
 
 def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
@@ -87,11 +100,12 @@ def global_destinations(
     for a row no replica uses this epoch, where it is, moved only when its
     replica needs the slot (to the replicas with free slots, in order)."""
     source = _replica_of(held, num_rows)
-    dest = np.full(num_rows, -1, dtype=np.int64)
+    dest = np.full(num_rows, -1, dtype=source.dtype)
     for r, rows in enumerate(needed):
         dest[rows] = r
     unused = dest < 0
     dest[unused] = source[unused]
+    del source
     capacity = np.array([len(h) for h in held])
     surplus = np.bincount(dest, minlength=len(held)) - capacity
     takers = [r for r in range(len(held)) if surplus[r] < 0]
@@ -193,8 +207,16 @@ def holdings(target: np.ndarray, num_replicas: int) -> list[np.ndarray]:
 
 
 def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> list[Round]:
+    """`iter_rounds`, as a list."""
+    return list(iter_rounds(held, dest, round_rows))
+
+
+def iter_rounds(
+    held: list[np.ndarray], dest: np.ndarray, round_rows: int
+) -> Iterator[Round]:
     """Cuts the moves `held -> dest` into rounds of at most `round_rows` rows
-    sent and received per replica.
+    sent and received per replica, one at a time (each round's arrays are
+    made when it is taken: all rounds at once held 16 bytes a moved row).
 
     The transfer matrix is balanced (each replica receives as many rows as
     it sends), so it splits into cycles of replicas; a round takes flow from
@@ -206,20 +228,21 @@ def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> li
         dest: Each global row's replica after the exchange.
         round_rows: Most rows a replica sends (and receives) per round.
 
-    Returns:
-        The rounds, in order; empty when nothing moves.
+    Yields:
+        The rounds, in order; none when nothing moves.
     """
     n_rep = len(held)
     queues: dict[tuple[int, int], list[np.ndarray]] = {}
+    slot_dtype = row_dtype(max((len(h) for h in held), default=0))
     matrix = np.zeros((n_rep, n_rep), dtype=np.int64)
     for s, rows in enumerate(held):
         targets = dest[rows]
         for d in range(n_rep):
             if d != s:
-                slots = np.flatnonzero(targets == d)
+                slots = np.flatnonzero(targets == d).astype(slot_dtype)
                 queues[(s, d)] = [slots, rows[slots]]
                 matrix[s, d] = len(slots)
-    rounds = []
+        del targets
     for counts in _round_counts(_cycles(matrix), n_rep, round_rows):
         send, arriving = [], []
         for r in range(n_rep):
@@ -231,8 +254,7 @@ def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> li
             )
         for s, d in zip(*np.nonzero(counts), strict=True):
             queues[(s, d)] = [q[counts[s, d] :] for q in queues[(s, d)]]
-        rounds.append(Round(counts, tuple(send), tuple(arriving)))
-    return rounds
+        yield Round(counts, tuple(send), tuple(arriving))
 
 
 def apply_round(held: list[np.ndarray], rnd: Round) -> None:
@@ -313,7 +335,7 @@ def staging_bytes(
 
 
 def _replica_of(held: list[np.ndarray], num_rows: int) -> np.ndarray:
-    source = np.empty(num_rows, dtype=np.int64)
+    source = np.empty(num_rows, dtype=_replica_dtype(len(held)))
     for r, rows in enumerate(held):
         source[rows] = r
     return source
@@ -321,7 +343,7 @@ def _replica_of(held: list[np.ndarray], num_rows: int) -> np.ndarray:
 
 def _take(queues, key, count, which) -> np.ndarray:
     if key not in queues or count == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32)
     return queues[key][which][:count]
 
 
