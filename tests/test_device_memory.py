@@ -183,9 +183,10 @@ NARROW_MIB = 384
 NARROW_WIDTH = 31  # x: 31 float32 + y: 1 float32 = 128 bytes a row (W2's shape)
 # What each row costs beyond itself on CPU devices, measured on 128-byte rows
 # (shard on 2, default staging): the positions, and the host's order, layout
-# and exchange plan (int32 arrays, one at a time). TensorFlow 1.32x, JAX 1.27x
-# of 768 MiB when written, both above 1.15x: see docs/data.md.
-EXTRA_BYTES_PER_ROW = 28
+# and exchange plan (int32 arrays, one at a time). 384 MiB when written:
+# TensorFlow 1.28x, JAX 1.30x, each about 14 bytes a row past 1.05x and the
+# staging (docs/data.md); TensorFlow's int64 plan had taken 1.57x.
+EXTRA_BYTES_PER_ROW = 22
 
 
 @pytest.fixture(scope="module")
