@@ -87,7 +87,7 @@ def open_epoch(
     )
     if dataset.residency.exclusive(training):
         for other in list(dataset._open_epochs):
-            other.close()
+            other._close_stale()
     opened = ResidentEpoch(dataset, plan, epoch, training, first_step, augment)
     dataset._open_epochs.add(opened)
     return opened
@@ -225,6 +225,15 @@ class ResidentEpoch(EpochSizes):
             self._closed = True
             self._matrices = None
             self._weak_finalizer()
+
+    def _close_stale(self) -> None:
+        """Closes the epoch for a training epoch that moves rows, and lets go
+        of its order, which no longer matches the slots (its rows are not
+        asked for again, unlike a closed epoch's in `predict`)."""
+        self.close()
+        release = getattr(self._order, "release", None)
+        if release is not None:
+            release()
 
     # -- for the compiled multi-step loop (`_tf/loop.py`) -----------------
 

@@ -124,10 +124,13 @@ class EpochOrder:
         return held[slots]
 
     def close(self) -> None:
-        """Lets go of the index matrices and the layout (4 + 4 bytes a row): a
-        training epoch that moves rows closes the open ones before its
-        exchange, and their stale order would otherwise live on beside the
-        new one until the old epoch object is collected."""
+        pass
+
+    def release(self) -> None:
+        """Lets go of the index matrices and the layout (4 + 4 bytes a row),
+        once a training epoch that moves rows made them stale: they would
+        otherwise live on beside the new ones until the old epoch object is
+        collected."""
         self._indices, self._held = [], [] if self._held is not None else None
 
 
