@@ -316,6 +316,11 @@ NAN, INF = float("nan"), float("inf")
          "be a finite number >= 0. Received: stddev=-0.1. Pass e.g. `gaussian_noise(0.05)`."),
         (lambda: aug.brightness(INF), "`shardfeed.augment.brightness`'s `max_delta` must be a "
          "finite number >= 0. Received: max_delta=inf. Pass e.g. `brightness(0.1)`."),
+        # A finite offset past any image range (it trained without a word).
+        (lambda: aug.brightness(1e30), "`shardfeed.augment.brightness`'s `max_delta` is an "
+         "offset in the images' units ([0, 1] or [0, 255]) and must be at most 255. Received: "
+         "max_delta=1e+30. Pass e.g. `brightness(0.1)` for images in [0, 1], `brightness(25)` "
+         "for [0, 255]."),
         (lambda: aug.contrast(0, INF), "`shardfeed.augment.contrast`'s `upper` must be a finite "
          "number >= 0. Received: upper=inf. Pass e.g. `contrast(0.9, 1.1)`."),
         (lambda: aug.contrast(NAN, 1), "`shardfeed.augment.contrast`'s `lower` must be a finite "

@@ -401,6 +401,9 @@ def gaussian_noise(stddev: float) -> Block:
     return Block("gaussian_noise", noise)
 
 
+MAX_BRIGHTNESS_DELTA = 255.0
+
+
 def brightness(max_delta: float) -> Block:
     """Adds one offset per image, uniform in `[-max_delta, max_delta]`
     (float images, e.g. in [0, 1]).
@@ -409,7 +412,7 @@ def brightness(max_delta: float) -> Block:
         A block `(x, seed) -> x`.
 
     Raises:
-        ValueError: Unless `max_delta` is a finite number >= 0.
+        ValueError: Unless `max_delta` is a finite number in [0, 255].
         TypeError: When applied to a non-float batch.
 
     Example:
@@ -417,6 +420,15 @@ def brightness(max_delta: float) -> Block:
     """
 
     max_delta = _number("brightness", "max_delta", max_delta, "brightness(0.1)")
+    # An offset in the images' own units: past the widest common range, every
+    # image is replaced by noise of that size (1e30 trained without a word).
+    _errors.require(
+        max_delta <= MAX_BRIGHTNESS_DELTA,
+        "`shardfeed.augment.brightness`'s `max_delta` is an offset in the images' units "
+        f"([0, 1] or [0, 255]) and must be at most {MAX_BRIGHTNESS_DELTA:g}.",
+        f"max_delta={max_delta!r}",
+        "Pass e.g. `brightness(0.1)` for images in [0, 1], `brightness(25)` for [0, 255].",
+    )
 
     def bright(x: Any, seed: Any, random: Random) -> Any:
         _float_only("brightness", x)
