@@ -159,7 +159,8 @@ def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str
     tasks = _startup.cluster_tasks(environ)
     if not tasks and launch_env.launcher == "mpi":
         config = _tf_config.tf_config_from_mpi()
-        tasks = [("worker 0", config["cluster"]["worker"][0])]
+        # Every rank's address: whether they name one host decides loopback.
+        tasks = [(f"worker {i}", a) for i, a in enumerate(config["cluster"]["worker"])]
     if tasks:
         address = tasks[0][1]
         task_hosts = {a.rsplit(":", 1)[0] for _, a in tasks}

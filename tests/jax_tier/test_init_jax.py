@@ -174,6 +174,28 @@ def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
     assert coordinator == initialize.Coordinator("127.0.0.1:8888", 4, 3, loopback=True)
 
 
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        # Two hosts: the coordinator at rank 0's address (a bug made every mpirun
+        # job look like one host: only rank 0's address was read, and rank 1 on
+        # the other host never reached 127.0.0.1).
+        (["10.0.0.1:5000", "10.0.0.2:5001"], ("10.0.0.1:5000", False)),
+        (["node1:5000", "node1:5001"], ("127.0.0.1:5000", True)),  # one host
+    ],
+)
+def test_under_mpirun_every_ranks_address_decides_loopback(monkeypatch, workers, expected):
+    from shardfeed._distribute import tf_config
+
+    environ = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+               "OMPI_COMM_WORLD_LOCAL_RANK": "0"}  # fmt: skip
+    monkeypatch.setattr(
+        tf_config, "tf_config_from_mpi", lambda: {"cluster": {"worker": workers}}
+    )
+    coordinator = initialize.coordinator_for(detect_launch_env(environ), environ)
+    assert (coordinator.address, coordinator.loopback) == expected
+
+
 def test_workers_that_all_name_one_host_meet_on_loopback():
     """`mpirun -np 2` on one host: every rank announces the host's name; the job
     needs no network, so it opens none (and needs no credentials)."""
