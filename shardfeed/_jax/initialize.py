@@ -313,10 +313,13 @@ def init(
         The JAX `World`: rank, world size, devices in global replica order,
         the mesh the dataset and the loop use.
 
-    Exposure: a loopback job (every process on 127.0.0.1, as `shardfeed
-    launch` starts them) binds its coordinator and Gloo to 127.0.0.1 only; a
-    multi-host job's chief logs once (logger "shardfeed", WARNING) what
-    listens where, unauthenticated.
+    Exposure: a job on one host (every process on 127.0.0.1, as `shardfeed
+    launch` starts them, or every task naming the same host) binds its
+    coordinator and Gloo to 127.0.0.1 only; a multi-host job's coordinator
+    binds its own address and, on JAX >= 0.11.2, admits only processes
+    holding the job's credentials (SHARDFEED_MTLS_DIR; refused without them
+    unless SHARDFEED_INSECURE_NETWORK=1); its chief logs once (logger
+    "shardfeed", WARNING) what listens where, and what is authenticated.
 
     Seeding: with several processes, every model built afterwards starts
     from the same values on every process, in a loop of your own too: Python's
@@ -327,8 +330,12 @@ def init(
 
     Raises:
         ValueError: For an unknown or TensorFlow engine, horovodrun, launcher
-            variables naming no coordinator, `cpu_devices` with GPUs, or a
-            timeout that is not a positive number of seconds.
+            variables naming no coordinator, `cpu_devices` with GPUs, a
+            timeout that is not a positive number of seconds, a multi-host
+            job without credentials where JAX has mutual TLS, or credentials
+            where it has not (or files that fail the handshake).
+        FileNotFoundError, PermissionError: For a credentials directory that
+            lacks a file, or whose key others can read.
         RuntimeError: For `cpu_devices` after JAX started its backends with
             another number of CPU devices, naming the fix.
         OSError: On process 0, if the coordinator's port is in use (named).
