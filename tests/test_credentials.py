@@ -7,6 +7,7 @@ simulated hosts with an outsider, are in tests/test_mtls_hosts.py.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -94,10 +95,7 @@ def test_a_missing_file_is_named_with_this_host(made, tmp_path):
 
 
 def test_a_key_others_can_read_is_refused(made, tmp_path):
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    for name in ("ca.pem", "worker.pem", "worker.key"):
-        (copy / name).write_bytes((Path(made.directory) / name).read_bytes())
+    copy = Path(shutil.copytree(made.directory, tmp_path / "copy"))
     os.chmod(copy / "worker.key", 0o644)
     with pytest.raises(PermissionError) as caught:
         credentials.load_credentials(copy)
@@ -239,11 +237,7 @@ def test_shardfeed_launch_refuses_a_host_without_the_credentials(tmp_path):
     ],
 )
 def test_an_edited_or_corrupt_file_is_refused_naming_it(made, tmp_path, edit, reason):
-    copy = tmp_path / "copy"
-    copy.mkdir(mode=0o700)
-    for name in ("ca.pem", "worker.pem", "worker.key"):
-        (copy / name).write_bytes((Path(made.directory) / name).read_bytes())
-        os.chmod(copy / name, 0o600)
+    copy = Path(shutil.copytree(made.directory, tmp_path / "copy"))  # modes kept
     if edit in ("other-key", "other-ca"):
         other = credentials.make_credentials(tmp_path / "other")
         name = "worker.key" if edit == "other-key" else "ca.pem"

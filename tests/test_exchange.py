@@ -16,7 +16,7 @@ from shardfeed._data.plan import plan_shards
 
 def _run(held, dest, k):
     held = [h.copy() for h in held]
-    rounds = ex.plan_rounds(held, dest, k)
+    rounds = list(ex.iter_rounds(held, dest, k))
     for rnd in rounds:
         sent, received = rnd.counts.sum(axis=1), rnd.counts.sum(axis=0)
         np.testing.assert_array_equal(sent, received)  # arrivals fill the freed slots
@@ -70,7 +70,7 @@ def test_rows_already_in_place_do_not_move():
     needed = ex.epoch_rows(plan, perm)
     assert [n.tolist() for n in needed] == [h.tolist() for h in held]
     dest = ex.global_destinations(held, needed, 12)
-    assert ex.plan_rounds(held, dest, 1) == []
+    assert list(ex.iter_rounds(held, dest, 1)) == []
 
 
 def test_rounds_respect_the_staging_bound():

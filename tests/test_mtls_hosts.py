@@ -127,21 +127,30 @@ def test_an_outsider_cannot_join_or_stall_an_authenticated_jax_job(tmp_path):
     assert f"the credentials in {job.directory} (mutual TLS)" in results[1][1]
 
 
+def _launch_alone(tmp_path, host, *options):
+    """One host's `shardfeed launch` of the two-host job, the other never
+    started (a refusal needs nothing from it): (exit code, output)."""
+    script = tmp_path / "worker.py"
+    script.write_text(hosts.WORKER)
+    launch = hosts.launch_on(
+        host, "--port-base", str(PORT), "--grace-s", "5", *options, str(script),
+        str(tmp_path / "w"),
+    )  # fmt: skip
+    with hosts.two_hosts() as two:
+        done = subprocess.run(
+            two.argv(host, launch),
+            env={k: v for k, v in os.environ.items() if not k.startswith("SHARDFEED_")},
+            capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+        )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
 @needs_mtls
 def test_a_host_without_the_credentials_is_refused_naming_it(tmp_path):
     """Host 1 forgot `--mtls-dir`: its worker refuses before joining (host 0 is not
     started: the refusal needs nothing from it)."""
-    script = tmp_path / "worker.py"
-    script.write_text(hosts.WORKER)
-    with hosts.two_hosts() as two:
-        done = subprocess.run(
-            two.argv(1, hosts.launch_on(1, "--port-base", str(PORT), "--grace-s", "5",
-                                        str(script), str(tmp_path / "w"))),
-            env={k: v for k, v in os.environ.items() if not k.startswith("SHARDFEED_")},
-            capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
+    code, output = _launch_alone(tmp_path, 1)
+    assert code == 1, output[-3000:]
     assert (
         "A multi-host `jax.distributed` job authenticates its workers with mutual TLS"
     ) in output
@@ -151,18 +160,8 @@ def test_a_host_without_the_credentials_is_refused_naming_it(tmp_path):
 @pytest.mark.tensorflow
 def test_tensorflow_workers_refuse_credentials_they_cannot_use(tmp_path):
     job = credentials.make_credentials(tmp_path / "job")
-    script = tmp_path / "worker.py"
-    script.write_text(hosts.WORKER)
-    with hosts.two_hosts() as two:
-        done = subprocess.run(
-            two.argv(0, hosts.launch_on(0, "--port-base", str(PORT), "--grace-s", "5",
-                                        "--mtls-dir", job.directory, str(script),
-                                        str(tmp_path / "w"))),
-            env={k: v for k, v in os.environ.items() if not k.startswith("SHARDFEED_")},
-            capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
+    code, output = _launch_alone(tmp_path, 0, "--mtls-dir", job.directory)
+    assert code == 1, output[-3000:]
     assert (
         "TensorFlow's gRPC runtime (MWMS) has no authentication: the job's mutual-TLS "
         "credentials protect only a JAX job's `jax.distributed` coordinator."

@@ -206,11 +206,6 @@ def holdings(target: np.ndarray, num_replicas: int) -> list[np.ndarray]:
     return [part.astype(dtype) for part in np.split(order, bounds)]
 
 
-def plan_rounds(held: list[np.ndarray], dest: np.ndarray, round_rows: int) -> list[Round]:
-    """`iter_rounds`, as a list."""
-    return list(iter_rounds(held, dest, round_rows))
-
-
 def iter_rounds(
     held: list[np.ndarray], dest: np.ndarray, round_rows: int
 ) -> Iterator[Round]:

@@ -129,7 +129,9 @@ def evaluate(
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
     # Before any other collective (arrays become a dataset, which compares rows).
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset))
+    start_call(
+        world, "evaluate", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
@@ -166,7 +168,9 @@ def predict(
     check_model(model, needs_compile=False)
     # Before any other collective, as `evaluate`'s.
     world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset))
+    start_call(
+        world, "predict", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(

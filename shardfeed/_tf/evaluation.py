@@ -126,7 +126,9 @@ def evaluate(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
-    start_call(world, "evaluate", eval_args.settings(model, data, options, ShardedResidentDataset))
+    start_call(
+        world, "evaluate", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(
         data, y, sample_weight, per_replica_batch_size, model, transform=transform
@@ -196,7 +198,9 @@ def predict(
         if isinstance(data, ShardedResidentDataset)
         else current_world(model.distribute_strategy)
     )
-    start_call(world, "predict", eval_args.settings(model, data, options, ShardedResidentDataset))
+    start_call(
+        world, "predict", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)
     loop = loop_for(model, dataset, with_model_steps(options or FitOptions(), model))

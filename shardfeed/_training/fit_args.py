@@ -321,7 +321,7 @@ def begin(model: keras.Model, dataset: Any, given: FitArguments) -> FitCall:
         ValueError: For ranks that disagree, and as `split_validation`,
             `epochs_to_run`, `validation_schedule` and `check_steps`.
     """
-    start_call(dataset.world, "fit", settings(model, dataset, given))
+    start_call(dataset.world, "fit", lambda: settings(model, dataset, given))
     validation_data = given.validation_data
     if given.validation_split:
         dataset, validation_data = split_validation(
