@@ -103,20 +103,28 @@ def run_jax_processes(
 
     port = free_port()
     env = jax_env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"})
+    # stdout apart from stderr: XLA's C++ logging writes to fd 2 unbuffered,
+    # and on one merged pipe it landed inside a child's RESULT line.
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(port), str(i), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
         )
         for i in range(num_processes)
     ]
-    results = []
-    for proc in procs:
-        try:
-            output, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-        finally:
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=SUBPROCESS_TIMEOUT_S))
+    finally:
+        # Every process is reaped, even when one failed or timed out: a
+        # survivor would fail a later test with "subprocess is still running".
+        for proc in procs:
             proc.kill()
-        assert proc.returncode == 0, output
-        line = next(x for x in output.splitlines() if x.startswith("RESULT "))
+            proc.communicate()
+    results = []
+    for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
     return results

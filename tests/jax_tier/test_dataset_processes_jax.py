@@ -125,3 +125,16 @@ def test_a_traced_step_past_the_full_steps_is_refused_on_both_processes():
     results = run_jax_processes(REFUSED_STEP_CHILD)
     assert results[0]["full"] == results[1]["full"]  # one global batch, 16 of the 90 rows
     assert [r["refused"] for r in results] == [True, True]
+
+
+def test_a_childs_stderr_never_lands_inside_its_result_line():
+    """XLA logs to fd 2 unbuffered (`jax.pure_callback failed` above); on one
+    merged pipe that text landed inside a RESULT line, and CI failed parsing
+    it."""
+    code = (
+        "import os, sys\n"
+        "sys.stdout.write('RESULT {\"rank\": ' + sys.argv[2]); sys.stdout.flush()\n"
+        "os.write(2, b'a C++ log line')\n"
+        "print('}', flush=True)\n"
+    )
+    assert run_jax_processes(code) == [{"rank": 0}, {"rank": 1}]
