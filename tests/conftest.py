@@ -50,6 +50,29 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
         "test_two_hosts.py",
     }
 )
+# Of those, the files whose tests take the same path whatever the backend (pure
+# arithmetic, the launcher, the startup wait, credentials): `.ci/test` runs them
+# once, in the JAX tier, where TensorFlow cannot be imported, and sets
+# SHARDFEED_NEUTRAL_ONCE=1 for the TensorFlow tier, which then runs only their
+# tests marked `tensorflow`. The other neutral files go through each backend's
+# Keras surface, datasets or workers, so both tiers run them.
+SAME_PATH_ON_BOTH_BACKENDS = frozenset(
+    {
+        "test_credentials.py",
+        "test_exchange.py",
+        "test_launch.py",
+        "test_launch_integration.py",
+        "test_plan.py",
+        "test_relayout.py",
+        "test_startup.py",
+    }
+)
+if not SAME_PATH_ON_BOTH_BACKENDS <= BACKEND_NEUTRAL_TEST_FILES:
+    raise RuntimeError(
+        "A file CI runs once, in the JAX tier, must be one the JAX tier runs. Received: "
+        f"{sorted(SAME_PATH_ON_BOTH_BACKENDS - BACKEND_NEUTRAL_TEST_FILES)} only in "
+        "SAME_PATH_ON_BOTH_BACKENDS. Add them to BACKEND_NEUTRAL_TEST_FILES too."
+    )
 
 if ON_JAX:
     # Keras' adapted tests run here too (tests/keras_contract/conftest.py
@@ -76,6 +99,17 @@ else:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not ON_JAX:
+        if os.environ.get("SHARDFEED_NEUTRAL_ONCE") == "1":
+            elsewhere = [
+                item
+                for item in items
+                if item.path.name in SAME_PATH_ON_BOTH_BACKENDS
+                and item.get_closest_marker("tensorflow") is None
+            ]
+            if elsewhere:
+                config.hook.pytest_deselected(items=elsewhere)
+                gone = set(elsewhere)
+                items[:] = [item for item in items if item not in gone]
         return
     skip = pytest.mark.skip(reason="needs TensorFlow; the JAX tier's venv has none")
     for item in items:
