@@ -142,7 +142,7 @@ def _peak(rows, placement, devices, options, width=WIDTH):
     path, _ = rows
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "MALLOC_MMAP_THRESHOLD_": "131072",
         "XLA_FLAGS": "",  # `shardfeed.init(cpu_devices=...)` splits the CPU
         "TF_CPP_MIN_LOG_LEVEL": "3",

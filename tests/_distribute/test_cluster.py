@@ -19,7 +19,7 @@ from shardfeed._launch import delegate
 from shardfeed._launch.process import System
 from shardfeed._tf.resolver import ensure_tf_config, tf_config_from_slurm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tf_config(index, workers=2, chief=0, task_type="worker"):

@@ -1,7 +1,7 @@
 """A multi-host job's mutual-TLS credentials: made, checked, and the rule each worker applies.
 
 Backend-neutral (the JAX tier runs it too). The jobs that use them, on two
-simulated hosts with an outsider, are in tests/test_mtls_hosts.py.
+simulated hosts with an outsider, are in tests/_launch/test_mtls_hosts.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a worker writes for `shardfeed launch`'s progress watch, in one process.
 
-The launcher's side is tested with fakes (tests/test_launch.py) and with real
-2-worker launches (tests/test_launch_tf.py); here `fit` and `predict` run in
+The launcher's side is tested with fakes (tests/_launch/test_launch.py) and with real
+2-worker launches (tests/_launch/test_launch_tf.py); here `fit` and `predict` run in
 this process with the launcher's variables set, and the progress file is read
 from inside the callbacks.
 """

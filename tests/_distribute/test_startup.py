@@ -22,7 +22,7 @@ import pytest
 from shardfeed._common.ports import free_port
 from shardfeed._distribute import startup
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 WORKER = "import shardfeed\nshardfeed.init()\nprint('INITIALIZED', flush=True)\n"
 

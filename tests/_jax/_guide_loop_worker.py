@@ -1,6 +1,6 @@
 """Keras' guide "Writing a training loop from scratch in JAX" (keras-io
 `guides/writing_a_custom_training_loop_in_jax.py`), run as a worker script
-(`shardfeed launch -n 2`) by tests/jax_tier/test_guide_loop_jax.py; not a test module.
+(`shardfeed launch -n 2`) by tests/_jax/test_guide_loop_jax.py; not a test module.
 
 The guide's code, unseeded, building its two models, but for the lines
 marked `# shardfeed:` (the dataset lines, and `shardfeed.init()` first) and

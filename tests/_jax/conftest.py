@@ -2,7 +2,7 @@
 
 Run with the JAX venv (Keras + jax[cpu], no TensorFlow), e.g.
 `KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=4
-.venv-jax/bin/python -m pytest tests/jax_tier`. Stricter than normal use: the CPU
+.venv-jax/bin/python -m pytest tests/_jax`. Stricter than normal use: the CPU
 is split into `NUM_CPU_DEVICES` devices (as the TensorFlow tier splits it
 into logical CPUs), and the tier refuses to run on the wrong backend or with
 TensorFlow importable, so a test can never pass by falling back to TensorFlow.
@@ -20,13 +20,13 @@ from _helpers_jax import NUM_CPU_DEVICES
 
 if os.environ.get("KERAS_BACKEND") != "jax":
     raise RuntimeError(
-        "tests/jax_tier runs on the JAX backend only. Received: KERAS_BACKEND="
+        "tests/_jax runs on the JAX backend only. Received: KERAS_BACKEND="
         f"{os.environ.get('KERAS_BACKEND')!r}. Run it as `KERAS_BACKEND=jax "
-        ".venv-jax/bin/python -m pytest tests/jax_tier` (see .ci/test)."
+        ".venv-jax/bin/python -m pytest tests/_jax` (see .ci/test)."
     )
 if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:
     raise RuntimeError(
-        "tests/jax_tier proves shardfeed works without TensorFlow, so TensorFlow must not be "
+        "tests/_jax proves shardfeed works without TensorFlow, so TensorFlow must not be "
         f"importable. Received: sys.executable={sys.executable!r} finds tensorflow. Run it "
         "with the JAX venv (.venv-jax, made by .ci/setup)."
     )

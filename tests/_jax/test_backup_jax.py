@@ -134,7 +134,7 @@ def _fifo(backup):
     os.mkfifo(path)
 
 
-# The TensorFlow backend's cases (tests/test_resume.py), a few of each kind.
+# The TensorFlow backend's cases (tests/_training/test_resume.py), a few of each kind.
 STATE_ERRORS = {
     "step 10**12": (
         edit_state(cursor__step=10**12),

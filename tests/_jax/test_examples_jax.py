@@ -2,7 +2,7 @@
 device, on two devices of one process, as two `jax.distributed` workers under
 `shardfeed launch -n 2`, and as two MPI ranks under launch/mpirun-hostfile.sh (the
 TensorFlow tier runs the same script in tests/test_examples.py and
-tests/test_multiworker.py)."""
+tests/_tf/test_multiworker.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import shardfeed
 
 CHILD = """
 import json, sys
-sys.path.insert(0, "tests/jax_tier")
+sys.path.insert(0, "tests/_jax")
 import jax
 port, pid = int(sys.argv[1]), int(sys.argv[2])
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
@@ -32,7 +32,7 @@ print("RESULT " + json.dumps(train_and_predict(shardfeed, save_to=sys.argv[3])))
 
 BACKUP_CHILD = """
 import json, sys
-sys.path[:0] = ["tests/jax_tier", "tests"]
+sys.path[:0] = ["tests/_jax", "tests"]
 import jax
 port, pid, backup, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,

@@ -17,7 +17,7 @@ from _helpers_jax import REPO, SUBPROCESS_TIMEOUT_S, jax_env
 from shardfeed._jax import seeding
 from shardfeed._jax.world import World
 
-WORKER = str(REPO / "tests" / "jax_tier" / "_guide_loop_worker.py")
+WORKER = str(REPO / "tests" / "_jax" / "_guide_loop_worker.py")
 
 
 @pytest.mark.multi_process

@@ -1,6 +1,6 @@
 """`ResidentIterator` on JAX: a resumable position over training epochs, as on TensorFlow.
 
-The proof (after tests/test_custom_loop.py and Grain's resume test): a loop
+The proof (after tests/_tf/test_custom_loop.py and Grain's resume test): a loop
 stopped mid-epoch, its state saved as JSON, then a fresh dataset and
 iterator given the state, hand out exactly the batches an uninterrupted
 loop hands out, on 1 and 2 devices, shuffle global/local/off, with and
@@ -379,7 +379,7 @@ def test_overwritten_arrays_are_refused_before_the_call_that_killed_the_process(
     # SIGSEGV (JAX 0.10.2, 2 devices, either case). In a child process, so a
     # crash cannot take the other tests with it.
     code = (
-        "import sys; sys.path.insert(0, 'tests/jax_tier')\n"
+        "import sys; sys.path.insert(0, 'tests/_jax')\n"
         "from test_iterator_jax import closed_arrays_refusal\n"
         "print(closed_arrays_refusal('copy', reopened=True))\n"
         "print(closed_arrays_refusal('gathered', reopened=True))\n"

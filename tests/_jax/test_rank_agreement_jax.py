@@ -21,7 +21,7 @@ from _ranks_worker import assert_fit_case_outcomes  # the cases, shared with Ten
 
 FIT_ARGS_CHILD = """
 import json, sys
-sys.path[:0] = ["tests/jax_tier", "tests"]
+sys.path[:0] = ["tests/_jax", "tests"]
 import jax
 port, pid = int(sys.argv[1]), int(sys.argv[2])
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,

@@ -1,6 +1,6 @@
 """`shardfeed.save_model` on JAX, one process: one complete file, no partial
 left, the same refusals as on TensorFlow (the checks: tests/_helpers_saving.py).
-Two processes: tests/jax_tier/test_fit_processes_jax.py."""
+Two processes: tests/_jax/test_fit_processes_jax.py."""
 
 from __future__ import annotations
 

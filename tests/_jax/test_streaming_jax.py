@@ -276,7 +276,7 @@ def test_a_resumed_iterator_streams_the_resident_batches(replicas):
 # process id (`run_jax_processes`), then what to run.
 PROCESSES = """
 import json, sys
-sys.path.insert(0, "tests/jax_tier")
+sys.path.insert(0, "tests/_jax")
 import jax
 port, pid, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,

@@ -30,7 +30,7 @@ from shardfeed._launch import cli, delegate, local, multihost, netns, process, s
 from shardfeed._launch import lines as lines_module
 from shardfeed._launch.process import System, WorkerSpec, exit_code_of, run_workers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/venv/bin/python"
 OPEN_MPI_ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
 

@@ -27,7 +27,7 @@ from shardfeed._launch.process import System
 
 pytestmark = pytest.mark.multi_process
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 30.0
 
 # One worker program; each rank's behaviour comes from argv[2 + rank].

@@ -36,7 +36,7 @@ from shardfeed._launch.process import System
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 120.0
 WAIT_S = 100.0  # every wait ends before the grace period would
 LAUNCH_TIMEOUT_S = 400.0

@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(hosts.why_not() is not None, reason=str(hosts.why_not())),
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ON_JAX = os.environ.get("KERAS_BACKEND") == "jax"
 PORT = 23456  # free in a fresh namespace
 TIMEOUT_S = 150

@@ -103,7 +103,7 @@ def _resumed(world, restore):
     dataset and iterator as a new process would, restores, finishes."""
     m = cl.model(world)
     # `model=`: the workers' check before the first step (one worker here:
-    # nothing to compare; two JAX processes: tests/jax_tier/test_rank_agreement_jax.py).
+    # nothing to compare; two JAX processes: tests/_jax/test_rank_agreement_jax.py).
     it = cl.dataset(world).iterator(model=m)
     cl.train_eagerly(world, m, it.epochs(cl.EPOCHS), stop=(1, 2))
     state, saved = it.get_state(), [w.copy() for w in m.get_weights()]

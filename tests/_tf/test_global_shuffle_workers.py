@@ -22,7 +22,7 @@ from shardfeed._data import agreement
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
-WORKER = Path(__file__).resolve().parent / "_global_shuffle_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "_global_shuffle_worker.py"
 ROWS = 1001
 
 

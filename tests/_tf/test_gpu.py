@@ -1,6 +1,6 @@
 """The thin GPU tier: paths only a GPU exercises, run for real where one exists.
 
-Their logic is tested on CPU (tests/test_init.py, tests/test_dataset.py);
+Their logic is tested on CPU (tests/_tf/test_init.py, tests/_tf/test_dataset.py);
 here they run against a real device: rows land in GPU memory, the free-memory
 query answers, and training on the GPU matches Keras.
 """

@@ -1,7 +1,7 @@
 """Engine choice, GPU pinning and device-memory queries: logic tested on CPU.
 
 The GPU-only paths (NVML's free memory, one GPU per worker) are tested here
-with fakes; `tests/test_gpu.py` is the thin tier that runs them for real and
+with fakes; `tests/_tf/test_gpu.py` is the thin tier that runs them for real and
 skips, saying why, where no GPU is visible.
 """
 
@@ -136,7 +136,7 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
     ]
 
 
-# -- init ordering (TensorFlow; the JAX twins are in tests/jax_tier/test_init_jax.py) ----------
+# -- init ordering (TensorFlow; the JAX twins are in tests/_jax/test_init_jax.py) ----------
 
 
 @pytest.fixture

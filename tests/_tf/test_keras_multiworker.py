@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 WORKER = r"""

@@ -27,7 +27,7 @@ import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 from tests._helpers import mirrored_strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/status").exists(), reason="reads RSS from /proc/self/status (Linux)"

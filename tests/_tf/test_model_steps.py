@@ -297,7 +297,7 @@ def test_own_train_step_runs_unconverted_as_under_keras():
             fit(model)
 
 
-WORKER = Path(__file__).resolve().parent / "_model_steps_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "_model_steps_worker.py"
 
 
 def _load(prefix, ranks):

@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240

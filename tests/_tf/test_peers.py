@@ -3,7 +3,7 @@
 Before: TensorFlow's "The tasks have crashed" and a task path, nothing else.
 
 The two texts are what TensorFlow 2.21 printed when the veth link between two
-simulated hosts was cut mid-epoch (tests/test_two_hosts.py cuts it for real).
+simulated hosts was cut mid-epoch (tests/_launch/test_two_hosts.py cuts it for real).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from shardfeed._data import agreement
 from shardfeed._data.sources import columns_from_arrays
 from shardfeed._training import fit_args
 
-WORKER = Path(__file__).resolve().parent / "_ranks_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "_ranks_worker.py"
 # Set-up (two TensorFlow workers) takes ~15 s here, a case a few more; a hang
 # would take the launcher's timeout (TIMEOUT_S - 20 = 220 s).
 BOUNDED_S = 120

@@ -23,7 +23,7 @@ from tensorflow.python.eager import context
 from shardfeed import LoadOptions, ShardedResidentDataset, files
 from shardfeed._tf import tfdata
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = 37
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),

@@ -25,7 +25,7 @@ import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 
 ROWS = 1000  # 3 full batches of 256 and a partial one of 232
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _data(rows=ROWS, seed=0):
@@ -220,7 +220,7 @@ def test_predict_keeps_row_order_and_multi_outputs():
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_predict_and_evaluate_as_the_first_calls_on_a_loaded_model(compiled, tmp_path):
-    # The same on both backends (issue 26: JAX failed here; tests/jax_tier/
+    # The same on both backends (issue 26: JAX failed here; tests/_jax/
     # test_evaluation_jax.py): a model no shardfeed call has seen.
     x, y = _data(rows=301)
     model = _mlp("adam")

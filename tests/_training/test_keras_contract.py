@@ -36,7 +36,7 @@ from shardfeed import ShardedResidentDataset
 from shardfeed._tf import initialize
 from shardfeed._tf import world as _world
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 

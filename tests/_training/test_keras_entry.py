@@ -27,7 +27,7 @@ from shardfeed._training import keras_hooks
 from shardfeed._training import resident_arrays as resident_module
 
 ON_JAX = keras.backend.backend() == "jax"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
@@ -37,7 +37,7 @@ def replicas(n: int) -> Iterator[None]:
     if n == 1:
         yield
     elif ON_JAX:
-        sys.path.insert(0, str(Path(__file__).parent / "jax_tier"))
+        sys.path.insert(0, str(Path(__file__).parents[1] / "_jax"))
         from _helpers_fit import replicas as jax_replicas
 
         with jax_replicas(n):
