@@ -3,7 +3,7 @@
 # (a venv of CPython 3.12 with JAX 0.11.2, jaxlib and NumPy 2.5.2 only:
 # requirements-gpu-rehearsal.txt), and fetches the wheels .ci/gpu-check.sh carries into
 # build/gpu-wheels (`gpu-check.sh download`, cached in ~/.cache/shardfeed/gpu-wheels).
-# tests/jax_tier/test_gpu_check.py runs the check with both, offline. Idempotent: a
+# tests/_jax/test_gpu_check.py runs the check with both, offline. Idempotent: a
 # second run installs and downloads nothing. Without that Python (SHARDFEED_PYTHON312,
 # default pyenv's 3.12.1) it does nothing and says so; the test then skips, saying why.
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""Models with their own steps, shared by tests/test_model_steps.py and its worker.
+"""Models with their own steps, shared by tests/_tf/test_model_steps.py and its worker.
 
 Written as Keras' guide "Customizing what happens in fit()" writes them. Each
 counts its step calls in a `tf.Variable` (a Python counter would count traces,

@@ -1,5 +1,5 @@
-"""Helpers shared by the resume tests of both backends (`tests/test_resume.py`
-on TensorFlow, `tests/jax_tier/test_backup_jax.py` on JAX): Keras and the
+"""Helpers shared by the resume tests of both backends (`tests/_training/test_resume.py`
+on TensorFlow, `tests/_jax/test_backup_jax.py` on JAX): Keras and the
 standard library only."""
 
 from __future__ import annotations

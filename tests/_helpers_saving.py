@@ -1,5 +1,5 @@
-"""`save_model` checks shared by both backends' tests (`tests/test_saving.py` on
-TensorFlow, `tests/jax_tier/test_saving_jax.py` on JAX): Keras, NumPy and the
+"""`save_model` checks shared by both backends' tests (`tests/_tf/test_saving.py` on
+TensorFlow, `tests/_jax/test_saving_jax.py` on JAX): Keras, NumPy and the
 standard library only; `shardfeed` is the caller's, resolved on its backend."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Single-device tests run on the default strategy, which places everything on
 CPU:0.
 
 With `KERAS_BACKEND=jax` (the JAX tier, in a venv without TensorFlow) this
-file imports no TensorFlow and collects only `tests/jax_tier` (set up by its own
+file imports no TensorFlow and collects only `tests/_jax` (set up by its own
 conftest), Keras' adapted tests in `tests/keras_contract` and the
 backend-neutral files below; a test there marked `tensorflow` is skipped,
 saying why.
@@ -30,7 +30,7 @@ ON_JAX = os.environ.get("KERAS_BACKEND", "tensorflow") == "jax"
 if (Path(__file__).parent / "jax").exists():
     raise RuntimeError(
         "A directory tests/jax shadows the `jax` package for every test (tests/ is on "
-        "sys.path). Received: tests/jax exists. Put the JAX tier's tests in tests/jax_tier."
+        "sys.path). Received: tests/jax exists. Put the JAX tier's tests in tests/_jax."
     )
 # Test files that import no TensorFlow: the JAX tier runs them too.
 BACKEND_NEUTRAL_TEST_FILES = frozenset(
@@ -50,19 +50,44 @@ BACKEND_NEUTRAL_TEST_FILES = frozenset(
         "test_two_hosts.py",
     }
 )
+# Of those, the files whose tests take the same path whatever the backend (pure
+# arithmetic, the launcher, the startup wait, credentials): `.ci/test` runs them
+# once, in the JAX tier, where TensorFlow cannot be imported, and sets
+# SHARDFEED_NEUTRAL_ONCE=1 for the TensorFlow tier, which then runs only their
+# tests marked `tensorflow`. The other neutral files go through each backend's
+# Keras surface, datasets or workers, so both tiers run them.
+SAME_PATH_ON_BOTH_BACKENDS = frozenset(
+    {
+        "test_credentials.py",
+        "test_exchange.py",
+        "test_launch.py",
+        "test_launch_integration.py",
+        "test_plan.py",
+        "test_relayout.py",
+        "test_startup.py",
+    }
+)
+if not SAME_PATH_ON_BOTH_BACKENDS <= BACKEND_NEUTRAL_TEST_FILES:
+    raise RuntimeError(
+        "A file CI runs once, in the JAX tier, must be one the JAX tier runs. Received: "
+        f"{sorted(SAME_PATH_ON_BOTH_BACKENDS - BACKEND_NEUTRAL_TEST_FILES)} only in "
+        "SAME_PATH_ON_BOTH_BACKENDS. Add them to BACKEND_NEUTRAL_TEST_FILES too."
+    )
 
 if ON_JAX:
     # Keras' adapted tests run here too (tests/keras_contract/conftest.py
     # skips, saying why, the two files that import TensorFlow).
+    # The files are named from this folder: a module's tests sit in the folder
+    # named after its package (tests/_data, tests/_launch, ...).
+    _TESTS = Path(__file__).parent
     collect_ignore = [
-        *(
-            path.name
-            for path in Path(__file__).parent.glob("test_*.py")
-            if path.name not in BACKEND_NEUTRAL_TEST_FILES
-        ),
+        str(path.relative_to(_TESTS))
+        for path in _TESTS.rglob("test_*.py")
+        if path.parent.name not in ("_jax", "keras_contract")
+        and path.name not in BACKEND_NEUTRAL_TEST_FILES
     ]
 else:
-    collect_ignore = ["jax_tier"]  # run in .venv-jax (.ci/test)
+    collect_ignore = ["_jax"]  # run in .venv-jax (.ci/test)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -76,6 +101,17 @@ else:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not ON_JAX:
+        if os.environ.get("SHARDFEED_NEUTRAL_ONCE") == "1":
+            elsewhere = [
+                item
+                for item in items
+                if item.path.name in SAME_PATH_ON_BOTH_BACKENDS
+                and item.get_closest_marker("tensorflow") is None
+            ]
+            if elsewhere:
+                config.hook.pytest_deselected(items=elsewhere)
+                gone = set(elsewhere)
+                items[:] = [item for item in items if item not in gone]
         return
     skip = pytest.mark.skip(reason="needs TensorFlow; the JAX tier's venv has none")
     for item in items:

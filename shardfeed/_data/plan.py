@@ -3,7 +3,7 @@
 A pure function of `(num_rows, num_replicas, per_replica_batch_size, placement,
 drop_remainder, training)`: every rank computes the same plan, so all agree on
 the step count without a message. The one owner of the layout numbers: rows
-per epoch, dropped rows, `global_order_positions` (tested: `tests/test_plan.py`).
+per epoch, dropped rows, `global_order_positions` (tested: `tests/_data/test_plan.py`).
 """
 
 from __future__ import annotations

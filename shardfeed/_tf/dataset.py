@@ -4,7 +4,7 @@
 residency mode, chosen once: resident (`order.ResidentRows`), streamed
 (`streaming.StreamedRows`) or sharded with the per-epoch exchange
 (`exchange.GlobalShuffle`); epochs (`epoch.ResidentEpoch`), `iterator`, label
-ranges, and the gather the compiled loop calls. `tests/test_layers.py` pins
+ranges, and the gather the compiled loop calls. `tests/_tf/test_layers.py` pins
 what the training layer may read of it.
 """
 

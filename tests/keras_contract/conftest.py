@@ -50,7 +50,7 @@ def _xfail(reason: str, *cases: str) -> None:
 # Under FitOptions(jit_compile="auto") shardfeed turns XLA on for CPU models
 # without convolutions, and `tf.summary` ops have no XLA kernel; Keras' "auto" is
 # off on CPU, so plain `model.fit` runs this model. shardfeed refuses it with the
-# fix (tests/test_keras_contract.py pins the message); a strict xfail, so a
+# fix (tests/_training/test_keras_contract.py pins the message); a strict xfail, so a
 # fallback that makes it pass must delete this entry.
 _xfail(
     "documented difference (docs/keras.md, `compile(jit_compile=...)` row): "
