@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.host import is_loopback
 from shardfeed._common.ports import port_in_use
 from shardfeed._distribute.launch_env import (
     _parse_tf_config,
@@ -40,10 +41,6 @@ def worker_tf_config(rank: int, addresses: Sequence[str]) -> dict[str, Any]:
         {'type': 'worker', 'index': 1}
     """
     return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": rank}}
-
-
-def _is_loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.")
 
 
 def tf_config_from_mpi(
@@ -97,7 +94,7 @@ def tf_config_from_mpi(
 
         # TensorFlow's server listens on every interface, so check the port is
         # free on all of them; a loopback-only cluster only needs loopback.
-        port = free_port(host if _is_loopback(host) else "")
+        port = free_port(host if is_loopback(host) else "")
     elif not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(
             _errors.message(
@@ -175,7 +172,7 @@ def unresolvable_hosts(addresses: Sequence[str], own_host: str) -> list[str]:
             found.append(f"{host!r} does not resolve ({err.strerror})")
             continue
         ips = sorted({str(info[4][0]) for info in infos})
-        if all(ip.startswith("127.") or ip == "::1" for ip in ips) and not _is_loopback(own_host):
+        if all(is_loopback(ip) for ip in ips) and not is_loopback(own_host):
             # Another host's name resolving to loopback here reaches this host instead.
             found.append(f"{host!r} resolves to loopback ({', '.join(ips)}) here")
     return found

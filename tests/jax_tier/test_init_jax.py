@@ -182,6 +182,10 @@ def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
         # the other host never reached 127.0.0.1).
         (["10.0.0.1:5000", "10.0.0.2:5001"], ("10.0.0.1:5000", False)),
         (["node1:5000", "node1:5001"], ("127.0.0.1:5000", True)),  # one host
+        # Loopback by the package's one rule (`is_loopback`), each taken for another
+        # host before: names are case-blind, and an IPv4-mapped 127.x is loopback.
+        (["LOCALHOST:5000", "127.0.0.2:5001"], ("LOCALHOST:5000", True)),
+        (["[::ffff:127.0.0.1]:5000", "127.0.0.1:5001"], ("[::ffff:127.0.0.1]:5000", True)),
     ],
 )
 def test_under_mpirun_every_ranks_address_decides_loopback(monkeypatch, workers, expected):
