@@ -19,7 +19,6 @@ import inspect
 import logging
 import math
 import os
-import re
 import socket
 import sys
 from collections.abc import Iterator, Mapping
@@ -120,23 +119,6 @@ def resolve_engine(engine: str, launch_env: _launch_env.LaunchEnv) -> str:
     return "single" if engine == "single" else "jax"
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list in its compressed form:
-    "node[01-04,07],gpu1" -> "node01" (pure; SLURM lists hosts sorted, and
-    under the default block distribution task 0 runs on the first)."""
-    found = re.match(r"([^,\[]*)(?:\[([^\]\-,]+)[^\]]*\](.*?))?(?:,|$)", nodelist.strip())
-    if found is None or (not found[1] and not found[2]):
-        raise ValueError(
-            _errors.message(
-                "SLURM_STEP_NODELIST must name the step's hosts (e.g. 'node[1-4]').",
-                f"SLURM_STEP_NODELIST={nodelist!r}",
-                "Start one task per worker with `srun` (see launch/slurm.sbatch).",
-            )
-        )
-    prefix, first, suffix = found[1], found[2] or "", found[3] or ""
-    return f"{prefix}{first}{suffix}"
-
-
 def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str]) -> Coordinator:
     """Where this job's coordinator listens, from the launcher's variables.
 
@@ -165,7 +147,7 @@ def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str
     elif launch_env.launcher == "slurm":
         port = _tf_config.slurm_port_base(environ)
         nodelist = environ.get("SLURM_STEP_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
-        address, loopback = f"{first_slurm_host(nodelist)}:{port}", False
+        address, loopback = f"{_tf_config.first_slurm_host(nodelist)}:{port}", False
         if environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "")).strip() == "1":
             address, loopback = f"127.0.0.1:{port}", True  # a one-node step: as above
     else:
