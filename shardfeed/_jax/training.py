@@ -16,8 +16,8 @@ from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
-from shardfeed._jax.evaluation import evaluate_loop, loop_for
-from shardfeed._jax.loop import Loop, python_logs, to_host
+from shardfeed._jax.evaluation import evaluate_loop
+from shardfeed._jax.loop import Loop, loop_for, python_logs, to_host
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
 from shardfeed._training import resume as _resume
@@ -71,7 +71,9 @@ def fit(
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform
     verbose = resolve_verbose(verbose)
-    loop = loop_for(model, dataset, options or FitOptions(), class_weights(class_weight, dataset))
+    loop = loop_for(
+        model, dataset.world, options or FitOptions(), class_weights(class_weight, dataset)
+    )
     validate = _validation(model, dataset, call.validation_data, loop, call.should_validate)
     run = _Run(
         model, dataset, loop, call.initial_epoch, call.initial_step, call.steps_per_epoch
