@@ -4,7 +4,6 @@ cursor `BackupAndRestore` saves and resumes at; the steps run in `loop.py`."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -252,12 +251,10 @@ class _Run(_resume.FitPosition):
                     cbs.on_train_batch_end(call.hook_end - start, logs)
                     if model.stop_training:
                         break
-                if (
-                    self.steps_per_epoch
-                    and stop - start < self.steps_per_epoch
-                    and not model.stop_training
-                ):
-                    warnings.warn(fit_args.RAN_OUT_WARNING, stacklevel=3)
+                # At the user's `fit` call: past `train`, `fit` and its progress wrapper.
+                fit_args.warn_if_ran_out(
+                    self.steps_per_epoch, stop - start, model.stop_training, stacklevel=4
+                )
                 # As Keras: the metrics' results when the logs name them.
                 epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
                 epoch_logs.update(validate(epoch, cbs))
