@@ -20,7 +20,7 @@ from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.loop import Loop, gather_outputs, loop_for, python_logs
 from shardfeed._jax.world import current_world
 from shardfeed._training import eval_args
-from shardfeed._training.arguments import Transform, check_model, resolve_verbose, start_call
+from shardfeed._training.arguments import Transform, check_model, resolve_verbose
 from shardfeed._training.callbacks import evaluation_callback_list
 from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions
@@ -108,11 +108,7 @@ def evaluate(
     verbose = resolve_verbose(verbose)
     needs_targets = not _inputs.overrides(model, "test_step")
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
-    # Before any other collective (arrays become a dataset, which compares rows).
-    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(
-        world, "evaluate", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    eval_args.start("evaluate", model, data, options, ShardedResidentDataset, current_world)
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
@@ -147,11 +143,7 @@ def predict(
     """
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
-    # Before any other collective, as `evaluate`'s.
-    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(
-        world, "predict", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    eval_args.start("predict", model, data, options, ShardedResidentDataset, current_world)
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
