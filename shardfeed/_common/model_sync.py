@@ -1,16 +1,21 @@
-"""A model's variables made identical across ranks, or checked to be: `sync_model`'s neutral part.
+"""A model's variables made identical across ranks, or checked to be: `sync_model`'s neutral part,
+and the one rule every in-sync check applies (`Divergence`).
 
 Each rank sends a fingerprint (each variable's path, shape, dtype and a hash of
 its bytes) in one small all-gather; only when they differ does rank 0 send the
 values. Used by both backends' `sync_model`, JAX's `save_model`, `evaluate` and
-`predict`, and both datasets' `iterator(model=)`. Reads the model by duck typing.
+`predict`, and both datasets' `iterator(model=)`; TensorFlow's `fit` sync check
+(`_tf/sync.py`, per replica, from checksums on the devices) applies the same
+`Divergence`. Reads the model by duck typing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +80,57 @@ def _fingerprint(values: list[np.ndarray | None], variables: list[Any]) -> list[
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where holders (ranks, or replicas) hold other values than holder 0.
+
+    The rule of every in-sync check: holder `h` differs in variable `i` when
+    its fingerprint of `i` is not holder 0's; the check names the first
+    variable that differs on any holder, every holder that differs in it, and
+    how many variables differ on any holder.
+
+    Attributes:
+        variable: The first variable that differs on some holder.
+        holders: The holders whose `variable` differs from holder 0's.
+        count: Variables that differ on some holder.
+        total: Variables compared.
+    """
+
+    variable: int
+    holders: tuple[int, ...]
+    count: int
+    total: int
+
+    @classmethod
+    def of(cls, prints: Sequence[Sequence[Hashable]]) -> Divergence | None:
+        """The divergence of `prints` (per holder, one fingerprint per
+        variable, in the same order on every holder), or None when all agree.
+
+        Example:
+            >>> Divergence.of([["a", "b"], ["a", "b"], ["x", "b"]])
+            Divergence(variable=0, holders=(2,), count=1, total=2)
+        """
+        diverged = diverged_variables(prints)
+        if not diverged:
+            return None
+        first = diverged[0]
+        holders = tuple(h for h, p in enumerate(prints) if p[first] != prints[0][first])
+        return cls(first, holders, len(diverged), len(prints[0]))
+
+    def received(self, name: str, holder: str, variables: str = "variables") -> str:
+        """The `Received:` part of a check's message: `name` the variable's,
+        `holder` "rank" or "replica", `variables` what was compared."""
+        return (
+            f"variable {name} differs on {holder}s {list(self.holders)} from {holder} 0 "
+            f"({self.count} of {self.total} {variables} differ)"
+        )
+
+
+def diverged_variables(prints: Sequence[Sequence[Hashable]]) -> list[int]:
+    """The variables whose fingerprint differs from holder 0's on some holder."""
+    return [i for i in range(len(prints[0])) if any(p[i] != prints[0][i] for p in prints)]
+
+
 _OUT_OF_SYNC_FIX = (
     "Call `shardfeed.sync_model(model)` on every worker after building the model and "
     "its optimizer and before your loop's first step (or seed Keras alike on every "
@@ -95,18 +151,16 @@ def check_in_sync(world: WorldLike, variables: list[Any], action: str) -> None:
     mine = _fingerprint(_host_values(variables), variables)
     prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
     _check_structure(prints)
-    for rank, theirs in enumerate(prints[1:], start=1):
-        differ = [i for i, v in enumerate(theirs) if v[3] != prints[0][i][3]]
-        if differ:
-            raise ValueError(
-                _errors.message(
-                    f"Every worker must hold the same weights to {action}: the workers "
-                    "trained one model only if they started from the same values.",
-                    f"variable {theirs[differ[0]][0]} differs between ranks 0 and {rank} "
-                    f"({len(differ)} of {len(theirs)} variables differ)",
-                    _OUT_OF_SYNC_FIX,
-                )
+    divergence = Divergence.of([[v[3] for v in p] for p in prints])
+    if divergence is not None:
+        raise ValueError(
+            _errors.message(
+                f"Every worker must hold the same weights to {action}: the workers "
+                "trained one model only if they started from the same values.",
+                divergence.received(mine[divergence.variable][0], "rank"),
+                _OUT_OF_SYNC_FIX,
             )
+        )
 
 
 def sync_variables(world: WorldLike, variables: list[Any]) -> int:
@@ -125,7 +179,7 @@ def sync_variables(world: WorldLike, variables: list[Any]) -> int:
     mine = _fingerprint(values, variables)
     prints = [json.loads(p) for p in world.all_gather_bytes(json.dumps(mine).encode())]
     _check_structure(prints)
-    differ = [i for i in range(len(mine)) if any(p[i][3] != prints[0][i][3] for p in prints)]
+    differ = diverged_variables([[v[3] for v in p] for p in prints])
     if not differ:
         return 0
     local = [values[i] for i in differ]

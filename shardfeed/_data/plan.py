@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -289,11 +289,28 @@ def plan_shards(
 
 
 class EpochSizes:
-    """The sizes of one epoch of `plan`, read by both backends' `ResidentEpoch`
-    (`self.plan` and `self.first_step` are set by the subclass)."""
+    """One epoch of `plan`: what it is and its row arithmetic, both backends'
+    `ResidentEpoch`'s base (each adds its batches).
+
+    Attributes:
+        plan: The epoch's `ShardPlan`.
+        epoch: The epoch number.
+        training: Training order (True) or evaluation order.
+        first_step: The first step iteration yields.
+    """
 
     plan: ShardPlan
+    epoch: int
+    training: bool
     first_step: int
+
+    # How a step that is not a host integer is asked for on this backend (the
+    # end of `_check_step`'s message).
+    _traced_step: str = ""
+
+    def __init__(self, plan: ShardPlan, epoch: int, training: bool, first_step: int) -> None:
+        self.plan = plan
+        self.epoch, self.training, self.first_step = epoch, training, first_step
 
     @property
     def steps(self) -> int:
@@ -322,3 +339,28 @@ class EpochSizes:
     def __len__(self) -> int:
         """The steps iteration yields: `steps - first_step`."""
         return self.steps - self.first_step
+
+    def replica_rows(self, step: int) -> tuple[int, ...]:
+        """Real rows of `step` on each global replica."""
+        self._check_step(step)
+        if step == self.steps - 1:
+            return tuple(self.plan.last_step_rows)
+        return (self.per_replica_batch_size,) * self.num_replicas_in_sync
+
+    def global_rows(self, step: int) -> int:
+        """Real rows of `step` over all replicas: `global_batch_size` but in a
+        partial last step (the `global_batch_size` of TensorFlow's
+        `tf.nn.compute_average_loss`)."""
+        return sum(self.replica_rows(step))
+
+    def _check_step(self, step: Any) -> None:
+        """Raises ValueError unless `step` is a host integer in `[0, steps)`."""
+        if not (_errors.is_integer(step) and 0 <= step < self.steps):
+            raise ValueError(
+                _errors.message(
+                    f"`step` must be a step of this epoch, an integer in [0, {self.steps}).",
+                    f"step={step!r}",
+                    "Ask for `range(epoch.steps)`"
+                    + (f"; {self._traced_step}" if self._traced_step else "."),
+                )
+            )

@@ -41,15 +41,26 @@ class SteppedEpoch(Protocol):
 
 
 E = TypeVar("E", bound=SteppedEpoch)
+E_co = TypeVar("E_co", bound=SteppedEpoch, covariant=True)
+
+
+class OpensEpochs(Protocol[E_co]):
+    """What a backend's iterator is given: a dataset that opens its training
+    epochs (typed so, the iterator needs no import of its dataset's module,
+    which imports it)."""
+
+    def epoch(
+        self, epoch: int, *, training: bool = True, first_step: int = 0, augment: bool = False
+    ) -> E_co: ...
 
 
 class EpochPosition(abc.ABC, Generic[E]):
     """`get_state`/`set_state`/`epochs` over a backend's storage of the position.
 
-    A backend's iterator sets `_dataset` and `_augment` and provides
-    `_position`/`_move` (the stored (epoch, step)), `_open` (an epoch at a
-    first step) and may override `_stored_identity` (what a restore wrote)
-    and `_leave` (an epoch the loop moved on from).
+    A backend's iterator sets `_dataset` (an `OpensEpochs`) and `_augment`
+    and provides `_position`/`_move` (the stored (epoch, step)), and may
+    override `_stored_identity` (what a restore wrote) and `_leave` (an epoch
+    the loop moved on from).
     """
 
     _dataset: Any
@@ -65,9 +76,10 @@ class EpochPosition(abc.ABC, Generic[E]):
     def _move(self, epoch: int, step: int) -> None:
         """Stores (epoch, step)."""
 
-    @abc.abstractmethod
     def _open(self, epoch: int, first_step: int) -> E:
         """The training epoch `epoch`, iteration starting at `first_step`."""
+        opened: E = self._dataset.epoch(epoch, first_step=first_step, augment=self._augment)
+        return opened
 
     def _stored_identity(self) -> list[int]:
         """(seed or -1, rows, global batch) as stored: this dataset's unless a

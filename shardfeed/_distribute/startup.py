@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.host import is_loopback
 
 CPU_DEVICES_ENV = "SHARDFEED_CPU_DEVICES"
 
@@ -145,13 +146,9 @@ def _split(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _is_loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
-
 def exposure_line(tasks: Sequence[tuple[str, str]]) -> str | None:
     """The line a chief logs when the cluster names any non-loopback host, else None."""
-    if all(_is_loopback((_split(a) or (a, 0))[0]) for _, a in tasks):
+    if all(is_loopback((_split(a) or (a, 0))[0]) for _, a in tasks):
         return None
     addresses = ", ".join(f"{name} at {address}" for name, address in tasks)
     return (

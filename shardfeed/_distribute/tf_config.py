@@ -1,9 +1,10 @@
 """TF_CONFIG without TensorFlow: built for the launcher's workers and for MPI ranks, read back.
 
 `worker_tf_config`, `tf_config_from_mpi` (mpi4py on use), `own_server_address`,
-`check_port_free`, and SLURM's port base (`slurm_port_base`). JAX's `init`
-reads the coordinator from the same TF_CONFIG; SLURM's node list goes through
-TensorFlow's resolver (`_tf/resolver.py`).
+`check_port_free`, and where a SLURM job's workers meet: its port base
+(`slurm_port_base`) and first host (`first_slurm_host`, for JAX's coordinator).
+JAX's `init` reads the coordinator from the same TF_CONFIG; on TensorFlow
+SLURM's node list goes through TensorFlow's resolver (`_tf/resolver.py`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.host import is_loopback
 from shardfeed._common.ports import port_in_use
 from shardfeed._distribute.launch_env import (
     _parse_tf_config,
@@ -40,10 +43,6 @@ def worker_tf_config(rank: int, addresses: Sequence[str]) -> dict[str, Any]:
         {'type': 'worker', 'index': 1}
     """
     return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": rank}}
-
-
-def _is_loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.")
 
 
 def tf_config_from_mpi(
@@ -97,7 +96,7 @@ def tf_config_from_mpi(
 
         # TensorFlow's server listens on every interface, so check the port is
         # free on all of them; a loopback-only cluster only needs loopback.
-        port = free_port(host if _is_loopback(host) else "")
+        port = free_port(host if is_loopback(host) else "")
     elif not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(
             _errors.message(
@@ -175,7 +174,7 @@ def unresolvable_hosts(addresses: Sequence[str], own_host: str) -> list[str]:
             found.append(f"{host!r} does not resolve ({err.strerror})")
             continue
         ips = sorted({str(info[4][0]) for info in infos})
-        if all(ip.startswith("127.") or ip == "::1" for ip in ips) and not _is_loopback(own_host):
+        if all(is_loopback(ip) for ip in ips) and not is_loopback(own_host):
             # Another host's name resolving to loopback here reaches this host instead.
             found.append(f"{host!r} resolves to loopback ({', '.join(ips)}) here")
     return found
@@ -244,6 +243,23 @@ def check_port_free(rank: int, address: str) -> None:
 
 
 DEFAULT_SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list in its compressed form:
+    "node[01-04,07],gpu1" -> "node01" (pure; SLURM lists hosts sorted, and
+    under the default block distribution task 0 runs on the first)."""
+    found = re.match(r"([^,\[]*)(?:\[([^\]\-,]+)[^\]]*\](.*?))?(?:,|$)", nodelist.strip())
+    if found is None or (not found[1] and not found[2]):
+        raise ValueError(
+            _errors.message(
+                "SLURM_STEP_NODELIST must name the step's hosts (e.g. 'node[1-4]').",
+                f"SLURM_STEP_NODELIST={nodelist!r}",
+                "Start one task per worker with `srun` (see launch/slurm.sbatch).",
+            )
+        )
+    prefix, first, suffix = found[1], found[2] or "", found[3] or ""
+    return f"{prefix}{first}{suffix}"
 
 
 def slurm_port_base(environ: Mapping[str, str]) -> int:

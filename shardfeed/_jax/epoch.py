@@ -253,6 +253,7 @@ class ResidentEpoch(EpochSizes):
     """
 
     chunk_steps: int | None = None
+    _traced_step = "a traced step works in `batch_fn` for full steps only."
 
     def __init__(
         self,
@@ -263,8 +264,7 @@ class ResidentEpoch(EpochSizes):
         first_step: int,
         augment: bool,
     ) -> None:
-        self.plan = plan
-        self.epoch, self.training, self.first_step = epoch, training, first_step
+        super().__init__(plan, epoch, training, first_step)
         self._mesh = dataset.world.mesh
         self._dataset = weakref.ref(dataset)  # `close` hands the copy back to it
         self.batch_fn: BatchFn = dataset.batch_fn(plan.per_replica_batch_size, augment)
@@ -293,18 +293,6 @@ class ResidentEpoch(EpochSizes):
             f"first_step={self.first_step}, global_batch_size={self.global_batch_size}"
             f"{', closed' if self.closed else ''})"
         )
-
-    def replica_rows(self, step: int) -> tuple[int, ...]:
-        """Real rows of `step` on each global replica."""
-        self._check_step(step)
-        if step == self.steps - 1:
-            return tuple(self.plan.last_step_rows)
-        return (self.per_replica_batch_size,) * self.num_replicas_in_sync
-
-    def global_rows(self, step: int) -> int:
-        """Real rows of `step` over all replicas (`global_batch_size` but in a
-        partial last step)."""
-        return sum(self.replica_rows(step))
 
     def slot_rows(self) -> np.ndarray:
         """Global row of each real row of the epoch, in the order the steps
@@ -399,17 +387,6 @@ class ResidentEpoch(EpochSizes):
                 )
             )
         return self.arrays
-
-    def _check_step(self, step: Any) -> None:
-        if not (_errors.is_integer(step) and 0 <= step < self.steps):
-            raise ValueError(
-                _errors.message(
-                    f"`step` must be a step of this epoch, an integer in [0, {self.steps}).",
-                    f"step={step!r}",
-                    "Ask for `range(epoch.steps)`; a traced step works in `batch_fn` for "
-                    "full steps only.",
-                )
-            )
 
 
 def copied(

@@ -16,33 +16,14 @@ from shardfeed._common.model_sync import check_in_sync
 from shardfeed._distribute import progress as _progress
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
-from shardfeed._jax import loop as _loop
 from shardfeed._jax.dataset import ShardedResidentDataset
-from shardfeed._jax.loop import Loop, gather_outputs, python_logs
+from shardfeed._jax.loop import Loop, gather_outputs, loop_for, python_logs
 from shardfeed._jax.world import current_world
 from shardfeed._training import eval_args
-from shardfeed._training.arguments import Transform, check_model, resolve_verbose, start_call
+from shardfeed._training.arguments import Transform, check_model, resolve_verbose
 from shardfeed._training.callbacks import evaluation_callback_list
-from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.fit_args import max_steps
-from shardfeed._training.options import FitOptions, with_model_steps
-
-
-def loop_for(
-    model: keras.Model,
-    dataset: ShardedResidentDataset,
-    options: FitOptions,
-    class_weights: ClassWeights | None = None,
-) -> Loop:
-    """The loop for `model` on `dataset`'s world with `options`' steps per call
-    (the model's `compile(steps_per_execution=k)` applied) and `fit`'s
-    `class_weights`, kept across calls (`_jax/loop.py`'s `loop_for`).
-    `FitOptions(jit_compile=False)` or a model compiled with
-    `run_eagerly=True` runs the steps un-jitted (`Loop`'s `jit`), as Keras'
-    JAX trainer does."""
-    options = with_model_steps(options, model)
-    jit = options.jit_compile is not False and not getattr(model, "run_eagerly", False)
-    return _loop.loop_for(model, dataset.world, options.steps_per_execution, class_weights, jit=jit)
+from shardfeed._training.options import FitOptions
 
 
 def evaluate_loop(
@@ -127,18 +108,14 @@ def evaluate(
     verbose = resolve_verbose(verbose)
     needs_targets = not _inputs.overrides(model, "test_step")
     _inputs.check_targets(data, y, sample_weight, needs_targets=needs_targets)
-    # Before any other collective (arrays become a dataset, which compares rows).
-    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(
-        world, "evaluate", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    eval_args.start("evaluate", model, data, options, ShardedResidentDataset, current_world)
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
         data, y, sample_weight, per_replica_batch_size, transform=transform, max_steps=cap
     )
     _inputs.check_dataset(dataset, needs_targets=needs_targets, name="data")
-    loop = loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset.world, options or FitOptions())
     cbs = evaluation_callback_list(callbacks, model, verbose, dataset)
     with _interrupts.handled():  # a Ctrl-C leaves the model valid
         logs = evaluate_loop(loop, dataset, cbs, cap, check_weights=True)
@@ -166,17 +143,13 @@ def predict(
     """
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
-    # Before any other collective, as `evaluate`'s.
-    world = data.world if isinstance(data, ShardedResidentDataset) else current_world()
-    start_call(
-        world, "predict", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
-    )
+    eval_args.start("predict", model, data, options, ShardedResidentDataset, current_world)
     transform = _inputs.resolve_transform(model, data, transform)
     cap = max_steps(None)
     dataset = _inputs.as_dataset(
         data, None, None, per_replica_batch_size, transform=transform, max_steps=cap
     )
-    loop = loop_for(model, dataset, options or FitOptions())
+    loop = loop_for(model, dataset.world, options or FitOptions())
     # Nothing can set it during the call (no callbacks), but Keras resets it too.
     model.stop_predicting = False
     epoch = dataset.epoch(0, training=False)

@@ -16,11 +16,9 @@ import dataclasses
 import errno
 import functools
 import inspect
-import ipaddress
 import logging
 import math
 import os
-import re
 import socket
 import sys
 from collections.abc import Iterator, Mapping
@@ -30,6 +28,7 @@ from typing import Literal
 import jax
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.host import is_loopback
 from shardfeed._common.ports import port_in_use
 from shardfeed._distribute import credentials as _credentials
 from shardfeed._distribute import launch_env as _launch_env
@@ -120,30 +119,6 @@ def resolve_engine(engine: str, launch_env: _launch_env.LaunchEnv) -> str:
     return "single" if engine == "single" else "jax"
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list in its compressed form:
-    "node[01-04,07],gpu1" -> "node01" (pure; SLURM lists hosts sorted, and
-    under the default block distribution task 0 runs on the first)."""
-    found = re.match(r"([^,\[]*)(?:\[([^\]\-,]+)[^\]]*\](.*?))?(?:,|$)", nodelist.strip())
-    if found is None or (not found[1] and not found[2]):
-        raise ValueError(
-            _errors.message(
-                "SLURM_STEP_NODELIST must name the step's hosts (e.g. 'node[1-4]').",
-                f"SLURM_STEP_NODELIST={nodelist!r}",
-                "Start one task per worker with `srun` (see launch/slurm.sbatch).",
-            )
-        )
-    prefix, first, suffix = found[1], found[2] or "", found[3] or ""
-    return f"{prefix}{first}{suffix}"
-
-
 def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str]) -> Coordinator:
     """Where this job's coordinator listens, from the launcher's variables.
 
@@ -164,7 +139,7 @@ def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str
     if tasks:
         address = tasks[0][1]
         task_hosts = {a.rsplit(":", 1)[0] for _, a in tasks}
-        loopback = all(_is_loopback(h) for h in task_hosts)
+        loopback = all(is_loopback(h) for h in task_hosts)
         if len(task_hosts) == 1 and not loopback:
             # Every process runs on this one host (mpirun -np N here: each rank
             # announced the host's name): meet on loopback, open to no other host.
@@ -172,7 +147,7 @@ def coordinator_for(launch_env: _launch_env.LaunchEnv, environ: Mapping[str, str
     elif launch_env.launcher == "slurm":
         port = _tf_config.slurm_port_base(environ)
         nodelist = environ.get("SLURM_STEP_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
-        address, loopback = f"{first_slurm_host(nodelist)}:{port}", False
+        address, loopback = f"{_tf_config.first_slurm_host(nodelist)}:{port}", False
         if environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "")).strip() == "1":
             address, loopback = f"127.0.0.1:{port}", True  # a one-node step: as above
     else:
@@ -212,7 +187,7 @@ def own_bind_address(coordinator: Coordinator) -> str | None:
     host, port = coordinator.address.rsplit(":", 1)
     try:
         address = socket.gethostbyname(host.strip("[]"))
-        if ipaddress.ip_address(address).is_loopback:
+        if is_loopback(address):
             return None
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind((address, 0))  # fails unless the address is this host's

@@ -3,13 +3,8 @@ the weights); leaving an epoch closes it, so its copy takes the next epoch's row
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from shardfeed._data.position import EpochPosition
+from shardfeed._data.position import EpochPosition, OpensEpochs
 from shardfeed._jax.epoch import ResidentEpoch
-
-if TYPE_CHECKING:
-    from shardfeed._jax.dataset import ShardedResidentDataset
 
 
 class ResidentIterator(EpochPosition[ResidentEpoch]):
@@ -28,7 +23,7 @@ class ResidentIterator(EpochPosition[ResidentEpoch]):
             `shardfeed.fit` uses: from `(seed, epoch, step)`).
     """
 
-    def __init__(self, dataset: ShardedResidentDataset, *, augment: bool = False) -> None:
+    def __init__(self, dataset: OpensEpochs[ResidentEpoch], *, augment: bool = False) -> None:
         self._dataset = dataset
         self._augment = augment
         self._at = (0, 0)
@@ -42,9 +37,6 @@ class ResidentIterator(EpochPosition[ResidentEpoch]):
 
     def _move(self, epoch: int, step: int) -> None:
         self._at = (epoch, step)
-
-    def _open(self, epoch: int, first_step: int) -> ResidentEpoch:
-        return self._dataset.epoch(epoch, first_step=first_step, augment=self._augment)
 
     def _leave(self, epoch: ResidentEpoch) -> None:
         # Before the next epoch opens: a closed epoch's copy is where the

@@ -35,7 +35,8 @@ from shardfeed._distribute import progress as _progress
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.options import auto_steps_per_execution
+from shardfeed._training.loop_cache import ModelCache
+from shardfeed._training.options import FitOptions, auto_steps_per_execution, with_model_steps
 
 Mode = Literal["train", "test", "predict"]
 
@@ -128,47 +129,33 @@ def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
 
 # The loops of each model's current compile, per mesh and steps per call, so a
 # second `fit`/`evaluate`/`predict` compiles nothing (a `Loop`'s `jax.jit`
-# calls keep their traces). Weak keys, and a `Loop` holds its model weakly: a
-# dropped model frees its weights and its traces. Datasets are arguments of the
-# calls, never held: a dropped dataset frees its device arrays; a new one whose
-# batches trace alike (an equal `BatchFn`, the same shapes) reuses the traces.
-_LOOPS: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Loop]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _compiled_parts(model: keras.Model) -> tuple[Any, ...]:
-    """What a recompile replaces (optimizer, loss, metrics), held weakly:
-    traces of a replaced one must not serve a new one that got its `id`."""
-    parts = (
-        getattr(model, "optimizer", None),
-        getattr(model, "_compile_loss", None),
-        getattr(model, "_compile_metrics", None),
-    )
-    return tuple(None if p is None else weakref.ref(p) for p in parts)
+# calls keep their traces). A `Loop` holds its model weakly: a dropped model
+# frees its weights and its traces. Datasets are arguments of the calls, never
+# held: a dropped dataset frees its device arrays; a new one whose batches
+# trace alike (an equal `BatchFn`, the same shapes) reuses the traces.
+_LOOPS: ModelCache[Loop] = ModelCache()
 
 
 def loop_for(
     model: keras.Model,
     world: World,
-    steps_per_execution: int | Literal["auto"],
+    options: FitOptions,
     class_weights: ClassWeights | None = None,
-    jit: bool = True,
 ) -> Loop:
-    """The loop of `model` on `world` with `steps_per_execution` (and `fit`'s
-    `class_weights`; `jit`: see `Loop`): the one made by an earlier call for
-    the model's current compile, else a new one."""
-    compiled = _compiled_parts(model)
-    cached = _LOOPS.get(model)
-    if cached is None or cached[0] != compiled:
-        # A recompiled model (new optimizer, loss or metrics): its old
-        # traces would run the old ones, so they go.
-        cached = (compiled, {})
-        _LOOPS[model] = cached
-    key = (world.mesh, world.world_size, steps_per_execution, class_weights, jit)
-    loop = cached[1].get(key)
+    """The loop of `model` on `world` with `options`' steps per call (the
+    model's `compile(steps_per_execution=k)` applied) and `fit`'s
+    `class_weights`: the one made by an earlier call for the model's current
+    compile, else a new one. `FitOptions(jit_compile=False)` or a model
+    compiled with `run_eagerly=True` runs the steps un-jitted (`Loop`'s
+    `jit`), as Keras' JAX trainer does."""
+    options = with_model_steps(options, model)
+    jit = options.jit_compile is not False and not getattr(model, "run_eagerly", False)
+    steps = options.steps_per_execution
+    loops = _LOOPS.of(model)
+    key = (world.mesh, world.world_size, steps, class_weights, jit)
+    loop = loops.get(key)
     if loop is None:
-        loop = cached[1][key] = Loop(model, world, steps_per_execution, class_weights, jit)
+        loop = loops[key] = Loop(model, world, steps, class_weights, jit)
     return loop
 
 

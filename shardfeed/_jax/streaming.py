@@ -21,7 +21,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import memory as _memory
 from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
-from shardfeed._data.plan import ShardPlan
+from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.sources import Column
 from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
@@ -150,8 +150,8 @@ class StreamedEpoch(ResidentEpoch):
         augment: bool,
         rows_per_slot: int,
     ) -> None:
-        self.plan = plan
-        self.epoch, self.training, self.first_step = epoch, training, first_step
+        # The resident epoch's sizes, without its arrays: the rows stream in.
+        EpochSizes.__init__(self, plan, epoch, training, first_step)
         world = dataset.world
         self._world, self._mesh = world, world.mesh
         self._columns, self._options = dataset.columns, dataset.load_options

@@ -4,7 +4,6 @@ cursor `BackupAndRestore` saves and resumes at; the steps run in `loop.py`."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,8 +15,8 @@ from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.dataset import ShardedResidentDataset
 from shardfeed._jax.epoch import ResidentEpoch
-from shardfeed._jax.evaluation import evaluate_loop, loop_for
-from shardfeed._jax.loop import Loop, python_logs, to_host
+from shardfeed._jax.evaluation import evaluate_loop
+from shardfeed._jax.loop import Loop, loop_for, python_logs, to_host
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args
 from shardfeed._training import resume as _resume
@@ -71,7 +70,9 @@ def fit(
     # Arrays later given to evaluate/predict get this dataset's transform.
     FIT_TRANSFORMS[model] = dataset.transform
     verbose = resolve_verbose(verbose)
-    loop = loop_for(model, dataset, options or FitOptions(), class_weights(class_weight, dataset))
+    loop = loop_for(
+        model, dataset.world, options or FitOptions(), class_weights(class_weight, dataset)
+    )
     validate = _validation(model, dataset, call.validation_data, loop, call.should_validate)
     run = _Run(
         model, dataset, loop, call.initial_epoch, call.initial_step, call.steps_per_epoch
@@ -250,12 +251,10 @@ class _Run(_resume.FitPosition):
                     cbs.on_train_batch_end(call.hook_end - start, logs)
                     if model.stop_training:
                         break
-                if (
-                    self.steps_per_epoch
-                    and stop - start < self.steps_per_epoch
-                    and not model.stop_training
-                ):
-                    warnings.warn(fit_args.RAN_OUT_WARNING, stacklevel=3)
+                # At the user's `fit` call: past `train`, `fit` and its progress wrapper.
+                fit_args.warn_if_ran_out(
+                    self.steps_per_epoch, stop - start, model.stop_training, stacklevel=4
+                )
                 # As Keras: the metrics' results when the logs name them.
                 epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
                 epoch_logs.update(validate(epoch, cbs))

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.host import is_loopback
 from shardfeed._distribute import startup as _startup
 from shardfeed._distribute.credentials import MTLS_DIR_VARIABLE
 from shardfeed._distribute.launch_env import READY_DIR_VARIABLE
@@ -158,10 +159,6 @@ def _is_this_machine(host: str) -> bool:
     return False
 
 
-def _is_loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.")
-
-
 def check_this_host(layout: HostLayout, host_index: int) -> None:
     """What this host can check before starting its workers.
 
@@ -179,7 +176,7 @@ def check_this_host(layout: HostLayout, host_index: int) -> None:
         OSError: (errno EADDRINUSE) For a port in use, naming it.
     """
     received = f"hosts={','.join(layout.hosts)}, host_index={host_index}"
-    loopback = [host for host in layout.hosts if _is_loopback(host)]
+    loopback = [host for host in layout.hosts if is_loopback(host)]
     _errors.require(
         len(layout.hosts) == 1 or not loopback,
         "A multi-host job names each host as the others reach it, never by a loopback address.",

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._distribute.metrics import metric_results
 from shardfeed._tf import alltoall as _alltoall
+from shardfeed._tf.metrics import metric_results
 from shardfeed._tf.world import World, is_default_strategy
 
 

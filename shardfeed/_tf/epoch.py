@@ -104,16 +104,15 @@ class ResidentEpoch(EpochSizes):
     `global_rows(step)` counts them over all replicas.
 
     Attributes:
-        epoch: The epoch number.
-        training: Training order (True) or evaluation order.
-        first_step: The first step iteration yields.
+        epoch, training, first_step, plan: As opened (`EpochSizes`).
         steps: Steps every replica of every rank runs (equal on all ranks).
         full_steps: Steps with `per_replica_batch_size` rows on every replica.
         has_partial_step: Whether the last step is partial.
         per_replica_batch_size, global_batch_size, num_replicas_in_sync: As
             in `tf.distribute`.
-        plan: The epoch's `ShardPlan`.
     """
+
+    _traced_step = "a tensor step works in `batch()` for full steps only."
 
     def __init__(
         self,
@@ -124,9 +123,8 @@ class ResidentEpoch(EpochSizes):
         first_step: int,
         augment: bool,
     ) -> None:
+        super().__init__(plan, epoch, training, first_step)
         self._dataset = dataset
-        self.plan = plan
-        self.epoch, self.training, self.first_step = epoch, training, first_step
         self._augment = augment
         self._closed = False
         self._order: Order = dataset.residency.epoch_order(plan, epoch, training)
@@ -147,18 +145,6 @@ class ResidentEpoch(EpochSizes):
             f"first_step={self.first_step}, global_batch_size={self.global_batch_size}"
             f"{', closed' if self._closed else ''})"
         )
-
-    def replica_rows(self, step: int) -> tuple[int, ...]:
-        """Real rows of `step` on each global replica."""
-        self._check_step(step, self.steps)
-        if step == self.steps - 1:
-            return tuple(self.plan.last_step_rows)
-        return (self.per_replica_batch_size,) * self.num_replicas_in_sync
-
-    def global_rows(self, step: int) -> int:
-        """Real rows of `step` over all replicas: `global_batch_size` but in a
-        partial last step; the `global_batch_size` of `tf.nn.compute_average_loss`."""
-        return sum(self.replica_rows(step))
 
     # -- batches ---------------------------------------------------------------
 
@@ -214,7 +200,7 @@ class ResidentEpoch(EpochSizes):
                 with tf.device(store.device):
                     per_replica.append(self._gather(local, self._matrices[local][step], step))
             return self._distribute(per_replica)
-        self._check_step(step, self.steps)
+        self._check_step(step)
         _progress.report_progress()  # a custom loop's step, for `shardfeed launch`
         (batch,) = self._batches(int(step), int(step) + 1)
         return batch
@@ -299,17 +285,6 @@ class ResidentEpoch(EpochSizes):
                     f"epoch={self.epoch}, training={self.training}",
                     "Open the epoch again with `dataset.epoch(...)` (or use the iterator's "
                     "`epochs()`); keep one training epoch open at a time.",
-                )
-            )
-
-    def _check_step(self, step: Any, stop: int) -> None:
-        if not (_errors.is_integer(step) and 0 <= step < stop):
-            raise ValueError(
-                _errors.message(
-                    f"`step` must be a step of this epoch, an integer in [0, {stop}).",
-                    f"step={step!r}",
-                    "Ask for `range(epoch.steps)`; a tensor step works in `batch()` for "
-                    "full steps only.",
                 )
             )
 

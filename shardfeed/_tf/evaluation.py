@@ -30,7 +30,6 @@ from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.peers import naming_lost_peers
 from shardfeed._tf.world import current_world, one_call_at_a_time
 from shardfeed._training import eval_args
-from shardfeed._training.arguments import start_call
 from shardfeed._training.callbacks import evaluation_callback_list
 from shardfeed._training.fit_args import max_steps
 from shardfeed._training.options import FitOptions, with_model_steps
@@ -120,14 +119,9 @@ def evaluate(
     check_model(model, needs_compile=True)
     verbose = resolve_verbose(verbose)
     check_targets(data, y, sample_weight, needs_targets=not ModelSteps.of(model).test)
-    # Before any other collective (arrays become a dataset, which compares rows).
-    world = (
-        data.world
-        if isinstance(data, ShardedResidentDataset)
-        else current_world(model.distribute_strategy)
-    )
-    start_call(
-        world, "evaluate", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    eval_args.start(
+        "evaluate", model, data, options, ShardedResidentDataset,
+        lambda: current_world(model.distribute_strategy),
     )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(
@@ -192,14 +186,9 @@ def predict(
     """
     data = eval_args.resolve("predict", data, positional, keras_args)
     check_model(model, needs_compile=False)
-    # Before any other collective, as `evaluate`'s.
-    world = (
-        data.world
-        if isinstance(data, ShardedResidentDataset)
-        else current_world(model.distribute_strategy)
-    )
-    start_call(
-        world, "predict", lambda: eval_args.settings(model, data, options, ShardedResidentDataset)
+    eval_args.start(
+        "predict", model, data, options, ShardedResidentDataset,
+        lambda: current_world(model.distribute_strategy),
     )
     transform = resolve_transform(model, data, transform)
     dataset = as_dataset(data, None, None, per_replica_batch_size, model, transform=transform)

@@ -34,24 +34,10 @@ __all__ = [
 ]
 
 
-def check_dataset(
-    dataset: Any, needs_targets: bool, name: str = "dataset"
-) -> ShardedResidentDataset:
-    return _arguments.check_dataset(
-        dataset, needs_targets, name, dataset_type=ShardedResidentDataset
-    )
-
-
-def check_targets(data: Any, y: Any, sample_weight: Any, needs_targets: bool) -> None:
-    _arguments.check_targets(
-        data, y, sample_weight, needs_targets, dataset_type=ShardedResidentDataset
-    )
-
-
-def resolve_transform(model: keras.Model, data: Any, transform: Any) -> Transform | None:
-    return _arguments.resolve_transform(
-        model, data, transform, dataset_type=ShardedResidentDataset
-    )
+_BOUND = _arguments.DatasetArguments(ShardedResidentDataset)
+check_dataset = _BOUND.check_dataset
+check_targets = _BOUND.check_targets
+resolve_transform = _BOUND.resolve_transform
 
 
 def as_dataset(

@@ -4,16 +4,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from shardfeed._data.position import EpochPosition
+from shardfeed._data.position import EpochPosition, OpensEpochs
 from shardfeed._tf.epoch import ResidentEpoch
-
-if TYPE_CHECKING:
-    from shardfeed._tf.dataset import ShardedResidentDataset
 
 
 class ResidentIterator(tf.Module, EpochPosition[ResidentEpoch]):
@@ -30,7 +25,7 @@ class ResidentIterator(tf.Module, EpochPosition[ResidentEpoch]):
         augment: Apply the dataset's `augment` to training batches.
     """
 
-    def __init__(self, dataset: ShardedResidentDataset, *, augment: bool = False) -> None:
+    def __init__(self, dataset: OpensEpochs[ResidentEpoch], *, augment: bool = False) -> None:
         super().__init__(name="resident_iterator")
         self._dataset = dataset
         self._augment = augment
@@ -55,6 +50,3 @@ class ResidentIterator(tf.Module, EpochPosition[ResidentEpoch]):
 
     def _stored_identity(self) -> list[int]:
         return [int(v) for v in self.identity.numpy()]
-
-    def _open(self, epoch: int, first_step: int) -> ResidentEpoch:
-        return self._dataset.epoch(epoch, first_step=first_step, augment=self._augment)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
+from shardfeed._common.model_sync import Divergence
 from shardfeed._distribute import progress as _progress
 
 _INT_OF_SIZE = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
@@ -60,20 +61,18 @@ def check_in_sync(model: keras.Model, engine: Any, epoch: int, step: int) -> Non
     """
     with _progress.call("the sync check"):  # a collective: `shardfeed launch` watches it
         sums = replica_checksums(model, engine)
-    differs = np.any(sums != sums[:1], axis=2)  # [replicas, variables]
-    diverged_vars = np.flatnonzero(differs.any(axis=0))
-    if not diverged_vars.size:
+    # The one rule of every in-sync check, on each replica's two checksums per variable.
+    divergence = Divergence.of([[tuple(v) for v in replica] for replica in sums.tolist()])
+    if divergence is None:
         return
-    j = int(diverged_vars[0])
-    replicas = np.flatnonzero(differs[:, j]).tolist()
-    name = getattr(model.trainable_variables[j], "path", model.trainable_variables[j].name)
+    variable = model.trainable_variables[divergence.variable]
+    name = getattr(variable, "path", variable.name)
     raise RuntimeError(
         _errors.message(
             "Every replica must hold the same weights: data-parallel training applies "
             "the same aggregated gradients on every replica.",
-            f"variable={name!r} (trainable variable {j} of "
-            f"{len(model.trainable_variables)}, {diverged_vars.size} diverged) differs on "
-            f"replicas {replicas} from replica 0 after epoch {epoch}, step {step}",
+            f"{divergence.received(name, 'replica', 'trainable variables')} after epoch "
+            f"{epoch}, step {step}",
             "Gradients were not aggregated across replicas: a custom train step must "
             "all-reduce them, and `horovod.tensorflow.keras.DistributedOptimizer` does not "
             "average under Keras 3 (use `shardfeed.fit` under Horovod as it is). "

@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.drain import Cursor
 from shardfeed._data.formats.base import FileArray
+from shardfeed._tf.drain import Cursor
 from shardfeed._tf.world import current_world
 
 

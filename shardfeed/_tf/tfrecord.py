@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from shardfeed._common import errors as _errors
-from shardfeed._data.drain import Cursor
 from shardfeed._data.formats.base import FileArray, concat
+from shardfeed._tf.drain import Cursor
 
 COMPRESSIONS = ("", "GZIP", "ZLIB")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import keras
 
@@ -178,6 +178,31 @@ def resolve_verbose(verbose: int | str) -> int:
             )
         )
     return int(verbose)
+
+
+D = TypeVar("D")
+
+
+class DatasetArguments(Generic[D]):
+    """`check_dataset`, `check_targets` and `resolve_transform` bound to one
+    backend's dataset class: each backend's `inputs.py` exposes them.
+
+    Example:
+        >>> check_dataset = DatasetArguments(ShardedResidentDataset).check_dataset
+    """
+
+    def __init__(self, dataset_type: type[D]) -> None:
+        self.dataset_type = dataset_type
+
+    def check_dataset(self, dataset: Any, needs_targets: bool, name: str = "dataset") -> D:
+        checked: D = check_dataset(dataset, needs_targets, name, dataset_type=self.dataset_type)
+        return checked
+
+    def check_targets(self, data: Any, y: Any, sample_weight: Any, needs_targets: bool) -> None:
+        check_targets(data, y, sample_weight, needs_targets, dataset_type=self.dataset_type)
+
+    def resolve_transform(self, model: keras.Model, data: Any, transform: Any) -> Transform | None:
+        return resolve_transform(model, data, transform, dataset_type=self.dataset_type)
 
 
 def wrap_arrays(

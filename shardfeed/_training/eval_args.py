@@ -4,11 +4,13 @@ and the `settings` every rank's `evaluate` must share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optree
 
 from shardfeed._common import errors as _errors
+from shardfeed._training.arguments import start_call
 from shardfeed._training.fit_args import REFUSED as _FIT_REFUSED
 from shardfeed._training.fit_args import _short, options_settings
 
@@ -119,6 +121,22 @@ def _refuse(fn: str, name: str, value: Any) -> None:
 
 def _is_zero(value: Any) -> bool:
     return _errors.is_integer(value) and value == 0
+
+
+def start(
+    call: str,
+    model: Any,
+    data: Any,
+    options: Any,
+    dataset_type: type[Any],
+    default_world: Callable[[], Any],
+) -> None:
+    """`evaluate`'s or `predict`'s first collective, on both backends, before
+    any other (arrays become a dataset, which compares rows): `start_call`
+    with these `settings`, on the dataset's world, or `default_world()` for
+    arrays."""
+    world = data.world if isinstance(data, dataset_type) else default_world()
+    start_call(world, call, lambda: settings(model, data, options, dataset_type))
 
 
 def settings(model: Any, data: Any, options: Any, dataset_type: type[Any]) -> dict[str, Any]:

@@ -31,6 +31,17 @@ RAN_OUT_WARNING = (
     "function when building your dataset."
 )
 
+
+def warn_if_ran_out(
+    steps_per_epoch: int | None, steps_ran: int, stopped: bool, stacklevel: int = 1
+) -> None:
+    """Keras' `RAN_OUT_WARNING` after an epoch that ran `steps_ran` of
+    `steps_per_epoch` steps because the data ran out (not because a callback
+    stopped training); `stacklevel` as the caller's own `warnings.warn` would
+    take it."""
+    if steps_per_epoch and steps_ran < steps_per_epoch and not stopped:
+        warnings.warn(RAN_OUT_WARNING, stacklevel=stacklevel + 1)
+
 _ARRAYS = (
     "`shardfeed.fit` trains on a `ShardedResidentDataset` (the rows live on the devices).",
     "Build one and pass it: `shardfeed.fit(model, ShardedResidentDataset(x, y, "

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shardfeed import plan_shards
-from shardfeed._data.plan import split_rows
+from shardfeed._data.plan import EpochSizes, split_rows
 
 # (rows, replicas, batch, placement, drop, training) ->
 #   (steps, last_step_rows, dropped)
@@ -229,3 +229,22 @@ def test_errors(kwargs, text):
     with pytest.raises(ValueError) as err:
         plan_shards(**kwargs)
     assert text in str(err.value)
+
+
+def test_epoch_sizes_row_arithmetic():
+    """Both backends' `ResidentEpoch` inherit their row arithmetic from `EpochSizes`."""
+    # 10 rows, 3 replicas, batch 2, evaluation: steps of [2,2,2], [2,2,0]... padded.
+    plan = plan_shards(10, 3, 2, "shard", training=False)
+    sizes = EpochSizes(plan, epoch=4, training=False, first_step=1)
+    assert (sizes.steps, sizes.full_steps, len(sizes)) == (2, 1, 1)
+    assert sizes.replica_rows(0) == (2, 2, 2)
+    assert sizes.replica_rows(1) == tuple(plan.last_step_rows)
+    assert sizes.global_rows(0) == 6 and sizes.global_rows(1) == 4
+    with pytest.raises(ValueError) as info:
+        sizes.replica_rows(2)
+    assert str(info.value) == (
+        "`step` must be a step of this epoch, an integer in [0, 2). Received: step=2. "
+        "Ask for `range(epoch.steps)`."
+    )
+    with pytest.raises(ValueError, match="Received: step=True"):
+        sizes.global_rows(True)  # a bool is never a step

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from shardfeed._common.host import is_loopback
 from shardfeed._common.ports import free_port
 from shardfeed._distribute import startup
 
@@ -143,6 +144,43 @@ def test_exposure_line_only_for_non_loopback_clusters():
     assert line is not None
     assert "listen on every interface" in line and "unauthenticated" in line
     assert "worker 0 at 10.231.0.1:2222, worker 1 at 10.231.0.2:2222" in line
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),  # all of 127.0.0.0/8
+        ("127.255.255.254", True),
+        ("::1", True),
+        ("[::1]", True),  # as in "[::1]:2222"
+        ("0:0:0:0:0:0:0:1", True),
+        ("::ffff:127.0.0.1", True),  # IPv4-mapped: Python 3.11's is_loopback says no
+        ("localhost", True),
+        ("LocalHost", True),  # names are case-blind
+        ("localhost.", True),  # the root's trailing dot
+        (" localhost ", True),
+        ("10.0.0.1", False),
+        ("::", False),  # the wildcard is every interface
+        ("0.0.0.0", False),
+        ("::ffff:10.0.0.1", False),
+        ("128.0.0.1", False),
+        ("127.example.org", False),  # a name that looks like an address
+        ("localhost.example.org", False),
+        ("a.localhost", False),  # loopback only where the resolver follows RFC 6761
+        ("my-host", False),  # names are never resolved (Debian maps its own to 127.0.1.1)
+        ("", False),
+    ],
+)
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_exposure_line_warns_for_a_name_that_only_looks_like_loopback():
+    # Was silenced: the rule here took every host starting "127." for loopback.
+    line = startup.exposure_line([("worker 0", "127.example.org:2222"), ("worker 1", "[::1]:2223")])
+    assert line is not None and "worker 0 at 127.example.org:2222" in line
+    assert startup.exposure_line([("worker 0", "[::1]:2222"), ("worker 1", "LOCALHOST:1")]) is None
 
 
 def test_cluster_tasks_count_the_chief_first():

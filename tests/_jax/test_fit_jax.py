@@ -432,3 +432,13 @@ def test_a_convolution_model_one_step_per_call_equals_keras_fit_evaluate_and_pre
     for name, value in keras_scores.items():
         np.testing.assert_allclose(scores[name], value, rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(outputs, theirs.predict(x, batch_size=16, verbose=0), atol=1e-6)
+
+
+def test_fit_warns_as_keras_when_the_data_runs_out_at_the_users_call():
+    x, y = regression_data(64)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=16, shuffle=False)
+    with pytest.warns(UserWarning, match="Your input ran out of data") as caught:
+        fit(mlp(), ds, epochs=2, steps_per_epoch=10, verbose=0)
+    # As Keras: once per epoch, each at this call (was at `_distribute/progress.py`,
+    # the wrapper `fit` runs in).
+    assert [w.filename for w in caught] == [__file__, __file__]

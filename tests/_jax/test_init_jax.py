@@ -25,6 +25,7 @@ from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
 
 import shardfeed
 from shardfeed import _launch
+from shardfeed._distribute import tf_config
 from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env
 from shardfeed._jax import initialize
 from shardfeed._launch.process import System
@@ -182,11 +183,13 @@ def test_under_srun_the_coordinator_is_the_first_host_at_the_port_base():
         # the other host never reached 127.0.0.1).
         (["10.0.0.1:5000", "10.0.0.2:5001"], ("10.0.0.1:5000", False)),
         (["node1:5000", "node1:5001"], ("127.0.0.1:5000", True)),  # one host
+        # Loopback by the package's one rule (`is_loopback`), each taken for another
+        # host before: names are case-blind, and an IPv4-mapped 127.x is loopback.
+        (["LOCALHOST:5000", "127.0.0.2:5001"], ("LOCALHOST:5000", True)),
+        (["[::ffff:127.0.0.1]:5000", "127.0.0.1:5001"], ("[::ffff:127.0.0.1]:5000", True)),
     ],
 )
 def test_under_mpirun_every_ranks_address_decides_loopback(monkeypatch, workers, expected):
-    from shardfeed._distribute import tf_config
-
     environ = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
                "OMPI_COMM_WORLD_LOCAL_RANK": "0"}  # fmt: skip
     monkeypatch.setattr(
@@ -215,7 +218,7 @@ def test_workers_that_all_name_one_host_meet_on_loopback():
     ],
 )
 def test_first_slurm_host(nodelist, first):
-    assert initialize.first_slurm_host(nodelist) == first
+    assert tf_config.first_slurm_host(nodelist) == first
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from _helpers_fit import mlp, regression_data, replicas
 
-from shardfeed import ShardedResidentDataset, evaluate, fit, predict
+from shardfeed import FitOptions, ShardedResidentDataset, evaluate, fit, predict
 
 
 class _Counted(keras.layers.Dense):
@@ -119,7 +119,7 @@ def test_a_dropped_model_frees_its_weights_and_traces():
 def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) -> str:
     from shardfeed._jax.loop import loop_for
 
-    loop = loop_for(model, ds.world, k)
+    loop = loop_for(model, ds.world, FitOptions(steps_per_execution=k))
     epoch = ds.epoch(0)
     loop.build(epoch, "train")
     fn = loop._compiled("train", False)
@@ -164,7 +164,8 @@ def test_a_convolution_on_cpu_runs_up_to_8_steps_per_call_unrolled_by_default():
         assert history.params["steps_per_execution"] == 8
         # About ten calls per epoch, at most 8 steps each (measured on the
         # keras-io convnets, docs/performance.md); an MLP keeps ten calls.
-        conv_loop, mlp_loop = loop_for(cnn, ds.world, "auto"), loop_for(mlp(), ds.world, "auto")
+        conv_loop = loop_for(cnn, ds.world, FitOptions())
+        mlp_loop = loop_for(mlp(), ds.world, FitOptions())
         assert [conv_loop.steps_per_call(n) for n in (5, 30, 80, 4000)] == [1, 3, 8, 8]
         assert [mlp_loop.steps_per_call(n) for n in (5, 30, 80, 4000)] == [1, 3, 8, 400]
         dense = ShardedResidentDataset(x.reshape(640, -1)[:, :8], y, per_replica_batch_size=4,
@@ -272,3 +273,25 @@ def test_a_shared_call_traced_outside_run_reads_a_live_model():
         # Other rows: the call traces again (its arrays' shapes differ).
         other = ShardedResidentDataset(x[:24], y[:24], per_replica_batch_size=4, seed=0)
         assert "while" not in _lowered_train_call(mlp(), other, 1)
+
+
+def test_model_cache_keeps_a_models_entries_for_its_current_compile():
+    from shardfeed._training.loop_cache import ModelCache
+
+    class Part:  # an optimizer, a compiled loss
+        pass
+
+    class Model:  # what the cache reads of a model: its compiled parts
+        def __init__(self):
+            self.optimizer, self._compile_loss = Part(), Part()
+
+    cache: ModelCache[str] = ModelCache()
+    model = Model()
+    cache.of(model)["k"] = "loop"
+    assert cache.of(model) == {"k": "loop"}  # the same compile: kept
+    model.optimizer = Part()  # a recompile replaces the optimizer
+    assert cache.of(model) == {}
+    dead = weakref.ref(model)
+    del model
+    gc.collect()
+    assert dead() is None  # the cache never holds a model

@@ -152,7 +152,7 @@ def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_pa
         assert result["save False"] == (
             f"Every worker must hold the same weights to save one model file ({saved}): the "
             "workers trained one model only if they started from the same values. Received: "
-            "variable dense/kernel differs between ranks 0 and 1 (3 of 6 variables differ). "
+            "variable dense/kernel differs on ranks [1] from rank 0 (3 of 6 variables differ). "
             "Call `shardfeed.sync_model(model)` on every worker after building the model and "
             "its optimizer and before your loop's first step (or seed Keras alike on every "
             "worker: `keras.utils.set_random_seed(0)` before building); `shardfeed.fit` does "
@@ -163,7 +163,7 @@ def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_pa
         assert result["iterator False"].startswith(
             "Every worker must hold the same weights to start a training loop of your own: "
             "the workers trained one model only if they started from the same values. "
-            "Received: variable dense/kernel differs between ranks 0 and 1 (3 of 6 variables "
+            "Received: variable dense/kernel differs on ranks [1] from rank 0 (3 of 6 variables "
             "differ). Call `shardfeed.sync_model(model)`"
         )
         assert result["iterator True"] == "ok"
@@ -174,7 +174,7 @@ def test_the_guides_own_loop_ends_with_the_same_weights_on_both_processes(tmp_pa
             assert result[f"{name} False"].startswith(
                 f"Every worker must hold the same weights to {name}: the workers trained one "
                 "model only if they started from the same values. Received: variable "
-                "dense/kernel differs between ranks 0 and 1 (3 of 6 variables differ)."
+                "dense/kernel differs on ranks [1] from rank 0 (3 of 6 variables differ)."
             )
     # After `sync_model`, both processes step one model: it saves, predicts
     # and evaluates, with the same results on both.

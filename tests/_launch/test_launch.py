@@ -1407,6 +1407,10 @@ def test_multihost_refuses_loopback_and_unresolvable_hosts(script):
     with pytest.raises(ValueError, match=loopback):
         _launch.run(script, num_workers=2, hosts="127.0.0.1,10.231.0.2", host_index=1,
                     system=FakeSystem().system)
+    # The package's one rule (`is_loopback`): names are case-blind (was let through).
+    with pytest.raises(ValueError, match=loopback.replace("127\\.0\\.0\\.1", "LOCALHOST")):
+        _launch.run(script, num_workers=2, hosts="LOCALHOST,10.231.0.2", host_index=0,
+                    port_base=free_port(""), system=FakeSystem().system)
     with pytest.raises(ValueError, match=r"'no-such-host\.invalid' does not resolve"):
         _launch.run(script, num_workers=2, hosts="10.231.0.1,no-such-host.invalid", host_index=0,
                     port_base=free_port(""), system=FakeSystem().system)

@@ -387,6 +387,62 @@ def test_sync_model_names_a_model_built_otherwise_on_a_rank():
         check([dense, [["dense/kernel", [4, 2], "<f4", "a"], dense[1]]])
 
 
+class _Variable:
+    """What `model_sync` reads of a variable: `path`, `shape`, `value`."""
+
+    def __init__(self, path, value):
+        self.path, self.value = path, np.asarray(value, np.float32)
+        self.shape = self.value.shape
+
+
+class _Ranks:
+    """A `WorldLike` of rank 0 whose all-gather hands back the other ranks' payloads."""
+
+    rank = 0
+
+    def __init__(self, *others):
+        self.world_size, self.others = 1 + len(others), others
+
+    def all_gather_bytes(self, payload):
+        return [payload, *self.others]
+
+
+def _fingerprints(variables):
+    return json.dumps(model_sync._fingerprint(model_sync._host_values(variables), variables))
+
+
+def test_the_in_sync_check_names_the_first_variable_any_rank_differs_in():
+    """One rule with TensorFlow's per-replica fit check (`Divergence`): the first
+    variable that differs on any rank, every rank that differs in it, and how
+    many variables differ on any rank. Before, the first rank that differed at
+    all was named with its own count: here "variable b differs between ranks 0
+    and 1 (1 of 2 variables differ)", rank 2's other kernel unsaid."""
+    mine = [_Variable("a", [0, 0]), _Variable("b", [0])]
+    rank_1 = [_Variable("a", [0, 0]), _Variable("b", [1])]
+    rank_2 = [_Variable("a", [5, 5]), _Variable("b", [0])]
+    world = _Ranks(_fingerprints(rank_1).encode(), _fingerprints(rank_2).encode())
+    with pytest.raises(ValueError) as info:
+        model_sync.check_in_sync(world, mine, "save one model file")
+    assert "Received: variable a differs on ranks [2] from rank 0 (2 of 2 variables differ). " in (
+        str(info.value)
+    )
+    same = _Ranks(_fingerprints(mine).encode(), _fingerprints(mine).encode())
+    model_sync.check_in_sync(same, mine, "save one model file")  # nothing differs
+
+
+@pytest.mark.parametrize(
+    ("prints", "expected"),
+    [
+        ([["x", "y"], ["x", "y"]], None),
+        ([["x", "y"], ["x", "z"], ["w", "y"]], model_sync.Divergence(0, (2,), 2, 2)),
+        ([["x", "y"], ["x", "z"], ["x", "z"]], model_sync.Divergence(1, (1, 2), 1, 2)),
+        ([[(1, 2)], [(1, 3)]], model_sync.Divergence(0, (1,), 1, 1)),  # TF's two checksums
+    ],
+)
+def test_divergence(prints, expected):
+    assert model_sync.Divergence.of(prints) == expected
+
+
 def test_the_same_model_with_other_generated_names_is_the_same_structure():
     # A model built twice on one rank (`sequential_1/dense_1`) beside
     # `sequential/dense` elsewhere trained, then `save_model`, `predict` and

@@ -398,8 +398,8 @@ def test_diverged_replicas_are_caught(sync_check):
     where = "after epoch 0, step 13" if sync_check is True else "after epoch 0, step 4"
     assert str(err.value).startswith(
         "Every replica must hold the same weights: data-parallel training applies the same "
-        "aggregated gradients on every replica. Received: variable='ids/hidden/kernel' "
-        f"(trainable variable 0 of 4, 1 diverged) differs on replicas [1] from replica 0 {where}."
+        "aggregated gradients on every replica. Received: variable ids/hidden/kernel differs "
+        f"on replicas [1] from replica 0 (1 of 4 trainable variables differ) {where}."
     )
 
 

@@ -149,7 +149,7 @@ class _JaxFloor(Variant):
 
     def setup(self) -> None:
         from shardfeed._jax.dataset import ShardedResidentDataset
-        from shardfeed._jax.evaluation import loop_for
+        from shardfeed._jax.loop import loop_for
         from shardfeed._training.options import FitOptions
 
         b = self.workload.batch_size
@@ -159,7 +159,7 @@ class _JaxFloor(Variant):
         dataset = ShardedResidentDataset(
             self.x[:b], self.y[:b], per_replica_batch_size=b, shuffle=False
         )
-        loop = loop_for(self.model, dataset, FitOptions())  # what shardfeed.fit builds
+        loop = loop_for(self.model, dataset.world, FitOptions())  # what shardfeed.fit builds
         epoch = dataset.epoch(0)
         loop.build(epoch, "train")
         self.batch = epoch.batch(0)  # on the device, laid out as fit's batches
