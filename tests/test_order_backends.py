@@ -1,0 +1,97 @@
+"""One epoch order on both backends: the same seed trains the same rows in
+the same steps on TensorFlow and on JAX.
+
+For every placement and shuffle (global, `"local"`, in order, a partial
+exchange; `_helpers_order.CASES`), the rows each replica's batch holds at
+each step, read back from the batches the loops gather, on TensorFlow here
+and on JAX in a child process (`SHARDFEED_JAX_PYTHON`: the JAX venv has no
+TensorFlow, this one no Keras-on-JAX), and both against the neutral order
+(`shardfeed._data.order`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from _helpers_order import CASES, data, dataset_kwargs, neutral_record, record
+
+from shardfeed import LoadOptions, ShardedResidentDataset
+
+pytestmark = pytest.mark.multi_device
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "_order_worker_jax.py"
+
+
+def _strategy(n: int) -> tf.distribute.Strategy:
+    if n == 1:
+        return tf.distribute.get_strategy()
+    # Strategies in one process share collective keys; move the base per strategy
+    # (see test_mirrored.py).
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+
+
+def _tf_record(name: str) -> list:
+    replicas, *_, fraction, _ = CASES[name]
+    strategy = _strategy(replicas)
+    with strategy.scope():
+        # A small staging buffer: several exchange rounds an epoch.
+        options = LoadOptions(exchange_fraction=fraction, exchange_buffer_bytes=64)
+        ds = ShardedResidentDataset(*data(), **dataset_kwargs(name), load_options=options)
+
+    def replica_ys(epoch, step, batch):
+        return strategy.experimental_local_results(batch.y)
+
+    return record(lambda e, t: ds.epoch(e, training=t), replica_ys)
+
+
+@pytest.fixture(scope="module")
+def jax_records(tmp_path_factory) -> dict:
+    python = os.environ.get("SHARDFEED_JAX_PYTHON")
+    if not python:
+        pytest.skip("no Keras-on-JAX venv: set SHARDFEED_JAX_PYTHON (.ci/setup makes .venv-jax)")
+    out = tmp_path_factory.mktemp("order") / "jax.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "KERAS_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["KERAS_BACKEND"] = "jax"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    result = subprocess.run(
+        [python, str(WORKER), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())["records"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tensorflow_trains_the_neutral_order(name):
+    assert _tf_record(name) == neutral_record(name)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+@pytest.mark.parametrize("name", list(CASES))
+def test_jax_trains_the_rows_tensorflow_trains(jax_records, name, copy):
+    """JAX's epochs, its rows gathered where they sit or copied per epoch,
+    take the rows TensorFlow's take, step by step and replica by replica."""
+    assert jax_records[f"{name}, epoch_copy={copy}"] == _tf_record(name)
+
+
+def test_the_order_of_a_seed_is_pinned():
+    """The neutral order of one seed, written out: a change to it (another
+    generator, another key) changes every backend's order and every resume
+    state's meaning, so it must be deliberate (and `order.NAME` change)."""
+    from shardfeed._data import order as _order
+
+    assert _order.NAME == "numpy-pcg64-1"
+    assert _order.permutation(10, 11, (0,), True).tolist() == [8, 5, 6, 1, 9, 3, 4, 2, 7, 0]
+    assert _order.permutation(10, 11, (2, 1), True).tolist() == [0, 1, 5, 6, 9, 2, 7, 4, 8, 3]
