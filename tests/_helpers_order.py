@@ -122,3 +122,27 @@ def _real(plan: Any, replica: int, step: int) -> int:
     if plan.has_partial_step and step == plan.steps_per_epoch - 1:
         return plan.last_step_rows[replica]
     return plan.per_replica_batch_size
+
+
+# -- a fit interrupted on one backend, resumed on the other ---------------------
+
+RESUME_CASE = "shard x2, global"  # 26 steps an epoch on 2 replicas
+
+
+def regression() -> tuple[np.ndarray, np.ndarray]:
+    """`ROWS` rows of a linear target, the same on every backend."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
+    return x, (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+
+
+def regression_model() -> Any:
+    """A small compiled MLP (its first weights do not matter: a resume loads them)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model

@@ -1,7 +1,11 @@
 """The JAX side of tests/test_order_backends.py (not a test module).
 
-Run with a Keras-on-JAX Python (`SHARDFEED_JAX_PYTHON`): records every case
-of `_helpers_order.CASES` on JAX devices and writes them as JSON to argv[1].
+Run with a Keras-on-JAX Python (`SHARDFEED_JAX_PYTHON`). `records OUT`:
+records every case of `_helpers_order.CASES` on JAX devices and writes them
+as JSON to OUT. `resume BACKUP EPOCHS OUT`: resumes a fit of
+`_helpers_order.regression_model` from the `BackupAndRestore` directory
+BACKUP (written on TensorFlow), trains to EPOCHS and writes the weights to
+OUT (`.npz`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,41 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> int:
+    if sys.argv[1] == "resume":
+        return resume(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    return records(sys.argv[2])
+
+
+def _replicas(n: int) -> None:
+    """The first `n` devices as the world (what `shardfeed.init` sets)."""
+    import jax
+
+    from shardfeed._jax import world as _world
+
+    _world.remember_initialized(_world.World(0, 1, 0, tuple(jax.devices()[:n])))
+
+
+def resume(backup: str, epochs: int, out: str) -> int:
+    import keras
+    from _helpers_order import CASES, RESUME_CASE, dataset_kwargs, regression, regression_model
+
+    import shardfeed
+    from shardfeed._jax.dataset import ShardedResidentDataset
+
+    _replicas(CASES[RESUME_CASE][0])
+    ds = ShardedResidentDataset(*regression(), **dataset_kwargs(RESUME_CASE))
+    model = regression_model()
+    backup_cb = keras.callbacks.BackupAndRestore(backup)
+    history = shardfeed.fit(model, ds, epochs=epochs, verbose=0, callbacks=[backup_cb])
+    np.savez(out, *model.get_weights(), epochs=np.array(len(history.history["loss"])))
+    return 0
+
+
+def records(path: str) -> int:
     import jax
     from _helpers_order import CASES, data, dataset_kwargs, record
 
     from shardfeed._data.options import LoadOptions
-    from shardfeed._jax import world as _world
     from shardfeed._jax.dataset import ShardedResidentDataset
 
     def replica_ys(epoch, step, batch):
@@ -29,8 +63,7 @@ def main() -> int:
 
     out = {}
     for name, (replicas, *_, fraction, _) in CASES.items():
-        # The first `replicas` devices as the world (what `shardfeed.init` sets).
-        _world.remember_initialized(_world.World(0, 1, 0, tuple(jax.devices()[:replicas])))
+        _replicas(replicas)
         for copy in (False, True):  # rows gathered where they sit (moved in place), or copied
             # A small staging buffer: several exchange rounds an epoch.
             options = LoadOptions(
@@ -40,7 +73,7 @@ def main() -> int:
             out[f"{name}, epoch_copy={copy}"] = record(
                 lambda e, t, ds=ds: ds.epoch(e, training=t), replica_ys
             )
-    with open(sys.argv[1], "w") as f:
+    with open(path, "w") as f:
         json.dump({"backend": jax.default_backend(), "records": out}, f)
     return 0
 

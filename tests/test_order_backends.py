@@ -16,10 +16,23 @@ import os
 import subprocess
 from pathlib import Path
 
+import keras
+import numpy as np
 import pytest
 import tensorflow as tf
-from _helpers_order import CASES, data, dataset_kwargs, neutral_record, record
+from _helpers_order import (
+    CASES,
+    RESUME_CASE,
+    data,
+    dataset_kwargs,
+    neutral_record,
+    record,
+    regression,
+    regression_model,
+)
+from _helpers_resume import Preempt
 
+import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset
 
 pytestmark = pytest.mark.multi_device
@@ -51,18 +64,17 @@ def _tf_record(name: str) -> list:
     return record(lambda e, t: ds.epoch(e, training=t), replica_ys)
 
 
-@pytest.fixture(scope="module")
-def jax_records(tmp_path_factory) -> dict:
+def _on_jax(*args: str) -> None:
+    """Runs `_order_worker_jax.py args` with the Keras-on-JAX Python."""
     python = os.environ.get("SHARDFEED_JAX_PYTHON")
     if not python:
         pytest.skip("no Keras-on-JAX venv: set SHARDFEED_JAX_PYTHON (.ci/setup makes .venv-jax)")
-    out = tmp_path_factory.mktemp("order") / "jax.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "KERAS_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env["KERAS_BACKEND"] = "jax"
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     result = subprocess.run(
-        [python, str(WORKER), str(out)],
+        [python, str(WORKER), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -70,6 +82,12 @@ def jax_records(tmp_path_factory) -> dict:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def jax_records(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("order") / "jax.json"
+    _on_jax("records", str(out))
     return json.loads(out.read_text())["records"]
 
 
@@ -84,6 +102,47 @@ def test_jax_trains_the_rows_tensorflow_trains(jax_records, name, copy):
     """JAX's epochs, its rows gathered where they sit or copied per epoch,
     take the rows TensorFlow's take, step by step and replica by replica."""
     assert jax_records[f"{name}, epoch_copy={copy}"] == _tf_record(name)
+
+
+def _fit_on_tensorflow(epochs: int, callbacks: list) -> list[np.ndarray]:
+    strategy = _strategy(CASES[RESUME_CASE][0])
+    with strategy.scope():
+        model = regression_model()
+        ds = ShardedResidentDataset(*regression(), **dataset_kwargs(RESUME_CASE))
+    shardfeed.fit(model, ds, epochs=epochs, verbose=0, callbacks=callbacks)
+    return model.get_weights()
+
+
+def _backup_weights(backup: Path) -> list[np.ndarray]:
+    """The weights a backup holds (read into a fresh model)."""
+    name = json.loads((backup / "shardfeed_state.json").read_text())["weights"]
+    model = regression_model()
+    model.load_weights(backup / name)
+    return model.get_weights()
+
+
+def test_a_fit_interrupted_on_tensorflow_resumes_on_jax_on_the_same_rows(tmp_path):
+    """A `BackupAndRestore` state written on TensorFlow after epoch 0
+    resumes on JAX, and epoch 1 there trains the rows TensorFlow's
+    uninterrupted run trained in its epoch 1: the weights end where its end,
+    to float32 noise between backends. (Inside an epoch JAX refuses
+    TensorFlow's state, naming its running loss: tests/jax_tier.)"""
+    backup = tmp_path / "backup"
+    with pytest.raises(KeyboardInterrupt):
+        _fit_on_tensorflow(
+            2, [keras.callbacks.BackupAndRestore(str(backup), save_freq="epoch"), Preempt(1, 9)]
+        )
+    at_backup = _backup_weights(backup)
+    uninterrupted = _fit_on_tensorflow(2, [])
+    out = tmp_path / "resumed.npz"
+    _on_jax("resume", str(backup), "2", str(out))
+    resumed = np.load(out)
+    assert int(resumed["epochs"]) == 1  # epoch 1 alone, from its first step
+    weights = [resumed[f"arr_{i}"] for i in range(len(uninterrupted))]
+    moved = max(np.abs(u - a).max() for u, a in zip(uninterrupted, at_backup, strict=True))
+    error = max(np.abs(w - u).max() for w, u in zip(weights, uninterrupted, strict=True))
+    assert moved > 1e-2  # epoch 1 changed the weights
+    assert error < 1e-3 * moved, (error, moved)
 
 
 def test_the_order_of_a_seed_is_pinned():
