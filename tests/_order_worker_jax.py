@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main() -> int:
     if sys.argv[1] == "resume":
         return resume(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    if sys.argv[1] == "interrupt":
+        return interrupt(sys.argv[2], int(sys.argv[3]))
     return records(sys.argv[2])
 
 
@@ -34,8 +36,7 @@ def _replicas(n: int) -> None:
     _world.remember_initialized(_world.World(0, 1, 0, tuple(jax.devices()[:n])))
 
 
-def resume(backup: str, epochs: int, out: str) -> int:
-    import keras
+def _regression_fit(epochs: int, callbacks: list) -> tuple:
     from _helpers_order import CASES, RESUME_CASE, dataset_kwargs, regression, regression_model
 
     import shardfeed
@@ -44,9 +45,31 @@ def resume(backup: str, epochs: int, out: str) -> int:
     _replicas(CASES[RESUME_CASE][0])
     ds = ShardedResidentDataset(*regression(), **dataset_kwargs(RESUME_CASE))
     model = regression_model()
+    history = shardfeed.fit(model, ds, epochs=epochs, verbose=0, callbacks=callbacks)
+    return model, history
+
+
+def interrupt(backup: str, save_freq: int) -> int:
+    """A fit of 2 epochs backed up every `save_freq` steps, preempted in epoch 1."""
+    import keras
+    from _helpers_resume import Preempt
+
+    try:
+        _regression_fit(
+            2, [keras.callbacks.BackupAndRestore(backup, save_freq=save_freq), Preempt(1, 13)]
+        )
+    except KeyboardInterrupt:
+        return 0
+    raise AssertionError("not preempted")
+
+
+def resume(backup: str, epochs: int, out: str) -> int:
+    import keras
+
     backup_cb = keras.callbacks.BackupAndRestore(backup)
-    history = shardfeed.fit(model, ds, epochs=epochs, verbose=0, callbacks=[backup_cb])
-    np.savez(out, *model.get_weights(), epochs=np.array(len(history.history["loss"])))
+    model, history = _regression_fit(epochs, [backup_cb])
+    losses = np.array(history.history["loss"])
+    np.savez(out, *model.get_weights(), losses=losses)
     return 0
 
 
