@@ -186,7 +186,9 @@ def index_matrix(plan: ShardPlan, slots: np.ndarray, device: str) -> tf.Tensor:
     """`slots` (one replica's, step order) as its `[steps, batch]` index
     matrix on `device`, padded with slot 0 after the real ones."""
     b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
-    flat = np.zeros(steps * b, dtype=slots.dtype)
-    flat[: len(slots)] = slots
+    flat = slots
+    if len(slots) < steps * b:  # a copy only to pad
+        flat = np.zeros(steps * b, dtype=slots.dtype)
+        flat[: len(slots)] = slots
     with tf.device(device):
         return tf.constant(flat.reshape(steps, b))
