@@ -132,7 +132,7 @@ def _assert_resumed_as_uninterrupted(at_backup, weights, losses, uninterrupted, 
     np.testing.assert_allclose(losses[-1], expected_losses[-1], rtol=1e-4)
 
 
-@pytest.mark.parametrize("save_freq", ["epoch", 10])  # 10: inside epoch 1 (26 steps)
+@pytest.mark.parametrize("save_freq", ["epoch", 10])  # 10: inside epoch 1 (13 steps an epoch)
 def test_a_fit_backed_up_on_tensorflow_resumes_on_jax_on_the_same_rows(tmp_path, save_freq):
     """A `BackupAndRestore` state written on TensorFlow (after epoch 0, or
     inside epoch 1) resumes on JAX, whose steps train the rows TensorFlow's
@@ -186,3 +186,27 @@ def test_the_order_of_a_seed_is_pinned():
     assert _order.NAME == "numpy-pcg64-1"
     assert _order.permutation(10, 11, (0,), True).tolist() == [8, 5, 6, 1, 9, 3, 4, 2, 7, 0]
     assert _order.permutation(10, 11, (2, 1), True).tolist() == [0, 1, 5, 6, 9, 2, 7, 4, 8, 3]
+
+
+@pytest.mark.parametrize(
+    ("shuffle", "streaming", "suffix"),
+    [
+        (True, False, ""),  # the neutral order
+        ("local", False, ""),
+        (False, False, ""),  # rows in order, moved to follow one replica's batches
+        ("local", True, "+tensorflow-stream-chunks"),  # chunk, then rows within it
+        (False, True, "+tensorflow-unmoved"),  # each replica's own shard, in order
+    ],
+)
+def test_a_dataset_names_the_order_its_epochs_take(shuffle, streaming, suffix):
+    """What a resume state records: TensorFlow's streamed shards take
+    another order than JAX's (a mid-epoch resume across them is refused)."""
+    with _strategy(2).scope():
+        ds = ShardedResidentDataset(
+            *data(),
+            per_replica_batch_size=4,
+            seed=1,
+            shuffle=shuffle,
+            load_options=LoadOptions(streaming=streaming),
+        )
+    assert ds.order_name == "numpy-pcg64-1" + suffix

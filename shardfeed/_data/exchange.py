@@ -84,6 +84,8 @@ def epoch_rows(
     # arrays: one output array per replica is all the host memory it takes
     # (8 bytes a row and a few temporaries of it were measured on JAX's RSS).
     b, n_rep = plan.per_replica_batch_size, plan.num_replicas
+    if n_rep == 1:  # its rows are the order's first ones: a view, no copy
+        return [permutation[: plan.rows_per_epoch(0)]]
     full = plan.full_steps_per_epoch * plan.global_batch_size
     body = permutation[:full].reshape(plan.full_steps_per_epoch, n_rep, b)
     tail = full + np.cumsum([0, *plan.last_step_rows]) if plan.has_partial_step else None

@@ -165,9 +165,7 @@ class GlobalShuffle:
             slot[rows] = np.arange(len(rows), dtype=dtype)
         indices = []
         for store in self._stores:
-            mine = slot[needed[store.replica]]
-            indices.append(_order.index_matrix(plan, mine, store.device))
-            del mine
+            indices.append(_order.index_matrix(plan, slot[needed[store.replica]], store.device))
         del slot, needed
         return _order.EpochOrder(indices, self._stores, self._local_layout())
 
@@ -175,16 +173,17 @@ class GlobalShuffle:
         """A partially exchanged epoch's index matrices: each replica's rows
         as the neutral order permutes them (`_data/order.mixed_order`, over
         the rows it holds, ascending: JAX's order), as the slots they sit in."""
+        return [
+            _order.index_matrix(plan, self._mixed_slots(plan, epoch, s.replica), s.device)
+            for s in self._stores
+        ]
+
+    def _mixed_slots(self, plan: ShardPlan, epoch: int, replica: int) -> np.ndarray:
         assert self._seed is not None  # a shuffle needs one: checked when built
-        indices = []
-        for store in self._stores:
-            held = self.held[store.replica]
-            by_row = np.argsort(held, kind="stable").astype(held.dtype)  # slots, rows ascending
-            count = plan.rows_per_epoch(store.replica)
-            slots = by_row[_data_order.mixed_order(held, self._seed, epoch, store.replica, count)]
-            del by_row
-            indices.append(_order.index_matrix(plan, slots, store.device))
-        return indices
+        held = self.held[replica]
+        by_row = np.argsort(held, kind="stable").astype(held.dtype)  # slots, rows ascending
+        count = plan.rows_per_epoch(replica)
+        return by_row[_data_order.mixed_order(held, self._seed, epoch, replica, count)]
 
     def _local_layout(self) -> list[np.ndarray]:
         return [self.held[s.replica].copy() for s in self._stores]

@@ -166,29 +166,44 @@ def epoch_indices(
     """
     shared = None
     out = []
+    # Each replica's slots go to `index_matrix` as their only reference (it
+    # lets go of them once copied): the host holds one order at a time.
     for store in stores:
         r = store.replica
         if _order.stays_in_place(plan, shuffle, moved=False):
-            slots = _order.shard_positions(plan, shuffle, seed, epoch, r)
-        else:  # one order of all rows (replicated, or one replica), sliced per local replica
-            if shared is None:
-                local = [s.replica for s in stores]
-                shared = dict(
-                    zip(local, _order.global_rows(plan, shuffle, seed, epoch, local), strict=True)
+            out.append(
+                index_matrix(
+                    plan, _order.shard_positions(plan, shuffle, seed, epoch, r), store.device
                 )
-            slots = shared[r] - store.row_start if store.row_start else shared[r]
-        out.append(index_matrix(plan, slots, store.device))
-        del slots
+            )
+            continue
+        if shared is None:  # one order of all rows (replicated, or one replica), sliced
+            local = [s.replica for s in stores]
+            shared = dict(
+                zip(local, _order.global_rows(plan, shuffle, seed, epoch, local), strict=True)
+            )
+        out.append(index_matrix(plan, _shifted(shared.pop(r), store.row_start), store.device))
     return out
+
+
+def _shifted(rows: np.ndarray, start: int) -> np.ndarray:
+    return rows - start if start else rows
 
 
 def index_matrix(plan: ShardPlan, slots: np.ndarray, device: str) -> tf.Tensor:
     """`slots` (one replica's, step order) as its `[steps, batch]` index
-    matrix on `device`, padded with slot 0 after the real ones."""
+    matrix on `device`, padded with slot 0 after the real ones. Pass the only
+    reference to `slots`: it is let go of once copied (host memory, 4 bytes
+    a row)."""
     b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
     flat = slots
     if len(slots) < steps * b:  # a copy only to pad
         flat = np.zeros(steps * b, dtype=slots.dtype)
         flat[: len(slots)] = slots
+    del slots
     with tf.device(device):
-        return tf.constant(flat.reshape(steps, b))
+        # `tf.constant` of a NumPy array held the array's size twice (it is
+        # not aligned, so nothing is shared); its identity holds it once.
+        converted = tf.constant(flat.reshape(steps, b))
+        del flat
+        return tf.identity(converted)
