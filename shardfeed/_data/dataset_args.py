@@ -26,6 +26,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._common import model_sync as _model_sync
 from shardfeed._data import agreement as _agreement
 from shardfeed._data import augment_blocks as _augment_blocks
+from shardfeed._data import order as _order
 from shardfeed._data import plan as _plan
 from shardfeed._data import sources as _sources
 from shardfeed._data.batch import Batch
@@ -546,6 +547,14 @@ class DatasetBase(Generic[WorldT]):
     def load_options(self) -> LoadOptions:
         """The `LoadOptions` it was loaded with."""
         return self._load_options
+
+    @property
+    def order_name(self) -> str:
+        """The name of the order training epochs take (`_data/order.NAME`:
+        the same on every backend), which a resume state records: a resume
+        inside an epoch needs that epoch's order again. A backend whose
+        epochs deviate from it in some residency names that order instead."""
+        return _order.NAME
 
     @property
     def moves_rows(self) -> bool:

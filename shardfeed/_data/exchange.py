@@ -9,7 +9,7 @@ freed: no second copy. Also a partial exchange's holdings (both backends).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -66,11 +66,14 @@ def initial_layout(plan: ShardPlan) -> list[np.ndarray]:
     return [np.arange(start, stop, dtype=dtype) for start, stop in plan.shards]
 
 
-def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
-    """Per replica, the global rows it uses in a globally shuffled epoch, in
-    step order: its slice `[r*b, (r+1)*b)` of each full global step, then its
-    share of the partial last step (`ShardPlan.global_order_positions`, the
-    slicing of `placement="replicate"`), in the permutation's dtype.
+def epoch_rows(
+    plan: ShardPlan, permutation: np.ndarray, replicas: Sequence[int] | None = None
+) -> list[np.ndarray]:
+    """Per replica (of `replicas`, default all), the global rows it uses in a
+    globally shuffled epoch, in step order: its slice `[r*b, (r+1)*b)` of each
+    full global step, then its share of the partial last step
+    (`ShardPlan.global_order_positions`, the slicing of
+    `placement="replicate"`), in the permutation's dtype.
 
     Example:
         >>> plan = plan_shards(10, 2, 2)
@@ -81,11 +84,13 @@ def epoch_rows(plan: ShardPlan, permutation: np.ndarray) -> list[np.ndarray]:
     # arrays: one output array per replica is all the host memory it takes
     # (8 bytes a row and a few temporaries of it were measured on JAX's RSS).
     b, n_rep = plan.per_replica_batch_size, plan.num_replicas
+    if n_rep == 1:  # its rows are the order's first ones: a view, no copy
+        return [permutation[: plan.rows_per_epoch(0)]]
     full = plan.full_steps_per_epoch * plan.global_batch_size
     body = permutation[:full].reshape(plan.full_steps_per_epoch, n_rep, b)
     tail = full + np.cumsum([0, *plan.last_step_rows]) if plan.has_partial_step else None
     out = []
-    for r in range(n_rep):
+    for r in range(n_rep) if replicas is None else replicas:
         parts = [body[:, r, :].reshape(-1)]
         if tail is not None:
             parts.append(permutation[tail[r] : tail[r + 1]])

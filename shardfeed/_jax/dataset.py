@@ -19,6 +19,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import exchange as _rounds
 from shardfeed._data import memory as _memory
+from shardfeed._data import order as _order
 from shardfeed._data import plan as _plan
 from shardfeed._data import relayout as _relayout
 from shardfeed._data.options import LoadOptions
@@ -26,7 +27,6 @@ from shardfeed._jax import epoch as _epoch
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax import iterator as _iterator
 from shardfeed._jax import labels as _labels
-from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax import streaming as _streaming
 from shardfeed._jax.world import World, current_world, initialized_world
@@ -54,8 +54,10 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
       sharded along rows); `augment` is a function `(x, key) -> x` (of JAX ops,
       or `shardfeed.augment`'s blocks), `key` a `jax.random` key from `(seed,
       epoch, step)`: each example of the global batch draws its own transform.
-    - Epoch orders are drawn with NumPy (`_jax/order.py`): the same
-      semantics as TensorFlow's, other permutations.
+    - Epoch orders are TensorFlow's (`_data/order.py`, shared by both
+      backends): the same seed trains the same rows in the same steps, except
+      that a streamed shard's order is the resident one (TensorFlow's streams
+      chunk by chunk).
     - 64-bit columns are held in 32 bits (JAX without `jax_enable_x64`, as
       Keras on JAX feeds them); integers that do not fit are refused.
     - Streaming (`LoadOptions(streaming=True)`, or `"auto"` when a shard does

@@ -23,11 +23,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardfeed._common import errors as _errors
+from shardfeed._data import order as _order
 from shardfeed._data.batch import Batch
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._distribute import progress as _progress
 from shardfeed._jax import exchange as _exchange
-from shardfeed._jax import order as _order
 from shardfeed._jax.augment import augment_key, augmented
 from shardfeed._jax.epoch_arrays import EpochArrays
 from shardfeed._jax.world import REPLICA_AXIS

@@ -19,11 +19,11 @@ from jax.sharding import PartitionSpec as P
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import memory as _memory
+from shardfeed._data import order as _order
 from shardfeed._data.batch import Batch
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.sources import Column
-from shardfeed._jax import order as _order
 from shardfeed._jax import storage as _storage
 from shardfeed._jax.epoch import EpochArrays, ResidentEpoch
 from shardfeed._jax.world import REPLICA_AXIS, World, replicated

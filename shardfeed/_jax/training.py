@@ -9,7 +9,6 @@ from typing import Any
 
 import keras
 
-from shardfeed._common import errors as _errors
 from shardfeed._distribute import progress as _progress
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
@@ -147,8 +146,9 @@ class _Run(_resume.FitPosition):
     (`capture`) and a restarted fit resumes from (`resume`).
 
     The epoch's running loss and metrics are Keras' metric variables (the
-    loss tracker among them), so the resume state's `metrics` carry them
-    whole and its `loss_sum`/`loss_rows` stay 0.
+    loss tracker among them): the resume state's `metrics` carry them whole,
+    and its `loss_sum`/`loss_rows` the loss tracker's, as TensorFlow's loop
+    writes them (a state resumes inside its epoch on either backend).
     """
 
     def __init__(
@@ -164,32 +164,40 @@ class _Run(_resume.FitPosition):
         self.model, self.loop = model, loop
         self._open: ResidentEpoch | None = None
 
-    def resume(self, state: ResumeState) -> None:
-        """As `FitPosition.resume`, refusing a TensorFlow mid-epoch backup."""
-        super().resume(state)
-        if state.cursor.step and state.loss_rows:
-            # TensorFlow's loop keeps the epoch's loss beside the metrics: its
-            # loss tracker in `metrics` does not hold it.
-            raise ValueError(
-                _errors.message(
-                    "A backup taken inside an epoch resumes on the Keras backend that wrote "
-                    "it: the TensorFlow backend's running loss (`loss_sum`, `loss_rows`) is "
-                    "not in the metric variables the JAX backend restores.",
-                    f"{state.source}: state.loss_rows={state.loss_rows}, "
-                    f"state.cursor.step={state.cursor.step}",
-                    "Resume with KERAS_BACKEND=tensorflow, or from a backup taken at an epoch "
-                    'boundary (save_freq="epoch"), or delete the backup directory to start '
-                    "afresh.",
-                )
-            )
-
     def capture(self) -> ResumeState:
         """The state to save now: the cursor and the metric variables'
-        values (replicated: this process's copy, no collective)."""
-        metrics = [to_host(v.value).tolist() for v in _resume.metric_variables(self.model)]
+        values (replicated: this process's copy, no collective), and the
+        epoch's running loss as TensorFlow's loop keeps it (`loss_sum` over
+        `loss_rows` rows), from Keras' loss tracker, so that either backend
+        resumes the state inside its epoch."""
+        model = self.model
+        metrics = [to_host(v.value).tolist() for v in _resume.metric_variables(model)]
+        totals = (0.0, 0)
+        tracker = getattr(model, "_loss_tracker", None)
+        if self.cursor.step and tracker is not None and float(to_host(tracker.count.value)):
+            # The rows counted from the plan: the tracker's float32 count is
+            # inexact past 2**24 rows.
+            totals = (float(to_host(tracker.total.value)), self._rows_done())
         return _resume.capture(
-            self.cursor, (0.0, 0), self.dataset, self.plan, self.steps_per_epoch, metrics
+            self.cursor, totals, self.dataset, self.plan, self.steps_per_epoch, metrics
         )
+
+    def _rows_done(self) -> int:
+        """Real rows of the steps of the current fit epoch done so far."""
+        plan, cursor = self.plan, self.cursor
+        rows = cursor.step * plan.global_batch_size
+        if plan.has_partial_step and cursor.data_step == plan.steps_per_epoch and cursor.step:
+            rows -= plan.global_batch_size - sum(plan.last_step_rows)
+        return rows
+
+    def _restore_loss(self, state: ResumeState) -> None:
+        """Keras' loss tracker from the state's running loss (TensorFlow
+        writes it beside the metric variables, whose loss tracker it leaves
+        at 0); a state without one keeps the tracker's restored values."""
+        tracker = getattr(self.model, "_loss_tracker", None)
+        if tracker is not None and state.loss_rows:
+            tracker.total.assign(state.loss_sum)
+            tracker.count.assign(float(state.loss_rows))
 
     def _data_epoch(self, number: int) -> ResidentEpoch:
         """Pass `number` over the data, opened once for the fit epochs it spans."""
@@ -238,6 +246,7 @@ class _Run(_resume.FitPosition):
                     # Resumed inside the epoch: its metrics so far (the metric
                     # variables exist once `build` ran).
                     _resume.restore_metrics(model, self.state.metrics, self.state.source)
+                    self._restore_loss(self.state)
                     logs = python_logs(model.get_metrics_result())
                 self.state = None
                 for call in loop.calls(data, start + self.cursor.step, stop):

@@ -23,6 +23,7 @@ from shardfeed._common import errors as _errors
 from shardfeed._data import dataset_args as _args
 from shardfeed._data import exchange as _exchange
 from shardfeed._data import memory as _memory
+from shardfeed._data import order as _data_order
 from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
 from shardfeed._tf import epoch as _epoch
@@ -400,6 +401,18 @@ class ShardedResidentDataset(_args.DatasetBase[World]):
         if self.shuffle is True:
             return self.plan.num_replicas == 1 or self.load_options.exchange_fraction == 1
         return self.shuffle is False and (self.plan.num_replicas == 1 or self._exchanged)
+
+    @property
+    def order_name(self) -> str:
+        """The neutral order's name (`_data/order.NAME`, JAX's too), but
+        where TensorFlow's epochs take another order: a streamed shard
+        shuffled chunk by chunk (`streaming.py`), or sharded rows in order
+        that could not move (each replica takes its own shard)."""
+        if self.is_streaming and self.shuffle is not False:
+            return f"{_data_order.NAME}+tensorflow-stream-chunks"
+        if self.moves_rows and not self._exchanged:
+            return f"{_data_order.NAME}+tensorflow-unmoved"
+        return _data_order.NAME
 
     @property
     def order_is_replayable(self) -> bool:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._data import exchange as _exchange
+from shardfeed._data import order as _data_order
 from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
@@ -150,30 +151,39 @@ class GlobalShuffle:
                 self.held, fraction, self._seed, epoch, self._num_rows
             )
             self._move(dest, epoch)
-            indices = _order.epoch_indices(plan, self._stores, self._seed, epoch, True)
-            return _order.EpochOrder(indices, self._stores, self._local_layout())
+            return _order.EpochOrder(
+                self._mixed_indices(plan, epoch), self._stores, self._local_layout()
+            )
         # Host arrays of a row each, freed as soon as the next one is made: on
         # narrow rows (128 bytes) each int64 one was 6% of the rows, and they
         # had added up to 0.4x during the exchange.
-        needed = _exchange.epoch_rows(
-            plan, _order.permutation(self._num_rows, self._seed, epoch, None, self._shuffle).numpy()
-        )
+        needed = _data_order.global_rows(plan, self._shuffle, self._seed, epoch)
         self._move(_exchange.global_destinations(self.held, needed, self._num_rows), epoch)
         dtype = _exchange.row_dtype(self._num_rows)
         slot = np.empty(self._num_rows, dtype=dtype)
         for rows in self.held:
             slot[rows] = np.arange(len(rows), dtype=dtype)
-        b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
         indices = []
         for store in self._stores:
-            flat = np.zeros(steps * b, dtype=dtype)
-            mine = slot[needed[store.replica]]
-            flat[: len(mine)] = mine
-            del mine
-            with tf.device(store.device):
-                indices.append(tf.constant(flat.reshape(steps, b)))
+            indices.append(_order.index_matrix(plan, slot[needed[store.replica]], store.device))
         del slot, needed
         return _order.EpochOrder(indices, self._stores, self._local_layout())
+
+    def _mixed_indices(self, plan: ShardPlan, epoch: int) -> list[tf.Tensor]:
+        """A partially exchanged epoch's index matrices: each replica's rows
+        as the neutral order permutes them (`_data/order.mixed_order`, over
+        the rows it holds, ascending: JAX's order), as the slots they sit in."""
+        return [
+            _order.index_matrix(plan, self._mixed_slots(plan, epoch, s.replica), s.device)
+            for s in self._stores
+        ]
+
+    def _mixed_slots(self, plan: ShardPlan, epoch: int, replica: int) -> np.ndarray:
+        assert self._seed is not None  # a shuffle needs one: checked when built
+        held = self.held[replica]
+        by_row = np.argsort(held, kind="stable").astype(held.dtype)  # slots, rows ascending
+        count = plan.rows_per_epoch(replica)
+        return by_row[_data_order.mixed_order(held, self._seed, epoch, replica, count)]
 
     def _local_layout(self) -> list[np.ndarray]:
         return [self.held[s.replica].copy() for s in self._stores]

@@ -1,11 +1,10 @@
 """Each resident epoch's order on TensorFlow: the `Residency` and `Order` protocols, and the
 resident form (`ResidentRows`, `EpochOrder`: per-replica `[steps, batch]` index matrices).
 
-`placement="replicate"` takes each replica's slice of one permutation per epoch
-(`DistributedSampler` semantics, no host traffic); `shuffle="local"` permutes
-each replica's own rows from `(seed, epoch, replica)`. Permutations come from
-`tf.random.experimental.stateless_shuffle` on the worker's CPU: the same on
-every host and device. The global order of sharded rows is `exchange.py`'s.
+Which rows each replica takes is the neutral order's (`_data/order.py`, NumPy
+on the worker's CPU: the same on every host, device and backend); this module
+turns them into slots of the replica's store. The global order of sharded rows
+is `exchange.py`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
+from shardfeed._data import order as _order
 from shardfeed._data.plan import ShardPlan
 from shardfeed._tf import storage as _storage
 
@@ -141,7 +141,9 @@ def epoch_indices(
     epoch: int,
     shuffle: bool | str,
 ) -> list[tf.Tensor]:
-    """Per local replica, the index matrix of a resident epoch.
+    """Per local replica, the index matrix of a resident epoch whose rows stay
+    where they were loaded (no exchange): the neutral order's rows
+    (`_data/order.py`, the same on JAX) as slots of the replica's store.
 
     Args:
         plan: The training or evaluation plan.
@@ -162,49 +164,46 @@ def epoch_indices(
         >>> epoch_indices(plan, dataset.stores, seed=0, epoch=3, shuffle=True)[0].shape
         TensorShape([117, 256])
     """
-    b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
-    out = []
     shared = None
+    out = []
+    # Each replica's slots go to `index_matrix` as their only reference (it
+    # lets go of them once copied): the host holds one order at a time.
     for store in stores:
         r = store.replica
-        if plan.placement == "shard":
-            fold = r if shuffle == "local" else None  # one replica: its rows are all rows
-            order = permutation(store.num_rows, seed, epoch, fold, bool(shuffle))
-            rows = order[: plan.rows_per_epoch(r)]
-        else:
-            if shared is None:  # one order of all rows, sliced for each local replica
-                shared = permutation(plan.num_rows, seed, epoch, None, bool(shuffle))
-            with tf.device("/CPU:0"):
-                rows = _global_slice(shared, plan, r)
-        with tf.device(store.device):
-            flat = tf.pad(rows, [[0, steps * b - int(rows.shape[0])]])
-            out.append(tf.reshape(flat, [steps, b]))
+        if _order.stays_in_place(plan, shuffle, moved=False):
+            out.append(
+                index_matrix(
+                    plan, _order.shard_positions(plan, shuffle, seed, epoch, r), store.device
+                )
+            )
+            continue
+        if shared is None:  # one order of all rows (replicated, or one replica), sliced
+            local = [s.replica for s in stores]
+            shared = dict(
+                zip(local, _order.global_rows(plan, shuffle, seed, epoch, local), strict=True)
+            )
+        out.append(index_matrix(plan, _shifted(shared.pop(r), store.row_start), store.device))
     return out
 
 
-def _global_slice(order: tf.Tensor, plan: ShardPlan, replica: int) -> tf.Tensor:
-    """`order[plan.global_order_positions(replica)]` as slices of `order`
-    (no int64 index array: 8 bytes a row of host memory, measured in the
-    resident set while an epoch opens)."""
-    b, n_rep, full = plan.per_replica_batch_size, plan.num_replicas, plan.full_steps_per_epoch
-    body = tf.reshape(
-        tf.reshape(order[: full * n_rep * b], [full, n_rep, b])[:, replica, :], [-1]
-    )
-    if not plan.has_partial_step:
-        return body
-    start = full * n_rep * b + sum(plan.last_step_rows[:replica])
-    return tf.concat([body, order[start : start + plan.last_step_rows[replica]]], axis=0)
+def _shifted(rows: np.ndarray, start: int) -> np.ndarray:
+    return rows - start if start else rows
 
 
-def permutation(
-    n: int, seed: int | None, epoch: int, replica: int | None, shuffle: bool
-) -> tf.Tensor:
-    """`range(n)`, shuffled from `(seed, epoch[, replica])` when `shuffle`, on the CPU."""
-    dtype = tf.int32 if n < 2**31 else tf.int64
-    with tf.device("/CPU:0"):
-        if not shuffle:
-            return tf.range(n, dtype=dtype)
-        key = tf.constant([seed, epoch], dtype=tf.int64)
-        if replica is not None:
-            key = tf.random.experimental.stateless_fold_in(key, replica)
-        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), seed=key)
+def index_matrix(plan: ShardPlan, slots: np.ndarray, device: str) -> tf.Tensor:
+    """`slots` (one replica's, step order) as its `[steps, batch]` index
+    matrix on `device`, padded with slot 0 after the real ones. Pass the only
+    reference to `slots`: it is let go of once copied (host memory, 4 bytes
+    a row)."""
+    b, steps = plan.per_replica_batch_size, plan.steps_per_epoch
+    flat = slots
+    if len(slots) < steps * b:  # a copy only to pad
+        flat = np.zeros(steps * b, dtype=slots.dtype)
+        flat[: len(slots)] = slots
+    del slots
+    with tf.device(device):
+        # `tf.constant` of a NumPy array held the array's size twice (it is
+        # not aligned, so nothing is shared); its identity holds it once.
+        converted = tf.constant(flat.reshape(steps, b))
+        del flat
+        return tf.identity(converted)

@@ -174,6 +174,22 @@ def adapt(
                 "(shuffle=True).",
             )
         )
+    if mid_epoch and state.order != dataset.order_name:
+        raise ValueError(
+            _errors.message(
+                "Resuming inside an epoch needs that epoch's order again; the checkpoint "
+                "was written under another epoch order"
+                + (
+                    " (a resume state of format 1, from before both backends shared one order)."
+                    if state.order is None
+                    else " (another backend's streamed or unmoved rows, or another shardfeed)."
+                ),
+                f"checkpoint order={state.order!r}, dataset order={dataset.order_name!r}, "
+                f"step {state.cursor.data_step} of the epoch",
+                'Resume from a checkpoint taken at an epoch boundary (save_freq="epoch"), '
+                "or with the backend, residency and shardfeed version that wrote it.",
+            )
+        )
     fraction = dataset.load_options.exchange_fraction
     if mid_epoch and not dataset.order_is_replayable:
         raise ValueError(
@@ -338,4 +354,5 @@ def capture(
         loss_sum=float(totals[0]),
         loss_rows=int(totals[1]),
         metrics=metrics,
+        order=dataset.order_name,
     )

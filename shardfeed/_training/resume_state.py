@@ -15,7 +15,10 @@ import numpy as np
 
 from shardfeed._common import errors as _errors
 
-FORMAT = 1
+# 2: `order` added (the epoch order's name). Format 1 states, written before
+# both backends shared one order, are read with `order=None`.
+FORMAT = 2
+_FORMATS = (1, 2)
 
 
 @dataclasses.dataclass
@@ -42,6 +45,9 @@ class ResumeState:
             must use the same.
         num_replicas, global_batch_size: The world shape it was written with.
         steps_per_epoch: `fit`'s `steps_per_epoch` (None: one pass per epoch).
+        order: The name of the epoch order it trained (the dataset's
+            `order_name`); None: a format 1 state, written before both
+            backends shared one order (TensorFlow's was another).
         loss_sum, loss_rows: The epoch's running loss (sum over rows, rows).
         metrics: The values of the model's metric variables (global values),
             so an epoch's logs after a resume cover the whole epoch.
@@ -58,6 +64,7 @@ class ResumeState:
     loss_sum: float
     loss_rows: int
     metrics: list[Any]
+    order: str | None = None
 
     # Where the state was read from (named in errors); not part of the file.
     source: str = dataclasses.field(default="the resume state", compare=False)
@@ -82,15 +89,23 @@ class ResumeState:
         where = "state"
         if not isinstance(data, dict):
             raise state_error(source, "`state` must be a JSON object", f"{where}={shortened(data)}")
-        if data.get("format") != FORMAT:
+        version = data.get("format")
+        if not any(version == v and type(version) is int for v in _FORMATS):
             raise ValueError(
                 _errors.message(
-                    f"A shardfeed resume state must have format {FORMAT}.",
-                    f"{source}: {where}.format={shortened(data.get('format'))}",
+                    f"A shardfeed resume state must have format {' or '.join(map(str, _FORMATS))}.",
+                    f"{source}: {where}.format={shortened(version)}",
                     "Resume with the shardfeed version that wrote it, or start afresh.",
                 )
             )
-        _check_fields(source, where, data, {*_FIELDS, "format"})
+        fields = set(_FIELDS) if version == FORMAT else set(_FIELDS) - {"order"}
+        _check_fields(source, where, data, {*fields, "format"})
+        if version == FORMAT and not isinstance(data["order"], str):
+            raise state_error(
+                source,
+                "`order` must be the name of an epoch order (a string)",
+                f"{where}.order={shortened(data['order'])}",
+            )
         cursor = data["cursor"]
         if not isinstance(cursor, dict):
             raise state_error(
@@ -175,6 +190,7 @@ _FIELDS = (
     "loss_sum",
     "loss_rows",
     "metrics",
+    "order",
 )
 _CURSOR_FIELDS = ("epoch", "step", "data_epoch", "data_step")
 _LARGEST_ROW_LOSS = float(np.finfo(np.float32).max)

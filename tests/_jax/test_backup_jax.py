@@ -152,13 +152,10 @@ STATE_ERRORS = {
         edit_state(metrics=[0.0, 0.0, [1.0], 1.0]),
         "A shardfeed resume state's `metrics[2]` must hold the value of metric variable",
     ),
-    # What the TensorFlow backend writes inside an epoch (its loss beside the metrics).
-    "TensorFlow's running loss": (
-        edit_state(loss_rows=400, loss_sum=12.5),
-        "A backup taken inside an epoch resumes on the Keras backend that wrote it: the "
-        "TensorFlow backend's running loss (`loss_sum`, `loss_rows`) is not in the metric "
-        "variables the JAX backend restores. Received: BACKUP/shardfeed_state.json: "
-        "state.loss_rows=400, state.cursor.step=8.",
+    "another order": (
+        edit_state(order="numpy-pcg64-1+tensorflow-stream-chunks"),
+        "Resuming inside an epoch needs that epoch's order again; the checkpoint was "
+        "written under another epoch order",
     ),
     "truncated": (_truncated, "A shardfeed backup's shardfeed_state.json must be JSON."),
     "weights truncated": (

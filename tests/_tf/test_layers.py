@@ -40,6 +40,7 @@ INTERFACE = {
     "label_stats",
     "load_options",
     "order_is_global",
+    "order_name",
     "order_is_replayable",
     "num_rows",
     "per_replica_batch_size",

@@ -519,7 +519,11 @@ STATE_PROBES = [
     pytest.param(_state(steps_per_epoch=0), id="steps_per_epoch 0"),
     pytest.param(_state(shuffle=1), id="shuffle 1"),
     pytest.param(_state(global_batch_size=49, num_replicas=2), id="batch not a multiple"),
-    pytest.param(_state(format=2), id="format 2"),
+    pytest.param(_state(format=3), id="format 3"),
+    pytest.param(_state(format=True), id="format true"),
+    pytest.param(_state(order=None), id="order null"),
+    pytest.param(_state(order=_DELETE), id="order missing"),
+    pytest.param(_state(format=1), id="format 1 with an order"),
     pytest.param(_state(loss_rows=_DELETE), id="missing field"),
     pytest.param(_state(extra=1), id="unknown field"),
     pytest.param(_state(cursor="x"), id="cursor not an object"),
@@ -552,6 +556,47 @@ def test_a_resume_state_is_checked_before_any_step(interrupted, tmp_path, edit, 
     assert not seen
     text = str(err.value).replace(str(backup), "BACKUP").replace(str(tmp_path), "TMP")
     assert text == STATE_ERRORS[request.node.callspec.id]
+
+
+def test_a_state_from_before_the_shared_order_resumes_only_at_an_epoch_boundary(
+    interrupted, tmp_path
+):
+    """A format 1 state (no `order`: written when TensorFlow drew its own
+    order) resumed inside its epoch on the new order, training rows the
+    interrupted run had trained and skipping others; now it is refused
+    there, and resumes from an epoch boundary (whose next epochs' order no
+    step had fixed yet)."""
+    backup = _backup_copy(interrupted, tmp_path)
+    _state(format=1, order=_DELETE)(backup)
+    with pytest.raises(ValueError) as err:
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))])
+    assert str(err.value) == (
+        "Resuming inside an epoch needs that epoch's order again; the checkpoint was "
+        "written under another epoch order (a resume state of format 1, from before both "
+        "backends shared one order). Received: checkpoint order=None, dataset "
+        "order='numpy-pcg64-1', step 8 of the epoch. Resume from a checkpoint taken at "
+        'an epoch boundary (save_freq="epoch"), or with the backend, residency and '
+        "shardfeed version that wrote it."
+    )
+    _state(cursor__step=0, cursor__data_step=0, loss_sum=0.0, loss_rows=0)(backup)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))
+    _, hist = _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup)), record])
+    assert len(hist.history["loss"]) == 2  # epochs 1 and 2, from their first step
+    assert seen[0] == 1  # the first call's last step (two a call), of epoch 1
+
+
+def test_a_state_of_another_order_is_refused_inside_an_epoch(interrupted, tmp_path):
+    """A state written where epochs took another order (TensorFlow's streamed
+    chunks) would resume inside the epoch on this dataset's order."""
+    backup = _backup_copy(interrupted, tmp_path)
+    _state(order="numpy-pcg64-1+tensorflow-stream-chunks")(backup)
+    with pytest.raises(ValueError, match=(
+        r"under another epoch order \(another backend's streamed or unmoved rows, or another "
+        r"shardfeed\)\. Received: checkpoint order='numpy-pcg64-1\+tensorflow-stream-chunks', "
+        r"dataset order='numpy-pcg64-1', step 8 of the epoch\."
+    )):
+        _fit(1, 50, [keras.callbacks.BackupAndRestore(str(backup))])
 
 
 FIX = (
@@ -643,11 +688,28 @@ STATE_ERRORS = {
         "`num_replicas` (replicas x per-replica batch). Received: "
         "BACKUP/shardfeed_state.json: state.global_batch_size=49, state.num_replicas=2. "
     ) + FIX,
-    "format 2": (
-        "A shardfeed resume state must have format 1. Received: "
-        "BACKUP/shardfeed_state.json: state.format=2. Resume with the shardfeed version "
+    "format 3": (
+        "A shardfeed resume state must have format 1 or 2. Received: "
+        "BACKUP/shardfeed_state.json: state.format=3. Resume with the shardfeed version "
         "that wrote it, or start afresh."
     ),
+    "format true": (
+        "A shardfeed resume state must have format 1 or 2. Received: "
+        "BACKUP/shardfeed_state.json: state.format=True. Resume with the shardfeed version "
+        "that wrote it, or start afresh."
+    ),
+    "order null": (
+        "A shardfeed resume state's `order` must be the name of an epoch order (a string). "
+        "Received: BACKUP/shardfeed_state.json: state.order=None. "
+    ) + FIX,
+    "order missing": (
+        "A shardfeed resume state must have exactly the fields shardfeed writes. "
+        "Received: BACKUP/shardfeed_state.json: missing state.order. "
+    ) + FIX,
+    "format 1 with an order": (
+        "A shardfeed resume state must have exactly the fields shardfeed writes. "
+        "Received: BACKUP/shardfeed_state.json: unknown state.order. "
+    ) + FIX,
     "missing field": (
         "A shardfeed resume state must have exactly the fields shardfeed writes. "
         "Received: BACKUP/shardfeed_state.json: missing state.loss_rows. "
