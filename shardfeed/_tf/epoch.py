@@ -217,9 +217,7 @@ class ResidentEpoch(EpochSizes):
         of its order, which no longer matches the slots (its rows are not
         asked for again, unlike a closed epoch's in `predict`)."""
         self.close()
-        release = getattr(self._order, "release", None)
-        if release is not None:
-            release()
+        self._order.release()
 
     # -- for the compiled multi-step loop (`_tf/loop.py`) -----------------
 

@@ -42,6 +42,10 @@ class Order(Protocol):
     def close(self) -> None:
         """Stops background uploads."""
 
+    def release(self) -> None:
+        """Lets go of what the order holds per row, once a training epoch that
+        moves rows made it stale (nothing, where it holds nothing per row)."""
+
 
 class Residency(Protocol):
     """How a dataset holds its rows; chosen once, in the dataset's constructor."""

@@ -204,6 +204,9 @@ class StreamingOrder:
     def rows(self, local: int) -> np.ndarray:
         return self._rows[local].reshape(-1)
 
+    def release(self) -> None:
+        pass  # streamed rows never move between replicas, so no epoch makes this stale
+
     def close(self) -> None:
         for future in self._uploads.values():
             future.cancel()
