@@ -15,7 +15,6 @@ XLA's own gather cost more than the rest of W2's input per step.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from shardfeed._tf.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._tf.functions import compiled, steps_from
 from shardfeed._tf.traces import Mode, Piece, Traces
+from shardfeed._training.calls import epoch_calls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
 
@@ -454,26 +454,6 @@ class Loop:
         k = self.options.steps_per_execution
         return auto_steps_per_execution(num_steps) if k == "auto" else k
 
-    def schedule(
-        self, num_steps: int, bounds: list[int] | None = None
-    ) -> list[tuple[int, int]]:
-        """`predict`'s compiled calls over an epoch: `(start, stop)` step
-        ranges of at most `steps_per_call(num_steps)` steps that never cross
-        one of `bounds` (a streamed chunk's first step). Training and
-        evaluation calls come from `epoch`.
-
-        Example:
-            >>> loop.schedule(10)  # steps_per_execution=4
-            [(0, 4), (4, 8), (8, 10)]
-        """
-        k = self.steps_per_call(num_steps)
-        edges = sorted({0, num_steps, *(b for b in (bounds or ()) if 0 < b < num_steps)})
-        return [
-            (s, min(stop, s + k))
-            for begin, stop in itertools.pairwise(edges)
-            for s in range(begin, stop, k)
-        ]
-
     def _real_rows(self, plan) -> Any:
         if self.whole_loop_jit:
             (real_rows,) = plan.last_step_rows
@@ -546,7 +526,9 @@ class Loop:
         partial = self._partial_apart("predict", plan)
         try:
             steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
-            for start, stop in self.schedule(steps, order.call_bounds):
+            k = self.steps_per_call(steps)
+            calls = epoch_calls(0, steps, k, bounds=order.call_bounds or ())
+            for start, stop in (piece for call in calls for piece in call.pieces):
                 with _progress.call("a compiled predict call"):  # `shardfeed launch` watches
                     out, _ = self.run(inputs, "predict", start, stop)
                 for local, value in enumerate(self._local_structures(out)):
