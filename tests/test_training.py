@@ -784,14 +784,13 @@ def test_a_partial_last_step_runs_eagerly_in_a_loops_first_epochs(monkeypatch, j
     from shardfeed._tf.traces import EAGER_PARTIAL_CALLS
 
     runs = {"train": [], "test": []}
-    for mode in runs:
-        body = getattr(Loop, f"{mode}_partial")
+    partial = Loop._partial
 
-        def recorded(self, *args, body=body, mode=mode):
-            runs[mode].append("eager" if tf.executing_eagerly() else "traced")
-            return body(self, *args)
+    def recorded(self, mode, *args, **kwargs):
+        runs[mode].append("eager" if tf.executing_eagerly() else "traced")
+        return partial(self, mode, *args, **kwargs)
 
-        monkeypatch.setattr(Loop, f"{mode}_partial", recorded)
+    monkeypatch.setattr(Loop, "_partial", recorded)
     x, y = _data()
     epochs = EAGER_PARTIAL_CALLS + 2
     reference, model = _mlp("adam"), _mlp("adam")
