@@ -105,6 +105,41 @@ def test_an_epochs_shorter_calls_trace_nothing_new(jit_compile):
     assert test.experimental_get_tracing_count() == 1
 
 
+# Traces of each compiled call (mode, piece) after fit, evaluate and predict,
+# each run again: one each. Pinned before the loop was recomposed (issue 38).
+_ONE_TRACE_EACH = {
+    False: {("train", "steps"): 1, ("train", "partial"): 1, ("test", "steps"): 1,
+            ("test", "partial"): 1, ("predict", "steps"): 1},
+    True: {("train", "gathered"): 1, ("train", "rows"): 1, ("train", "partial"): 1,
+           ("test", "steps"): 1, ("test", "partial"): 1, ("predict", "steps"): 1},
+}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_every_kind_of_call_traces_once(monkeypatch, jit_compile):
+    from shardfeed._tf.loop import Loop
+    from shardfeed._tf.traces import EAGER_PARTIAL_CALLS
+
+    traced: dict[tuple[str, str], int] = {}
+    body = Loop.body
+
+    def counted(self, mode, piece):
+        if not tf.executing_eagerly():  # a trace, not an eager partial step
+            traced[mode, piece] = traced.get((mode, piece), 0) + 1
+        return body(self, mode, piece)
+
+    monkeypatch.setattr(Loop, "body", counted)
+    model, ds, val, options = _fit_with_shorter_last_calls(jit_compile)
+    # Past the partial step's eager calls, so it is traced too.
+    epochs = EAGER_PARTIAL_CALLS + 2
+    shardfeed.fit(model, ds, epochs=epochs, initial_epoch=2, validation_data=val, verbose=0,
+                  options=options)
+    for _ in range(2):
+        shardfeed.evaluate(model, val, verbose=0, options=options)
+        shardfeed.predict(model, val, verbose=0, options=options)
+    assert traced == _ONE_TRACE_EACH[jit_compile]
+
+
 def test_a_fit_compiles_one_xla_program_per_kind_of_call(tmp_path):
     # Counted as the executables XLA writes to an empty persistent cache (one
     # per compile), in a process of its own: the training loop and the
