@@ -1,10 +1,13 @@
 """The compiled loop on TensorFlow (`Loop`): many steps per call, batches gathered on the device.
 
 Owns the step arithmetic (forward, backward, loss scaling, optimizer and metric
-updates, with exact global numbers), the bodies of the compiled calls that run `k`
-steps over a `[k, batch]` slice of the epoch's indices (one per mode and piece, built
-by `Traces.call`; `run` is the one host entry); batches come from the `ResidentEpoch`
-each body takes, distribution from the engine.
+updates, with exact global numbers) and the compiled calls' bodies, composed as
+Keras' `make_train_function`: one step on a replica's rows (`_replica_step`: ours or
+the model's own, per mode) under a driver over a `[k, batch]` slice of the epoch's
+indices (`_steps`, `_steps_in_replica`) or the partial last step (`_partial`), plus one
+replica's XLA pair (`train_gathered` over `train_rows`). `Traces.call` compiles
+them; `run` is the one host entry. Batches come from the `ResidentEpoch` each body
+takes, distribution from the engine.
 
 Why columns go in as resource handles and a `Loop` holds its dataset weakly: a
 trace keeps the variables passed to it and Keras' optimizer keeps every trace,
@@ -417,7 +420,7 @@ class Loop:
         # One replica (no `engine.run`): a call's rows in one gather per column
         # and piece (TensorFlow's kernel, outside XLA), then the XLA step loop
         # over them (`train_rows`). Same steps, same rows, same order as
-        # `train_steps`. A shorter last piece takes the piece's length of
+        # our `_steps`. A shorter last piece takes the piece's length of
         # steps ending where it ends and skips the ones before it: every
         # piece has one shape, so `train_rows` compiles once. (Pieces before
         # `first` are gathered and skipped: at most one call's gather, in an
