@@ -140,6 +140,39 @@ def test_every_kind_of_call_traces_once(monkeypatch, jit_compile):
     assert traced == _ONE_TRACE_EACH[jit_compile]
 
 
+def test_a_recompiled_model_gets_new_loops_even_when_ids_are_reused(monkeypatch):
+    # A recompile's optimizer and loss may get freed ones' `id`s: the loop
+    # cache compared them by `id`, and handed back the loop traced for the
+    # old optimizer. Simulated here by every `id` being equal.
+    from shardfeed._tf import compiled
+
+    x, y = _data(256)
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, seed=0)
+    monkeypatch.setattr(compiled, "id", lambda _: 0, raising=False)
+    first = compiled.loop_for(model, ds, FitOptions())
+    model.compile(optimizer="adam", loss="mse")
+    second = compiled.loop_for(model, ds, FitOptions())
+    assert second is not first and second.traces is not first.traces
+
+
+def test_a_model_dropped_while_its_dataset_lives_is_freed():
+    # The loop cached for the dataset held its model: every model a search
+    # fitted on one dataset stayed in memory with its weights and traces.
+    import gc
+    import weakref
+
+    x, y = _data(256)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, seed=0)
+    model = _mlp("adam")
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    shardfeed.evaluate(model, ds, verbose=0)
+    dropped = weakref.ref(model)
+    del model
+    gc.collect()
+    assert dropped() is None
+
+
 def test_a_fit_compiles_one_xla_program_per_kind_of_call(tmp_path):
     # Counted as the executables XLA writes to an empty persistent cache (one
     # per compile), in a process of its own: the training loop and the

@@ -119,10 +119,10 @@ class Loop:
         class_weights: ClassWeights | None = None,
         traces: Traces | None = None,
     ) -> None:
-        self.model = model
+        # Weak: the loop is cached per model and dataset (`compiled.loop_for`)
+        # and must keep neither alive (nor the dataset's rows).
+        self._model = weakref.ref(model)
         self.class_weights = class_weights
-        # Weak: the loop is cached per dataset (`compiled.loop_for`) and must
-        # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
         self.engine = engine
         self.options = options
@@ -153,6 +153,13 @@ class Loop:
         self.gathers_per_call = (
             self.whole_loop_jit and not self.model_steps.train and not dataset.is_streaming
         )
+
+    @property
+    def model(self) -> keras.Model:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("The model this loop was built for has been deleted.")
+        return model
 
     @property
     def dataset(self) -> ShardedResidentDataset:

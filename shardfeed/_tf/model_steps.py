@@ -65,10 +65,13 @@ class OwnSteps:
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
-        self.model = loop.model
         self.engine = loop.engine
         self.steps = ModelSteps.of(loop.model)
         self._variables_created = False
+
+    @property
+    def model(self) -> keras.Model:
+        return self.loop.model  # the loop's, held weakly
 
     def create_variables(self, order: ResidentEpoch) -> None:
         """Builds the optimizers the step applies before the loop is traced.
