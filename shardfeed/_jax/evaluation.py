@@ -50,12 +50,10 @@ def evaluate_loop(
         logs: dict[str, Any] = {}
         stop = min(max_steps, epoch.steps) if max_steps else None
         for call in loop.calls(epoch, 0, stop):
-            if call.hook_begin is not None:
-                cbs.on_test_batch_begin(call.hook_begin)
-            logs = python_logs(loop.run("test", epoch, call))
-            if call.hook_end is None:
-                continue  # the partial step next is this Keras call's too
-            cbs.on_test_batch_end(call.hook_end, logs)
+            cbs.on_test_batch_begin(call.begin_step)
+            for a, b in call.pieces:
+                logs = python_logs(loop.run("test", epoch, a, b))
+            cbs.on_test_batch_end(call.end_step, logs)
             if model.stop_evaluating:
                 break
     finally:

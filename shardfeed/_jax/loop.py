@@ -34,6 +34,7 @@ from shardfeed._data.batch import Batch
 from shardfeed._distribute import progress as _progress
 from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
+from shardfeed._training.calls import Call, epoch_calls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.loop_cache import ModelCache
 from shardfeed._training.options import FitOptions, auto_steps_per_execution, with_model_steps
@@ -41,52 +42,23 @@ from shardfeed._training.options import FitOptions, auto_steps_per_execution, wi
 Mode = Literal["train", "test", "predict"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One compiled call: steps `[start, stop)` of the epoch; `partial` for
-    the epoch's partial last step (its own call, on the real rows only).
-
-    Its batch hooks follow Keras' `steps_per_execution` numbering: a call
-    begins at `hook_begin` and ends at `hook_end`, `hook_begin + k - 1` also
-    when the epoch's last call has fewer steps. The partial step joins the
-    hooks of the call before it when that call had room for it (Keras runs
-    them as one call): then that call fires no end hook (`hook_end` None) and
-    the partial step no begin hook (`hook_begin` None).
-    """
-
-    start: int
-    stop: int
-    partial: bool = False
-    hook_begin: int | None = None
-    hook_end: int | None = None
+def schedule(
+    epoch: Any, k: int, start: int = 0, stop: int | None = None, step_offset: int = 0
+) -> list[Call]:
+    """The calls covering steps `[start, stop)` of `epoch` (None: all) on
+    Keras' grid of `k` steps from `step_offset` (`_training/calls.py`): a
+    cell is cut into pieces at a streamed epoch's chunks (`call_bounds`) and
+    where the partial last step starts (its own compiled call)."""
+    return epoch_calls(
+        start, epoch.steps if stop is None else stop, k, step_offset=step_offset,
+        partial_step=epoch.full_steps if epoch.has_partial_step else None,
+        bounds=epoch.call_bounds,
+    )
 
 
-def schedule(epoch: Any, k: int, start: int = 0, stop: int | None = None) -> list[Call]:
-    """The calls covering steps `[start, stop)` of `epoch` (None: all): full
-    steps `k` at a time (a shorter last one), never across a streamed
-    epoch's chunk (`chunk_steps`), then the partial step alone."""
-    stop = epoch.steps if stop is None else stop
-    full = min(stop, epoch.full_steps)
-    chunk = getattr(epoch, "chunk_steps", None) or max(1, full)
-    calls = []
-    s = start
-    while s < full:
-        end = min(full, s + k, (s // chunk + 1) * chunk)
-        # Cut short by the end of the full steps (not by a chunk): Keras'
-        # shorter last call, whose end hook still says `begin + k - 1`.
-        last_end = s + k - 1 if end == full and end - s < k else end - 1
-        calls.append(Call(s, end, hook_begin=s, hook_end=last_end))
-        s = end
-    if epoch.has_partial_step and start <= epoch.full_steps < stop:
-        step = epoch.full_steps
-        before = calls[-1] if calls else None
-        if before is not None and before.stop == step and before.hook_end != step - 1:
-            # The call before had room: one Keras call, hooks around both.
-            calls[-1] = dataclasses.replace(before, hook_end=None)
-            calls.append(Call(step, step + 1, True, None, before.hook_end))
-        else:
-            calls.append(Call(step, step + 1, True, step, step + k - 1))
-    return calls
+def is_partial(epoch: Any, start: int) -> bool:
+    """Whether the piece starting at `start` is `epoch`'s partial last step."""
+    return bool(epoch.has_partial_step) and start == epoch.full_steps
 
 
 def _data(batch: Any) -> Any:
@@ -369,8 +341,10 @@ class Loop:
             return min(auto, UNROLLED_AUTO_STEPS) if self.unroll else auto
         return int(k)
 
-    def calls(self, epoch: Any, start: int = 0, stop: int | None = None) -> list[Call]:
-        return schedule(epoch, self.steps_per_call(epoch.full_steps), start, stop)
+    def calls(
+        self, epoch: Any, start: int = 0, stop: int | None = None, step_offset: int = 0
+    ) -> list[Call]:
+        return schedule(epoch, self.steps_per_call(epoch.full_steps), start, stop, step_offset)
 
     # -- building -------------------------------------------------------------
 
@@ -562,22 +536,23 @@ class Loop:
 
         return rolled
 
-    def run(self, mode: Mode, epoch: Any, call: Call) -> Any:
-        """Runs `call` of `epoch` and writes the state back; returns the raw
-        logs (train/test: Keras' logs after the call's last step) or the
-        outputs (predict: stacked `[steps, global batch, ...]`, or the
-        partial step's `[rows, ...]`)."""
+    def run(self, mode: Mode, epoch: Any, start: int, stop: int) -> Any:
+        """Runs steps `[start, stop)` of `epoch` (one piece of a `Call`) and
+        writes the state back; returns the raw logs (train/test: Keras' logs
+        after the piece's last step) or the outputs (predict: stacked
+        `[steps, global batch, ...]`, or the partial step's `[rows, ...]`)."""
         # Counted for `shardfeed launch`'s progress watch, which also sees a
         # rank stuck inside it (e.g. in an `io_callback` that never returns):
         # inside until the result is ready, not only dispatched (`fit` and
         # `evaluate` read the logs at once anyway).
         with _progress.call(f"a compiled {mode} call"):
-            return jax.block_until_ready(self._run(mode, epoch, call))
+            return jax.block_until_ready(self._run(mode, epoch, start, stop))
 
-    def _run(self, mode: Mode, epoch: Any, call: Call) -> Any:
-        fn = self._compiled(mode, call.partial)
-        batch = epoch.partial_batch() if call.partial else None
-        arrays = None if call.partial else epoch.call_arrays(call.start, call.stop)
+    def _run(self, mode: Mode, epoch: Any, start: int, stop: int) -> Any:
+        partial = is_partial(epoch, start)
+        fn = self._compiled(mode, partial)
+        batch = epoch.partial_batch() if partial else None
+        arrays = None if partial else epoch.call_arrays(start, stop)
         # A Ctrl-C waits until the model holds the call's state again: the
         # donated state is deleted once the call starts (`interrupts.py`).
         with _interrupts.CALL:
@@ -585,26 +560,29 @@ class Loop:
             with self._shared.lock:  # a trace reads this loop's model
                 self._shared.current = self
                 try:
-                    if call.partial:
+                    if partial:
                         result, state = fn(state, batch)
                     else:
                         result, state = fn(
-                            state, arrays, np.int32(call.start), epoch.batch_fn,
-                            np.int32(call.stop - call.start),
+                            state, arrays, np.int32(start), epoch.batch_fn,
+                            np.int32(stop - start),
                         )
                 finally:
                     self._shared.current = None
             self.write_back(mode, state)
-        if not call.partial:
+        if not partial:
             epoch.ran(result)
         return result
 
     def iterate(
         self, mode: Mode, epoch: Any, start: int = 0, stop: int | None = None
-    ) -> Iterator[tuple[Call, Any]]:
-        """`(call, result)` for each call of `epoch`'s steps `[start, stop)`."""
+    ) -> Iterator[tuple[bool, Any]]:
+        """`(partial, result)` for each compiled piece of `epoch`'s steps
+        `[start, stop)`: whether it ran the partial last step, and what it
+        returned."""
         for call in self.calls(epoch, start, stop):
-            yield call, self.run(mode, epoch, call)
+            for a, b in call.pieces:
+                yield is_partial(epoch, a), self.run(mode, epoch, a, b)
 
 
 def _call_step(
@@ -624,11 +602,11 @@ def _call_step(
     return one_step
 
 
-def _rows_on_host(value: Any, call: Call) -> np.ndarray:
+def _rows_on_host(value: Any, partial: bool) -> np.ndarray:
     """One call's output leaf as rows, every process's (a full call's
     `[steps, global batch, ...]` is sharded over processes; the partial
     step's is replicated)."""
-    if call.partial:
+    if partial:
         return to_host(value)
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         value = multihost_utils.process_allgather(value, tiled=True)
@@ -636,14 +614,15 @@ def _rows_on_host(value: Any, call: Call) -> np.ndarray:
     return array.reshape(-1, *array.shape[2:])
 
 
-def gather_outputs(results: list[tuple[Call, Any]], slot_rows: np.ndarray) -> Any:
-    """`predict`'s outputs of every call, one per row in the original order,
-    on every process (`slot_rows`: each emitted row's global row number)."""
-    calls = [call for call, _ in results]
+def gather_outputs(results: list[tuple[bool, Any]], slot_rows: np.ndarray) -> Any:
+    """`predict`'s outputs of every piece (`Loop.iterate`), one per row in the
+    original order, on every process (`slot_rows`: each emitted row's global
+    row number)."""
+    partials = [partial for partial, _ in results]
     per_call_leaves = [jax.tree.leaves(outputs) for _, outputs in results]
     order = np.argsort(slot_rows, kind="stable")
     leaves = []
     for leaf_per_call in zip(*per_call_leaves, strict=True):
-        parts = [_rows_on_host(v, call) for call, v in zip(calls, leaf_per_call, strict=True)]
+        parts = [_rows_on_host(v, p) for p, v in zip(partials, leaf_per_call, strict=True)]
         leaves.append(np.concatenate(parts)[order])
     return jax.tree.unflatten(jax.tree.structure(results[0][1]), leaves)

@@ -249,15 +249,13 @@ class _Run(_resume.FitPosition):
                     self._restore_loss(self.state)
                     logs = python_logs(model.get_metrics_result())
                 self.state = None
-                for call in loop.calls(data, start + self.cursor.step, stop):
-                    if call.hook_begin is not None:
-                        cbs.on_train_batch_begin(call.hook_begin - start)
-                    logs = python_logs(loop.run("train", data, call))
+                for call in loop.calls(data, start + self.cursor.step, stop, start):
+                    cbs.on_train_batch_begin(call.begin_step)
+                    for a, b in call.pieces:
+                        logs = python_logs(loop.run("train", data, a, b))
                     self.steps_run += call.stop - call.start
                     self.cursor = Cursor(epoch, call.stop - start, number, call.stop)
-                    if call.hook_end is None:
-                        continue  # the partial step next is this Keras call's too
-                    cbs.on_train_batch_end(call.hook_end - start, logs)
+                    cbs.on_train_batch_end(call.end_step, logs)
                     if model.stop_training:
                         break
                 # At the user's `fit` call: past `train`, `fit` and its progress wrapper.

@@ -1,12 +1,10 @@
-"""An epoch's calls, as Keras' epoch iterator yields them: `Call` (Keras' step counter and
-the compiled pieces it runs), `EpochInputs` (what the calls take), `EpochCalls` (what
-`Loop.epoch` returns; `run` runs one call and keeps the epoch's running loss), and
-`gather_pieces`."""
+"""An epoch's calls on TensorFlow, on Keras' grid (`_training/calls.py`'s `Call`):
+`EpochInputs` (what the calls take), `EpochCalls` (what `Loop.epoch` returns; `run` runs
+one call and keeps the epoch's running loss), and `gather_pieces`."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -14,30 +12,11 @@ from typing import TYPE_CHECKING, Any
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import progress as _progress
 from shardfeed._tf.epoch import ResidentEpoch
+from shardfeed._training.calls import Call, epoch_calls
 
 if TYPE_CHECKING:
     from shardfeed._tf.loop import Loop
     from shardfeed._tf.traces import Mode
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One call of an epoch, as Keras' epoch iterator yields it.
-
-    Attributes:
-        begin_step, end_step: The step counter for the batch hooks, Keras'
-            own: call `j` runs from `j * k` to `j * k + k - 1` (`k` steps per
-            call), also when the epoch's last call has fewer steps.
-        stop: The (data) step after the last one this call runs.
-        pieces: The compiled calls it takes: `[start, stop)` data steps (more
-            than one where the partial last step or a streamed chunk's first
-            step falls inside it).
-    """
-
-    begin_step: int
-    end_step: int
-    stop: int
-    pieces: tuple[tuple[int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +59,10 @@ class EpochCalls:
         self.totals = totals  # the epoch's running (loss sum, rows)
         plan = inputs.plan
         self.steps_per_call = loop.steps_per_call(plan.full_steps_per_epoch)
-        self.calls = _calls(
-            first, last, step_offset, self.steps_per_call,
-            plan.full_steps_per_epoch if plan.has_partial_step else None,
-            inputs.order.call_bounds,
+        self.calls = epoch_calls(
+            first, last, self.steps_per_call, step_offset=step_offset,
+            partial_step=plan.full_steps_per_epoch if plan.has_partial_step else None,
+            bounds=inputs.order.call_bounds or (),
         )
 
     def __iter__(self) -> Iterator[Call]:
@@ -115,38 +94,6 @@ class EpochCalls:
                 if not self._own:
                     self.totals = (self.totals[0] + float(value), self.totals[1] + rows)
         return self._loop.own_logs(value) if self._own else self.logs()
-
-
-def _calls(
-    first: int,
-    last: int,
-    step_offset: int,
-    k: int,
-    partial_step: int | None,
-    bounds: list[int] | None,
-) -> list[Call]:
-    """The calls over data steps `[first, last)`: Keras' grid of `k` steps
-    counted from `step_offset`, each cut into compiled pieces at the partial
-    last step (its own compiled call) and at streamed chunks' first steps.
-
-    Example:
-        >>> [(c.begin_step, c.end_step) for c in _calls(0, 7, 0, 3, 6, None)]
-        [(0, 2), (3, 5), (6, 8)]
-    """
-    out = []
-    cell = (first - step_offset) // k
-    while step_offset + cell * k < last:
-        begin = step_offset + cell * k
-        a, b = max(begin, first), min(begin + k, last)
-        cuts = {a, b, *(x for x in (bounds or ()) if a < x < b)}
-        if partial_step is not None and a < partial_step < b:
-            cuts.add(partial_step)
-        edges = sorted(cuts)
-        out.append(
-            Call(a - step_offset, begin - step_offset + k - 1, b, tuple(itertools.pairwise(edges)))
-        )
-        cell += 1
-    return out
 
 
 # Pieces a one-replica XLA training call's rows are gathered in

@@ -1,12 +1,14 @@
-"""The compiled loops of each (model, dataset, options): built once, freed with the dataset.
+"""The compiled loops of each (model, dataset, options): built once, freed with either.
 
 Owns building the model's optimizer, compiled loss and metrics before the
-first trace, checking that model and dataset share a strategy, and caching
-each `Loop` so repeated `fit`/`evaluate`/`predict` calls do not retrace.
+first trace, checking that model and dataset share a strategy, and the one cache
+of `Loop`s and their traces per model compile, so repeated
+`fit`/`evaluate`/`predict` calls do not retrace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
@@ -23,21 +25,34 @@ from shardfeed._tf.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions
 
-# Compiled loops per dataset, keyed per model and options so repeated
-# fit/evaluate/predict calls do not retrace. Weak keys, and a `Loop` holds its
-# dataset weakly: dropping the last reference to a dataset frees its device
-# variables at once, and its loops with it.
-_LOOPS: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
-    weakref.WeakKeyDictionary()
-)
 
-# The compiled calls of each model, shared by its loops over datasets whose
-# batches trace alike (`dataset.trace_signature`): a new dataset per `evaluate(model, x, y)`
-# reuses the traces. Only for the model's current compile (a recompiled model
-# has a new optimizer, loss and metrics); weak keys: freed with the model.
-_TRACES: weakref.WeakKeyDictionary[keras.Model, tuple[tuple[Any, ...], dict[Any, Traces]]] = (
-    weakref.WeakKeyDictionary()
-)
+@dataclasses.dataclass
+class _Compiled:
+    """What one compile of a model has built.
+
+    Attributes:
+        parts: Weak references to the compile's optimizer, loss and metrics:
+            a recompiled model has new ones, and so new traces. Weak, so a
+            new optimizer that happens to get a freed one's `id` is not taken
+            for it.
+        traces: The compiled calls, shared by its loops over datasets whose
+            batches trace alike (`dataset.trace_signature`): a new dataset
+            per `evaluate(model, x, y)` reuses them.
+        loops: Its `Loop` per dataset (weak keys; a `Loop` holds its dataset
+            and its model weakly): dropping the last reference to a dataset
+            frees its device variables at once, and its loops with it.
+    """
+
+    parts: tuple[Any, ...]
+    traces: dict[Any, Traces] = dataclasses.field(default_factory=dict)
+    loops: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
+        dataclasses.field(default_factory=weakref.WeakKeyDictionary)
+    )
+
+
+# The one cache of compiled loops, per model (weak keys: freed with it) and its
+# current compile, so repeated fit/evaluate/predict calls do not retrace.
+_COMPILED: weakref.WeakKeyDictionary[keras.Model, _Compiled] = weakref.WeakKeyDictionary()
 
 
 def loop_for(
@@ -46,39 +61,34 @@ def loop_for(
     options: FitOptions,
     class_weights: ClassWeights | None = None,
 ) -> Loop:
-    loops = _LOOPS.setdefault(dataset, {})
-    # A recompiled model has a new optimizer, loss and metrics: new traces.
-    compiled = (id(getattr(model, "optimizer", None)), id(getattr(model, "_compile_loss", None)))
+    compiled = _compiled(model)
     eager = run_eagerly(model)  # `model.run_eagerly` may change without a recompile
-    key = (id(model), compiled, options, class_weights, eager)
+    key = (dataset.trace_signature, options, class_weights, eager)
+    loops = compiled.loops.setdefault(dataset, {})
     loop = loops.get(key)
-    if loop is None or loop.model is not model:
+    if loop is None:
         engine = dataset.engine
         _check_strategy(model, dataset)
         _build(model, dataset, engine)
-        shared = _shared_traces(model)
-        traces_key = (dataset.trace_signature, options, class_weights, eager)
-        loop = Loop(model, dataset, engine, options, class_weights, shared.get(traces_key))
-        shared[traces_key] = loop.traces
+        loop = Loop(model, dataset, engine, options, class_weights, compiled.traces.get(key))
+        compiled.traces[key] = loop.traces
         loops[key] = loop
     return loop
 
 
-def _shared_traces(model: keras.Model) -> dict[Any, Traces]:
-    """The compiled calls kept for `model`'s current compile."""
+def _compiled(model: keras.Model) -> _Compiled:
+    """The cache's entry for `model`'s current compile (a new one after a recompile)."""
     parts = (
         getattr(model, "optimizer", None),
         getattr(model, "_compile_loss", None),
         getattr(model, "_compile_metrics", None),
     )
-    # Weak references: traces made for a replaced optimizer must not be
-    # reused by a new one that happens to get its `id`.
-    compiled = tuple(None if p is None else weakref.ref(p) for p in parts)
-    cached = _TRACES.get(model)
-    if cached is None or cached[0] != compiled:
-        cached = (compiled, {})
-        _TRACES[model] = cached
-    return cached[1]
+    refs = tuple(None if p is None else weakref.ref(p) for p in parts)
+    entry = _COMPILED.get(model)
+    if entry is None or entry.parts != refs:
+        entry = _Compiled(refs)
+        _COMPILED[model] = entry
+    return entry
 
 
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:

@@ -1,10 +1,13 @@
 """The compiled loop on TensorFlow (`Loop`): many steps per call, batches gathered on the device.
 
 Owns the step arithmetic (forward, backward, loss scaling, optimizer and metric
-updates, with exact global numbers), the bodies of the compiled calls that run `k`
-steps over a `[k, batch]` slice of the epoch's indices (one per mode and piece, built
-by `Traces.call`; `run` is the one host entry); batches come from the `ResidentEpoch`
-each body takes, distribution from the engine.
+updates, with exact global numbers) and the compiled calls' bodies, composed as
+Keras' `make_train_function`: one step on a replica's rows (`_replica_step`: ours or
+the model's own, per mode) under a driver over a `[k, batch]` slice of the epoch's
+indices (`_steps`, `_steps_in_replica`) or the partial last step (`_partial`), plus one
+replica's XLA pair (`train_gathered` over `train_rows`). `Traces.call` compiles
+them; `run` is the one host entry. Batches come from the `ResidentEpoch` each body
+takes, distribution from the engine.
 
 Why columns go in as resource handles and a `Loop` holds its dataset weakly: a
 trace keeps the variables passed to it and Keras' optimizer keeps every trace,
@@ -15,7 +18,7 @@ XLA's own gather cost more than the rest of W2's input per step.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import warnings
 import weakref
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from shardfeed._tf.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._tf.functions import compiled, steps_from
 from shardfeed._tf.traces import Mode, Piece, Traces
+from shardfeed._training.calls import epoch_calls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
 
@@ -115,10 +119,10 @@ class Loop:
         class_weights: ClassWeights | None = None,
         traces: Traces | None = None,
     ) -> None:
-        self.model = model
+        # Weak: the loop is cached per model and dataset (`compiled.loop_for`)
+        # and must keep neither alive (nor the dataset's rows).
+        self._model = weakref.ref(model)
         self.class_weights = class_weights
-        # Weak: the loop is cached per dataset (`compiled.loop_for`) and must
-        # not keep it, or its rows, alive.
         self._dataset = weakref.ref(dataset)
         self.engine = engine
         self.options = options
@@ -140,7 +144,8 @@ class Loop:
         # A model's own `train_step`/`test_step`/`predict_step` replaces ours
         # (`model_steps.py`).
         self.model_steps = _model_steps.ModelSteps.of(model)
-        self._own = _model_steps.ModelStepCalls(self)
+        self._own = _model_steps.OwnSteps(self)
+        self._own_train_fn: Any = None  # `_replica_step`'s nested own train step
         # Our own step on one replica under XLA gathers a call's rows up front
         # (`train_gathered`; the memory counted for it is the resident
         # dataset's: a streamed one's ring slots take the memory there);
@@ -148,6 +153,13 @@ class Loop:
         self.gathers_per_call = (
             self.whole_loop_jit and not self.model_steps.train and not dataset.is_streaming
         )
+
+    @property
+    def model(self) -> keras.Model:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("The model this loop was built for has been deleted.")
+        return model
 
     @property
     def dataset(self) -> ShardedResidentDataset:
@@ -159,13 +171,6 @@ class Loop:
     def handles(self, order: ResidentEpoch) -> Any:
         """The columns' handles per local replica, for the compiled calls."""
         return self.engine.distribute(order.handles())
-
-    def body(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
-        """What the compiled call `(mode, piece)` runs (see `Traces.call`):
-        the model's own step where it has one, else ours. Each body takes the
-        epoch, then the call's tensors."""
-        own = self.model_steps.own(mode) and piece in ("steps", "partial")
-        return getattr(self._own if own else self, f"{mode}_{piece}")
 
     # -- per-replica step pieces ---------------------------------------------
 
@@ -240,31 +245,189 @@ class Loop:
         return total
 
     # -- bodies of the compiled calls (`body`) ---------------------------------
+    #
+    # Composed as Keras' `make_train_function`: one step on a replica's rows
+    # (`_replica_step`, Keras' `one_step_on_data`), run by one of three drivers
+    # over a call's steps or the partial last step's real rows. Each driver's
+    # loop sits where its mode needs it: a strategy cannot merge (all-reduce
+    # gradients) inside a while loop of the replica function, so training
+    # steps loop outside `engine.run`; evaluation and prediction loop inside.
 
-    def train_steps(self, epoch, handles, indices, first, where, replicas):
-        # The step loop sits outside `engine.run`: a strategy cannot merge
-        # (all-reduce gradients) inside a while loop of the replica function.
-        # Per-replica loss sums go to a sync-on-read accumulator, reduced once
-        # per call rather than once per step. Steps before `first` were run
-        # by an earlier call (`Loop.run`'s window).
-        steps, batch = self.engine.local_results(indices)[0].shape[:2]
+    def body(self, mode: Mode, piece: Piece) -> Callable[..., Any]:
+        """What the compiled call `(mode, piece)` runs (see `Traces.call`).
+        Each body takes the epoch, then the call's tensors."""
+        if piece == "gathered":
+            return self.train_gathered
+        if piece == "rows":
+            return self.train_rows
+        own = self.model_steps.own(mode)
+        if piece == "partial":
+            return functools.partial(self._partial, mode, own)
+        if mode == "predict" or (mode == "test" and not own):
+            return functools.partial(self._steps_in_replica, mode, own)
+        return functools.partial(self._steps, mode, own)
 
-        def replica(handles, indices, i, r):
-            x, y, sw = self.train_batch(epoch, handles, indices[i])
+    def _replica_step(
+        self, mode: Mode, own: bool, epoch: ResidentEpoch, where: Any = None, nested: bool = False
+    ) -> Callable[..., Any]:
+        """`step(handles, rows, i, r, real_rows=None, all_rows=None)`: one step
+        of `mode` on one replica's `rows` of the epoch (step `i` of the call,
+        global replica `r`, for augmentation; `real_rows`/`all_rows` in a
+        partial training step). Our training step adds its loss sum to
+        `loss_sum` and our test step returns its loss; the model's own step
+        returns its outputs, and prediction the model's outputs.
+        `nested`: the model's own `train_step` as a function of its own."""
+        if mode == "predict":
+            forward = self._own.predict_forward if own else self._forward
+
+            def predict(handles, rows, i, r, real_rows=None, all_rows=None):
+                x, _, _ = epoch.gather(handles, rows, with_targets=False)
+                return forward(x)
+
+            return predict
+        if mode == "test":
+            if own:
+                return lambda handles, rows, *_: self._own.test_on_rows(epoch, handles, rows)
+
+            def test(handles, rows, i, r, real_rows=None, all_rows=None):
+                x, y, sw = epoch.gather(handles, rows)
+                return tf.cast(self._test_step(x, y, sw), tf.float32)
+
+            return test
+        if own:
+            if nested:
+                # One replica, no strategy: the step is a function of its own,
+                # so the loop's body and its last step share one trace of the
+                # model's `train_step` (Keras traces it at most twice; a
+                # strategy's merge call cannot run inside such a nested
+                # function). It takes the bound epoch from `Traces.nested`.
+                if self._own_train_fn is None:
+                    self._own_train_fn = self.traces.nested(self._own.train_on_rows)
+                fn = self._own_train_fn
+                return lambda handles, rows, i, r, *_: fn(handles, rows, where, i, r)
+            return lambda handles, rows, i, r, *_: self._own.train_on_rows(
+                epoch, handles, rows, where, i, r
+            )
+
+        def train(handles, rows, i, r, real_rows=None, all_rows=None):
+            x, y, sw = self.train_batch(epoch, handles, rows)
             x = _augmenting.augmented(self.dataset, x, where, i, r)
-            total = self.train_step(x, y, sw)
-            self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
+            total = tf.cast(self.train_step(x, y, sw, real_rows, all_rows), tf.float32)
+            n = rows.shape[0] if real_rows is None else tf.cast(real_rows, tf.float32)
+            self._loss_sum.assign_add(total * n)
 
-        self._loss_sum.assign(0.0)
+        return train
+
+    def _forward(self, x: Any) -> Any:
+        return self.model(x, training=False)
+
+    def _steps(self, mode, own, epoch, handles, indices, first, where=None, replicas=None):
+        """Training steps, or the model's own test steps, over a `[k, batch]`
+        slice: the step loop outside `engine.run`. Ours: per-replica loss sums
+        go to a sync-on-read accumulator, reduced once per call rather than
+        once per step. The model's own: the logs are the last step's (as
+        Keras' `multi_step_on_iterator`), which runs after the loop, so only
+        its outputs are reduced. Steps before `first` were run by an earlier
+        call (`Loop.run`'s window)."""
         engine = self.engine
-        steps_from(first, steps, lambda i: engine.run(replica, (handles, indices, i, replicas)))
-        return self.engine.read_sum(self._loss_sum)
+        steps = engine.local_results(indices)[0].shape[0]
+        nested = own and mode == "train" and engine.can_compile_whole_loop
+        step = self._replica_step(mode, own, epoch, where, nested)
+
+        def replica(handles, indices, i, r=None):
+            return step(handles, indices[i], i, r)
+
+        def run(i):
+            args = (handles, indices, i) if replicas is None else (handles, indices, i, replicas)
+            return engine.run(replica, args)
+
+        if own:
+            steps_from(first, steps - 1, run)
+            return self._own.reduced(run(tf.constant(steps - 1, tf.int32)))
+        self._loss_sum.assign(0.0)
+        steps_from(first, steps, run)
+        return engine.read_sum(self._loss_sum)
+
+    def _steps_in_replica(self, mode, own, epoch, handles, indices, first=None):
+        """Our test steps (their loss sum) and every prediction (each
+        replica's outputs for every step of the slice, stacked per step): the
+        step loop inside one `engine.run`."""
+        step = self._replica_step(mode, own, epoch)
+        engine = self.engine
+        if mode == "test":
+
+            def test(handles, indices, first):
+                def one(i, loss_sum):
+                    return (loss_sum + step(handles, indices[i], i, None) * indices.shape[1],)
+
+                return steps_from(first, indices.shape[0], one, tf.zeros([], tf.float32))[0]
+
+            return engine.sum_across_replicas(engine.run(test, (handles, indices, first)))
+
+        def predict(handles, indices):
+            steps = indices.shape[0]
+            # The first step outside the loop gives the outputs' structure.
+            outputs = keras.tree.map_structure(
+                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t),
+                step(handles, indices[0], 0, None),
+            )
+
+            def write(i, outputs):
+                out = step(handles, indices[i], i, None)
+                return (keras.tree.map_structure(lambda ta, t: ta.write(i, t), outputs, out),)
+
+            (outputs,) = steps_from(tf.constant(1), steps, write, outputs)
+            return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
+
+        return engine.run(predict, (handles, indices))
+
+    def _partial(
+        self, mode, own, epoch, handles, indices, real_rows, all_rows=None, where=None,
+        replicas=None,
+    ):
+        """The epoch's partial last step on each replica's real rows: ours
+        trains and evaluates it there (a replica may have none in
+        evaluation); the model's own step gets just its real rows, as under
+        Keras (its training step weighs a partial batch itself; a replica
+        without a real row runs it on an empty batch, as a replica handed an
+        empty batch by `tf.distribute` does)."""
+        step = self._replica_step(mode, own, epoch, where)
+        engine = self.engine
+        if mode == "train":
+
+            def train(handles, indices, real_rows, r):
+                return step(handles, indices[:real_rows], 0, r, real_rows, all_rows)
+
+            if not own:
+                self._loss_sum.assign(0.0)
+            out = engine.run(train, (handles, indices, real_rows, replicas))
+            return self._own.reduced(out) if own else engine.read_sum(self._loss_sum)
+        if mode == "test" and not own:
+
+            def test(handles, indices, real_rows):
+                def one():
+                    loss = step(handles, indices[:real_rows], 0, None)
+                    return loss * tf.cast(real_rows, tf.float32)
+
+                # A replica may have no real row in the last evaluation step
+                # (a Python int with one replica: decided while tracing).
+                if isinstance(real_rows, int):
+                    return one() if real_rows > 0 else tf.zeros([], tf.float32)
+                return tf.cond(real_rows > 0, one, lambda: tf.zeros([], tf.float32))
+
+            return engine.sum_across_replicas(engine.run(test, (handles, indices, real_rows)))
+
+        def own_step(handles, indices, real_rows):
+            return step(handles, indices[:real_rows], 0, None)
+
+        out = engine.run(own_step, (handles, indices, real_rows))
+        return self._own.reduced(out) if mode == "test" else out
 
     def train_gathered(self, epoch, handles, indices, first, where, replicas):
         # One replica (no `engine.run`): a call's rows in one gather per column
         # and piece (TensorFlow's kernel, outside XLA), then the XLA step loop
         # over them (`train_rows`). Same steps, same rows, same order as
-        # `train_steps`. A shorter last piece takes the piece's length of
+        # our `_steps`. A shorter last piece takes the piece's length of
         # steps ending where it ends and skips the ones before it: every
         # piece has one shape, so `train_rows` compiles once. (Pieces before
         # `first` are gathered and skipped: at most one call's gather, in an
@@ -318,74 +481,6 @@ class Loop:
 
         steps_from(first, steps, step)
         return tf.zeros([])
-
-    def test_steps(self, epoch, handles, indices, first):
-        def replica(handles, indices, first):
-            def step(i, loss_sum):
-                x, y, sw = epoch.gather(handles, indices[i])
-                total = tf.cast(self._test_step(x, y, sw), tf.float32)
-                return (loss_sum + total * indices.shape[1],)
-
-            zero = tf.zeros([], tf.float32)
-            return steps_from(first, indices.shape[0], step, zero)[0]
-
-        return self.engine.sum_across_replicas(
-            self.engine.run(replica, (handles, indices, first))
-        )
-
-    def train_partial(self, epoch, handles, indices, real_rows, all_rows, where, replicas):
-        def replica(handles, indices, real_rows, r):
-            x, y, sw = self.train_batch(epoch, handles, indices[:real_rows])
-            x = _augmenting.augmented(self.dataset, x, where, 0, r)
-            total = self.train_step(x, y, sw, real_rows, all_rows)
-            self._loss_sum.assign_add(tf.cast(total, tf.float32) * tf.cast(real_rows, tf.float32))
-
-        self._loss_sum.assign(0.0)
-        self.engine.run(replica, (handles, indices, real_rows, replicas))
-        return self.engine.read_sum(self._loss_sum)
-
-    def test_partial(self, epoch, handles, indices, real_rows):
-        def replica(handles, indices, real_rows):
-            def step():
-                x, y, sw = epoch.gather(handles, indices[:real_rows])
-                return tf.cast(self._test_step(x, y, sw), tf.float32) * tf.cast(
-                    real_rows, tf.float32
-                )
-
-            # A replica may have no real row in the last evaluation step
-            # (a Python int with one replica: decided while tracing).
-            if isinstance(real_rows, int):
-                return step() if real_rows > 0 else tf.zeros([], tf.float32)
-            return tf.cond(real_rows > 0, step, lambda: tf.zeros([], tf.float32))
-
-        return self.engine.sum_across_replicas(
-            self.engine.run(replica, (handles, indices, real_rows))
-        )
-
-    def predict_steps(self, epoch, handles, indices, forward=None):
-        """Each replica's outputs for every step of the slice, stacked per
-        step: the model's call, or `forward(x)` (its own `predict_step`)."""
-        if forward is None:
-            forward = lambda x: self.model(x, training=False)  # noqa: E731
-
-        def replica(handles, indices):
-            def step(i):
-                x, _, _ = epoch.gather(handles, indices[i], with_targets=False)
-                return forward(x)
-
-            steps = indices.shape[0]
-            # The first step outside the loop gives the outputs' structure.
-            outputs = keras.tree.map_structure(
-                lambda t: tf.TensorArray(t.dtype, size=steps).write(0, t), step(0)
-            )
-
-            def write(i, outputs):
-                return (keras.tree.map_structure(lambda ta, t: ta.write(i, t), outputs, step(i)),)
-
-            (outputs,) = steps_from(tf.constant(1), steps, write, outputs)
-            return keras.tree.map_structure(lambda ta: ta.stack(), outputs)
-
-        return self.engine.run(replica, (handles, indices))
 
     # -- host side -----------------------------------------------------------
 
@@ -453,26 +548,6 @@ class Loop:
         (`FitOptions.steps_per_execution`, resolved when "auto")."""
         k = self.options.steps_per_execution
         return auto_steps_per_execution(num_steps) if k == "auto" else k
-
-    def schedule(
-        self, num_steps: int, bounds: list[int] | None = None
-    ) -> list[tuple[int, int]]:
-        """`predict`'s compiled calls over an epoch: `(start, stop)` step
-        ranges of at most `steps_per_call(num_steps)` steps that never cross
-        one of `bounds` (a streamed chunk's first step). Training and
-        evaluation calls come from `epoch`.
-
-        Example:
-            >>> loop.schedule(10)  # steps_per_execution=4
-            [(0, 4), (4, 8), (8, 10)]
-        """
-        k = self.steps_per_call(num_steps)
-        edges = sorted({0, num_steps, *(b for b in (bounds or ()) if 0 < b < num_steps)})
-        return [
-            (s, min(stop, s + k))
-            for begin, stop in itertools.pairwise(edges)
-            for s in range(begin, stop, k)
-        ]
 
     def _real_rows(self, plan) -> Any:
         if self.whole_loop_jit:
@@ -546,7 +621,9 @@ class Loop:
         partial = self._partial_apart("predict", plan)
         try:
             steps = plan.full_steps_per_epoch if partial else plan.steps_per_epoch
-            for start, stop in self.schedule(steps, order.call_bounds):
+            k = self.steps_per_call(steps)
+            calls = epoch_calls(0, steps, k, bounds=order.call_bounds or ())
+            for start, stop in (piece for call in calls for piece in call.pieces):
                 with _progress.call("a compiled predict call"):  # `shardfeed launch` watches
                     out, _ = self.run(inputs, "predict", start, stop)
                 for local, value in enumerate(self._local_structures(out)):

@@ -19,7 +19,7 @@ from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import step_optimizers as _step_optimizers
 from shardfeed._tf.epoch import ResidentEpoch
-from shardfeed._tf.functions import compiled, steps_from
+from shardfeed._tf.functions import compiled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,24 +53,25 @@ def keras_data(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
     return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
 
 
-class ModelStepCalls:
-    """The compiled calls of a loop whose model has its own steps.
-
-    Each has the signature of the loop's own call it replaces, and returns
-    the last step's outputs reduced over replicas (predict: the outputs).
+class OwnSteps:
+    """The model's own steps on one replica's rows, for the loop's compiled
+    calls (`Loop._replica_step`), and Keras' reduction and logs of what they
+    return.
 
     Args:
-        loop: The `Loop` whose batches and engine the calls use (typed `Any`:
+        loop: The `Loop` whose batches and engine the steps use (typed `Any`:
             the loop imports this module).
     """
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
-        self.model = loop.model
         self.engine = loop.engine
         self.steps = ModelSteps.of(loop.model)
         self._variables_created = False
-        self._train_fn: Any = None  # the step as its own function (`train_chunk`)
+
+    @property
+    def model(self) -> keras.Model:
+        return self.loop.model  # the loop's, held weakly
 
     def create_variables(self, order: ResidentEpoch) -> None:
         """Builds the optimizers the step applies before the loop is traced.
@@ -102,87 +103,23 @@ class ModelStepCalls:
             for optimizer, variables in unbuilt:
                 optimizer.build(variables)
 
-    # -- bodies of the compiled calls (`Loop.body`) ------------------------------
+    # -- one step on a replica's rows (`Loop._replica_step`) ---------------------
 
-    def _train(self, data: Any) -> Any:
-        with _step_optimizers.synchronised(self.engine, self.loop.options.sparse_as_dense):
-            return _averageable(self.model.train_step(data))
-
-    def _train_on_rows(self, epoch, handles, rows, where, i, r):
+    def train_on_rows(self, epoch, handles, rows, where, i, r):
         loop = self.loop
         x, y, sw = loop.train_batch(epoch, handles, rows)
         x = _augmenting.augmented(loop.dataset, x, where, i, r)
-        return self._train(keras_data(x, y, sw))
+        with _step_optimizers.synchronised(self.engine, loop.options.sparse_as_dense):
+            return _averageable(self.model.train_step(keras_data(x, y, sw)))
 
-    def train_steps(self, epoch, handles, indices, first, where, replicas):
-        loop, engine = self.loop, self.engine
-        steps = engine.local_results(indices)[0].shape[0]
-        if engine.can_compile_whole_loop:
-            # One replica, no strategy: the step is a function of its own, so
-            # the loop's body and the last step below share one trace of the
-            # model's `train_step` (Keras traces it at most twice; a strategy's
-            # merge call cannot run inside such a nested function). It takes
-            # the bound epoch from `Traces.nested`.
-            if self._train_fn is None:
-                self._train_fn = loop.traces.nested(self._train_on_rows)
-            step = self._train_fn
-        else:
+    def test_on_rows(self, epoch, handles, rows):
+        batch = epoch.gather(handles, rows)
+        return _averageable(self.model.test_step(keras_data(*batch)))
 
-            def step(handles, rows, where, i, r):
-                return self._train_on_rows(epoch, handles, rows, where, i, r)
-
-        def replica(handles, indices, i, r):
-            return step(handles, indices[i], where, i, r)
-
-        # The logs are the last step's (as Keras' `multi_step_on_iterator`):
-        # it runs after the loop, so only its outputs are reduced. Steps
-        # before `first` were run by an earlier call (`Loop.run`'s window).
-        steps_from(first, steps - 1, lambda i: engine.run(replica, (handles, indices, i, replicas)))
-        last = tf.constant(steps - 1, tf.int32)
-        return self._reduced(engine.run(replica, (handles, indices, last, replicas)))
-
-    def train_partial(self, epoch, handles, indices, real_rows, all_rows, where, replicas):
-        del all_rows  # Keras' step weighs a partial batch itself.
-
-        def replica(handles, indices, real_rows, r):
-            return self._train_on_rows(epoch, handles, indices[:real_rows], where, 0, r)
-
-        return self._reduced(self.engine.run(replica, (handles, indices, real_rows, replicas)))
-
-    def test_steps(self, epoch, handles, indices, first):
-        engine = self.engine
-        steps = engine.local_results(indices)[0].shape[0]
-
-        def replica(handles, indices, i):
-            batch = epoch.gather(handles, indices[i])
-            return _averageable(self.model.test_step(keras_data(*batch)))
-
-        steps_from(first, steps - 1, lambda i: engine.run(replica, (handles, indices, i)))
-        return self._reduced(engine.run(replica, (handles, indices, steps - 1)))
-
-    def test_partial(self, epoch, handles, indices, real_rows):
-        # A replica without a real row runs the step on an empty batch, as a
-        # replica handed an empty batch by `tf.distribute` does under Keras.
-        def replica(handles, indices, real_rows):
-            batch = epoch.gather(handles, indices[:real_rows])
-            return _averageable(self.model.test_step(keras_data(*batch)))
-
-        return self._reduced(self.engine.run(replica, (handles, indices, real_rows)))
-
-    def predict_steps(self, epoch, handles, indices):
-        return self.loop.predict_steps(epoch, handles, indices, self._predict_forward)
-
-    def _predict_forward(self, x: Any) -> Any:
+    def predict_forward(self, x: Any) -> Any:
         return self.model.predict_step(keras_data(x))
 
-    def predict_partial(self, epoch, handles, indices, real_rows):
-        def replica(handles, indices, real_rows):
-            x, _, _ = epoch.gather(handles, indices[:real_rows], with_targets=False)
-            return self._predict_forward(x)
-
-        return self.engine.run(replica, (handles, indices, real_rows))
-
-    def _reduced(self, outputs: Any) -> Any:
+    def reduced(self, outputs: Any) -> Any:
         """The mean over every replica of each numeric output (Keras'
         `reduce_per_replica(..., "auto")` off TPUs); a value that is not
         per-replica is returned as it is."""

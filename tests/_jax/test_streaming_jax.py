@@ -99,10 +99,11 @@ def test_augment_keys_on_the_epochs_own_step(replicas):
 def test_calls_never_cross_a_chunk(replicas):
     replicas(1)
     epoch = _dataset(_stream(12)).epoch(0)  # 25 full steps, chunks of 3
-    calls = schedule(epoch, 2)
-    assert [(c.start, c.stop) for c in calls[:4]] == [(0, 2), (2, 3), (3, 5), (5, 6)]
-    assert all(c.start // 3 == (c.stop - 1) // 3 for c in calls if not c.partial)
-    assert calls[-1].partial and epoch.call_bounds == list(range(0, 25, 3))
+    pieces = [p for c in schedule(epoch, 2) for p in c.pieces]
+    # Keras' cells of 2 steps; the one across step 3 runs as two pieces.
+    assert pieces[:4] == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert all(a // 3 == (b - 1) // 3 for a, b in pieces[:-1])
+    assert pieces[-1] == (25, 26) and epoch.call_bounds == list(range(0, 25, 3))
 
 
 @pytest.mark.parametrize(
@@ -112,19 +113,17 @@ def test_calls_never_cross_a_chunk(replicas):
         (6, True, 101, None, [(0, 100)]),  # the partial step joins the one short call
         (7, True, 3, None, [(0, 2), (3, 5), (6, 8)]),  # 1 full step + the partial: one call
         (6, False, 4, None, [(0, 3), (4, 7)]),  # a shorter last full call
-        (5, False, 2, 3, [(0, 1), (2, 2), (3, 4)]),  # a chunk cuts a call: its own hooks
+        (5, False, 2, 3, [(0, 1), (2, 3), (4, 5)]),  # a chunk cuts a call into pieces only
     ],
 )
 def test_batch_hooks_number_the_calls_as_keras(full_steps, partial, k, chunk, hooks):
     epoch = types.SimpleNamespace(
         steps=full_steps + partial, full_steps=full_steps, has_partial_step=partial,
-        chunk_steps=chunk,
+        call_bounds=list(range(0, full_steps, chunk or full_steps)),
     )
     calls = schedule(epoch, k)
-    begins = [c.hook_begin for c in calls if c.hook_begin is not None]
-    ends = [c.hook_end for c in calls if c.hook_end is not None]
-    assert list(zip(begins, ends, strict=True)) == hooks
-    assert sum(c.stop - c.start for c in calls) == full_steps + partial
+    assert [(c.begin_step, c.end_step) for c in calls] == hooks
+    assert sum(b - a for c in calls for a, b in c.pieces) == full_steps + partial
 
 
 def _model(seed=0):

@@ -58,7 +58,9 @@ def _train_chunk_ops(dataset, in_xla=None):
     """(op type, input shapes) of every op in the traced training call's step
     loop; `in_xla`: only those inside (True) or outside (False) a function
     compiled with XLA (one called with `_XlaMustCompile`, and what it calls)."""
-    (loop,) = _compiled._LOOPS[dataset].values()
+    (loop,) = [
+        loop for c in _compiled._COMPILED.values() for loop in c.loops.get(dataset, {}).values()
+    ]
     graph = loop.traces.call("train", "steps")._list_all_concrete_functions()[0].graph
     graphs = {"": graph}  # every function graph, by name
 

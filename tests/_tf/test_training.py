@@ -105,6 +105,74 @@ def test_an_epochs_shorter_calls_trace_nothing_new(jit_compile):
     assert test.experimental_get_tracing_count() == 1
 
 
+# Traces of each compiled call (mode, piece) after fit, evaluate and predict,
+# each run again: one each. Pinned before the loop was recomposed (issue 38).
+_ONE_TRACE_EACH = {
+    False: {("train", "steps"): 1, ("train", "partial"): 1, ("test", "steps"): 1,
+            ("test", "partial"): 1, ("predict", "steps"): 1},
+    True: {("train", "gathered"): 1, ("train", "rows"): 1, ("train", "partial"): 1,
+           ("test", "steps"): 1, ("test", "partial"): 1, ("predict", "steps"): 1},
+}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_every_kind_of_call_traces_once(monkeypatch, jit_compile):
+    from shardfeed._tf.loop import Loop
+    from shardfeed._tf.traces import EAGER_PARTIAL_CALLS
+
+    traced: dict[tuple[str, str], int] = {}
+    body = Loop.body
+
+    def counted(self, mode, piece):
+        if not tf.executing_eagerly():  # a trace, not an eager partial step
+            traced[mode, piece] = traced.get((mode, piece), 0) + 1
+        return body(self, mode, piece)
+
+    monkeypatch.setattr(Loop, "body", counted)
+    model, ds, val, options = _fit_with_shorter_last_calls(jit_compile)
+    # Past the partial step's eager calls, so it is traced too.
+    epochs = EAGER_PARTIAL_CALLS + 2
+    shardfeed.fit(model, ds, epochs=epochs, initial_epoch=2, validation_data=val, verbose=0,
+                  options=options)
+    for _ in range(2):
+        shardfeed.evaluate(model, val, verbose=0, options=options)
+        shardfeed.predict(model, val, verbose=0, options=options)
+    assert traced == _ONE_TRACE_EACH[jit_compile]
+
+
+def test_a_recompiled_model_gets_new_loops_even_when_ids_are_reused(monkeypatch):
+    # A recompile's optimizer and loss may get freed ones' `id`s: the loop
+    # cache compared them by `id`, and handed back the loop traced for the
+    # old optimizer. Simulated here by every `id` being equal.
+    from shardfeed._tf import compiled
+
+    x, y = _data(256)
+    model = _mlp("adam")
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, seed=0)
+    monkeypatch.setattr(compiled, "id", lambda _: 0, raising=False)
+    first = compiled.loop_for(model, ds, FitOptions())
+    model.compile(optimizer="adam", loss="mse")
+    second = compiled.loop_for(model, ds, FitOptions())
+    assert second is not first and second.traces is not first.traces
+
+
+def test_a_model_dropped_while_its_dataset_lives_is_freed():
+    # The loop cached for the dataset held its model: every model a search
+    # fitted on one dataset stayed in memory with its weights and traces.
+    import gc
+    import weakref
+
+    x, y = _data(256)
+    ds = ShardedResidentDataset(x, y, per_replica_batch_size=64, seed=0)
+    model = _mlp("adam")
+    shardfeed.fit(model, ds, epochs=1, verbose=0)
+    shardfeed.evaluate(model, ds, verbose=0)
+    dropped = weakref.ref(model)
+    del model
+    gc.collect()
+    assert dropped() is None
+
+
 def test_a_fit_compiles_one_xla_program_per_kind_of_call(tmp_path):
     # Counted as the executables XLA writes to an empty persistent cache (one
     # per compile), in a process of its own: the training loop and the
@@ -784,14 +852,13 @@ def test_a_partial_last_step_runs_eagerly_in_a_loops_first_epochs(monkeypatch, j
     from shardfeed._tf.traces import EAGER_PARTIAL_CALLS
 
     runs = {"train": [], "test": []}
-    for mode in runs:
-        body = getattr(Loop, f"{mode}_partial")
+    partial = Loop._partial
 
-        def recorded(self, *args, body=body, mode=mode):
-            runs[mode].append("eager" if tf.executing_eagerly() else "traced")
-            return body(self, *args)
+    def recorded(self, mode, *args, **kwargs):
+        runs[mode].append("eager" if tf.executing_eagerly() else "traced")
+        return partial(self, mode, *args, **kwargs)
 
-        monkeypatch.setattr(Loop, f"{mode}_partial", recorded)
+    monkeypatch.setattr(Loop, "_partial", recorded)
     x, y = _data()
     epochs = EAGER_PARTIAL_CALLS + 2
     reference, model = _mlp("adam"), _mlp("adam")

@@ -500,7 +500,7 @@ class _Floor(Variant):
 
         def chunk(x: Any, y: Any, sw: Any, steps: Any) -> Any:
             loss_sum = tf.zeros([], tf.float32)
-            for i in tf.range(steps.shape[0]):  # static trip count, as in Loop.train_steps
+            for i in tf.range(steps.shape[0]):  # static trip count, as in Loop._steps
                 step_x, step_y = opaque(x, i), opaque(y, i)
                 loss_sum += tf.cast(train_step(augmented(step_x, i), step_y, sw), tf.float32)
             return loss_sum
