@@ -59,7 +59,7 @@ def test_custom_train_step_gan_on_two_local_devices():
 
 
 def test_cifar_like_reads_a_tfrecord_source(tmp_path):
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "_tf"))
     from test_tfdata import write_tfrecords
 
     rng = np.random.default_rng(0)

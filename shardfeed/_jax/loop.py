@@ -105,7 +105,7 @@ def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
 # frees its weights and its traces. Datasets are arguments of the calls, never
 # held: a dropped dataset frees its device arrays; a new one whose batches
 # trace alike (an equal `BatchFn`, the same shapes) reuses the traces.
-_LOOPS: ModelCache[Loop] = ModelCache()
+_LOOPS: ModelCache[dict[Hashable, Loop]] = ModelCache(dict)
 
 
 def loop_for(

@@ -258,10 +258,7 @@ class _Run(_resume.FitPosition):
                     cbs.on_train_batch_end(call.end_step, logs)
                     if model.stop_training:
                         break
-                # At the user's `fit` call: past `train`, `fit` and its progress wrapper.
-                fit_args.warn_if_ran_out(
-                    self.steps_per_epoch, stop - start, model.stop_training, stacklevel=4
-                )
+                fit_args.warn_if_ran_out(self.steps_per_epoch, stop - start, model.stop_training)
                 # As Keras: the metrics' results when the logs name them.
                 epoch_logs = python_logs(model._get_metrics_result_or_logs(logs))
                 epoch_logs.update(validate(epoch, cbs))

@@ -23,18 +23,16 @@ from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.traces import Traces
 from shardfeed._tf.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
+from shardfeed._training.loop_cache import ModelCache
 from shardfeed._training.options import FitOptions
 
 
 @dataclasses.dataclass
 class _Compiled:
-    """What one compile of a model has built.
+    """What one compile of a model has built (`_training/loop_cache.ModelCache`
+    makes a new one when the model is recompiled).
 
     Attributes:
-        parts: Weak references to the compile's optimizer, loss and metrics:
-            a recompiled model has new ones, and so new traces. Weak, so a
-            new optimizer that happens to get a freed one's `id` is not taken
-            for it.
         traces: The compiled calls, shared by its loops over datasets whose
             batches trace alike (`dataset.trace_signature`): a new dataset
             per `evaluate(model, x, y)` reuses them.
@@ -43,16 +41,15 @@ class _Compiled:
             frees its device variables at once, and its loops with it.
     """
 
-    parts: tuple[Any, ...]
     traces: dict[Any, Traces] = dataclasses.field(default_factory=dict)
     loops: weakref.WeakKeyDictionary[ShardedResidentDataset, dict[Any, Loop]] = (
         dataclasses.field(default_factory=weakref.WeakKeyDictionary)
     )
 
 
-# The one cache of compiled loops, per model (weak keys: freed with it) and its
-# current compile, so repeated fit/evaluate/predict calls do not retrace.
-_COMPILED: weakref.WeakKeyDictionary[keras.Model, _Compiled] = weakref.WeakKeyDictionary()
+# The one cache of compiled loops, per model and its current compile, so
+# repeated fit/evaluate/predict calls do not retrace.
+_COMPILED: ModelCache[_Compiled] = ModelCache(_Compiled)
 
 
 def loop_for(
@@ -61,7 +58,7 @@ def loop_for(
     options: FitOptions,
     class_weights: ClassWeights | None = None,
 ) -> Loop:
-    compiled = _compiled(model)
+    compiled = _COMPILED.of(model)
     eager = run_eagerly(model)  # `model.run_eagerly` may change without a recompile
     key = (dataset.trace_signature, options, class_weights, eager)
     loops = compiled.loops.setdefault(dataset, {})
@@ -74,21 +71,6 @@ def loop_for(
         compiled.traces[key] = loop.traces
         loops[key] = loop
     return loop
-
-
-def _compiled(model: keras.Model) -> _Compiled:
-    """The cache's entry for `model`'s current compile (a new one after a recompile)."""
-    parts = (
-        getattr(model, "optimizer", None),
-        getattr(model, "_compile_loss", None),
-        getattr(model, "_compile_metrics", None),
-    )
-    refs = tuple(None if p is None else weakref.ref(p) for p in parts)
-    entry = _COMPILED.get(model)
-    if entry is None or entry.parts != refs:
-        entry = _Compiled(refs)
-        _COMPILED[model] = entry
-    return entry
 
 
 def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:

@@ -7,7 +7,6 @@ backup callback; the base `FitPosition` is `_training/resume.py`'s.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +17,11 @@ import tensorflow as tf
 from shardfeed._tf import sync as _sync
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.loop import Loop
+from shardfeed._training import fit_args as _fit_args
 from shardfeed._training import resume as _resume
-from shardfeed._training.fit_args import RAN_OUT_WARNING, check_steps
 from shardfeed._training.options import FitOptions
 
-__all__ = ["RAN_OUT_WARNING", "FitRun", "check_steps"]
+__all__ = ["FitRun"]
 
 
 def read_metrics(model: keras.Model, engine: Any) -> list[Any]:
@@ -133,12 +132,7 @@ class FitRun(_resume.FitPosition):
                     cbs.on_train_batch_end(call.end_step, logs)
                     if model.stop_training:
                         break
-            if (
-                self.steps_per_epoch
-                and stop - start < self.steps_per_epoch
-                and not model.stop_training
-            ):
-                warnings.warn(RAN_OUT_WARNING, stacklevel=2)
+            _fit_args.warn_if_ran_out(self.steps_per_epoch, stop - start, model.stop_training)
             epoch_logs = dict(logs)
             if check_each_epoch:
                 _sync.check_in_sync(model, loop.engine, epoch, self.cursor.step)

@@ -14,9 +14,9 @@ from tensorflow.python.framework import ops as _tf_ops  # the gradient registry
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from shardfeed._common import errors as _errors
+from shardfeed._tf import loss_trackers
 from shardfeed._tf.engine import Engine
 from shardfeed._tf.functions import compiled
-from shardfeed._training import loss_trackers
 
 if TYPE_CHECKING:
     from shardfeed._tf.epoch import ResidentEpoch

@@ -9,8 +9,11 @@ replacement (docs/keras.md).
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import keras
@@ -32,15 +35,25 @@ RAN_OUT_WARNING = (
 )
 
 
-def warn_if_ran_out(
-    steps_per_epoch: int | None, steps_ran: int, stopped: bool, stacklevel: int = 1
-) -> None:
+def warn_if_ran_out(steps_per_epoch: int | None, steps_ran: int, stopped: bool) -> None:
     """Keras' `RAN_OUT_WARNING` after an epoch that ran `steps_ran` of
     `steps_per_epoch` steps because the data ran out (not because a callback
-    stopped training); `stacklevel` as the caller's own `warnings.warn` would
-    take it."""
+    stopped training), at the first caller outside shardfeed (the user's `fit`)."""
     if steps_per_epoch and steps_ran < steps_per_epoch and not stopped:
-        warnings.warn(RAN_OUT_WARNING, stacklevel=stacklevel + 1)
+        warnings.warn(RAN_OUT_WARNING, stacklevel=_outside_shardfeed())
+
+
+def _outside_shardfeed() -> int:
+    """The `stacklevel`, for a `warnings.warn` in the caller, of the first frame
+    outside the package. Counted, not fixed: the wrappers between a user's `fit`
+    and its epochs differ per backend and engine (progress, peers, world)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
 
 _ARRAYS = (
     "`shardfeed.fit` trains on a `ShardedResidentDataset` (the rows live on the devices).",

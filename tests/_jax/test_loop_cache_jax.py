@@ -285,7 +285,7 @@ def test_model_cache_keeps_a_models_entries_for_its_current_compile():
         def __init__(self):
             self.optimizer, self._compile_loss = Part(), Part()
 
-    cache: ModelCache[str] = ModelCache()
+    cache: ModelCache[dict[str, str]] = ModelCache(dict)
     model = Model()
     cache.of(model)["k"] = "loop"
     assert cache.of(model) == {"k": "loop"}  # the same compile: kept

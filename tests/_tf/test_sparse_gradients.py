@@ -54,13 +54,11 @@ def _towers(with_dense=False):
     return model
 
 
-def _train_chunk_ops(dataset, in_xla=None):
+def _train_chunk_ops(model, dataset, in_xla=None):
     """(op type, input shapes) of every op in the traced training call's step
     loop; `in_xla`: only those inside (True) or outside (False) a function
     compiled with XLA (one called with `_XlaMustCompile`, and what it calls)."""
-    (loop,) = [
-        loop for c in _compiled._COMPILED.values() for loop in c.loops.get(dataset, {}).values()
-    ]
+    (loop,) = _compiled._COMPILED.of(model).loops[dataset].values()
     graph = loop.traces.call("train", "steps")._list_all_concrete_functions()[0].graph
     graphs = {"": graph}  # every function graph, by name
 
@@ -118,7 +116,7 @@ def fitted_without_xla():
 
 
 def test_embedding_gradients_cross_sparse_in_one_all_gather(fitted_without_xla):
-    ops = _train_chunk_ops(fitted_without_xla[1])
+    ops = _train_chunk_ops(*fitted_without_xla)
     per_step = [t for t, _ in ops if t.startswith("Collective")]
     # Two replicas, each: the vector's length, then the vector (four sparse
     # gradients; TensorFlow's per-gradient all-reduce needed 3 each).
@@ -130,10 +128,10 @@ def test_embedding_gradients_cross_sparse_in_one_all_gather(fitted_without_xla):
 
 
 def test_sparse_as_dense_all_reduces_the_tables():
-    _, dataset, _ = _fit_two_replicas(
+    model, dataset, _ = _fit_two_replicas(
         FitOptions(steps_per_execution=4, jit_compile=False, sparse_as_dense=True)
     )
-    ops = _train_chunk_ops(dataset)
+    ops = _train_chunk_ops(model, dataset)
     assert not [t for t, _ in ops if t == "CollectiveGatherV2"]
     # One all-reduce per replica: TensorFlow packs the four densified tables.
     table_words = (USERS + ITEMS) * (WIDTH + 1)
@@ -209,13 +207,15 @@ def test_with_xla_each_replicas_update_of_the_tables_is_compiled(jit_compile, re
     device's update of each table (Keras' dense Adam: a dozen passes over
     the table outside XLA) is compiled on its own; without, it is not."""
     if jit_compile:
-        _, dataset, _ = _fit_two_replicas(FitOptions(steps_per_execution=4, jit_compile=True))
+        model, dataset, _ = _fit_two_replicas(
+            FitOptions(steps_per_execution=4, jit_compile=True)
+        )
     else:  # the fit test_embedding_gradients_cross_sparse_in_one_all_gather reads
-        _, dataset = request.getfixturevalue("fitted_without_xla")
+        model, dataset = request.getfixturevalue("fitted_without_xla")
     tables = [(USERS, WIDTH), (ITEMS, WIDTH), (USERS, 1), (ITEMS, 1)]
 
     def weight_updates(in_xla):
-        ops = _train_chunk_ops(dataset, in_xla)
+        ops = _train_chunk_ops(model, dataset, in_xla)
         return sorted(s[0] for t, s in ops if t == "AssignSubVariableOp" and s and s[0] in tables)
 
     compiled, plain = weight_updates(True), weight_updates(False)

@@ -180,7 +180,7 @@ def test_a_fit_compiles_one_xla_program_per_kind_of_call(tmp_path):
     # (the bound of its `tf.range` was a compile-time constant to XLA), and
     # so did validation's, and the partial last step compiled under XLA: 5.
     code = (
-        "import sys; sys.path.insert(0, 'tests')\n"
+        "import sys; sys.path[:0] = ['tests/_tf', 'tests']\n"
         "from test_training import _fit_with_shorter_last_calls\n"
         "_fit_with_shorter_last_calls(jit_compile=True)\n"
     )
@@ -876,3 +876,15 @@ def test_a_partial_last_step_runs_eagerly_in_a_loops_first_epochs(monkeypatch, j
         assert _max_rel_diff(reference, model) == 0.0
     for key in ("loss", "val_loss", "mae", "val_mae"):
         np.testing.assert_allclose(got.history[key], want.history[key], rtol=1e-5)
+
+
+def test_fit_warns_as_keras_when_the_data_runs_out_at_the_users_call():
+    x = np.random.default_rng(0).random((64, 4), dtype=np.float32)
+    dataset = ShardedResidentDataset(x, x[:, :1], per_replica_batch_size=16, shuffle=False)
+    model = keras.Sequential([keras.Input((4,)), layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.warns(UserWarning, match="Your input ran out of data") as caught:
+        shardfeed.fit(model, dataset, epochs=2, steps_per_epoch=10, verbose=0)
+    # As Keras: once per epoch, each at this call (was at `_tf/training.py`,
+    # which runs the epochs).
+    assert [w.filename for w in caught] == [__file__, __file__]
