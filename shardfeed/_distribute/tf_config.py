@@ -4,7 +4,7 @@
 `check_port_free`, and where a SLURM job's workers meet: its port base
 (`slurm_port_base`) and first host (`first_slurm_host`, for JAX's coordinator).
 JAX's `init` reads the coordinator from the same TF_CONFIG; on TensorFlow
-SLURM's node list goes through TensorFlow's resolver (`_tf/resolver.py`).
+SLURM's node list goes through TensorFlow's resolver (`_tf/engines/resolver.py`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from shardfeed._distribute.tf_config import unresolvable_hosts
 from shardfeed._launch.local import cluster_worker_specs
 from shardfeed._launch.process import StartupWatch, System, run_workers
 
-DEFAULT_PORT_BASE = 8888  # as SLURM's SHARDFEED_PORT_BASE (`_tf/resolver.py`)
+DEFAULT_PORT_BASE = 8888  # as SLURM's SHARDFEED_PORT_BASE (`_tf/engines/resolver.py`)
 
 _HOSTS_FIX = (
     "Pass every host once, in the same order on every host: `--hosts 10.0.0.1,10.0.0.2` (the "

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from shardfeed._tf import epoch as _epoch
 from shardfeed._tf.dataset import ShardedResidentDataset
-from shardfeed._tf.engine import Engine
+from shardfeed._tf.engines.engine import Engine
 
 
 def position(epoch: int, start: int) -> tf.Tensor:

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from shardfeed._common import errors as _errors
 from shardfeed._tf.dataset import ShardedResidentDataset
-from shardfeed._tf.engine import Engine
+from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.loop import Loop, run_eagerly
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.traces import Traces

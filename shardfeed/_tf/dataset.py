@@ -34,7 +34,7 @@ from shardfeed._tf import order as _order
 from shardfeed._tf import storage as _storage
 from shardfeed._tf import streaming as _streaming
 from shardfeed._tf import tfdata as _tfdata
-from shardfeed._tf.engine import Engine, engine_for
+from shardfeed._tf.engines.engine import Engine, engine_for
 from shardfeed._tf.epoch import Batch
 from shardfeed._tf.world import World, current_world, initialized_world
 

@@ -15,6 +15,7 @@ import numpy as np
 from shardfeed._distribute import progress as _progress
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engines.peers import naming_lost_peers
 from shardfeed._tf.inputs import (
     Transform,
     as_dataset,
@@ -27,7 +28,6 @@ from shardfeed._tf.inputs import (
 from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.loop import Loop
 from shardfeed._tf.model_steps import ModelSteps
-from shardfeed._tf.peers import naming_lost_peers
 from shardfeed._tf.world import current_world, one_call_at_a_time
 from shardfeed._training import eval_args
 from shardfeed._training.callbacks import evaluation_callback_list

@@ -21,10 +21,10 @@ from shardfeed._data import order as _data_order
 from shardfeed._data import plan as _plan
 from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import ShardPlan
-from shardfeed._tf import alltoall as _alltoall
 from shardfeed._tf import order as _order
 from shardfeed._tf import storage as _storage
-from shardfeed._tf.engine import Engine
+from shardfeed._tf.engines import alltoall as _alltoall
+from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.world import World
 
 logger = logging.getLogger("shardfeed")

@@ -21,7 +21,7 @@ from shardfeed._distribute import startup as _startup
 from shardfeed._distribute import tf_config as _tf_config
 from shardfeed._distribute.startup import CPU_DEVICES_ENV as CPU_DEVICES_ENV
 from shardfeed._distribute.startup import cpu_devices_wanted as cpu_devices_wanted
-from shardfeed._tf import resolver as _resolver
+from shardfeed._tf.engines import resolver as _resolver
 
 logger = logging.getLogger("shardfeed")
 

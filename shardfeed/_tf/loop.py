@@ -36,7 +36,7 @@ from shardfeed._tf import predictions as _predictions
 from shardfeed._tf import step_optimizers as _step_optimizers
 from shardfeed._tf.calls import EpochCalls, EpochInputs, gather_pieces
 from shardfeed._tf.dataset import ShardedResidentDataset
-from shardfeed._tf.engine import Engine
+from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._tf.functions import compiled, steps_from
 from shardfeed._tf.traces import Mode, Piece, Traces

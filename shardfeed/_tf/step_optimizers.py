@@ -18,7 +18,7 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from shardfeed._common import errors as _errors
-from shardfeed._tf import gradients as _gradients
+from shardfeed._tf.engines import gradients as _gradients
 from shardfeed._tf.functions import compiled
 
 _NO_OPTIMIZER_UPDATE = (

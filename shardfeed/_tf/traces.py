@@ -15,7 +15,7 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 
 from shardfeed._common import errors as _errors
 from shardfeed._tf import loss_trackers
-from shardfeed._tf.engine import Engine
+from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.functions import compiled
 
 if TYPE_CHECKING:

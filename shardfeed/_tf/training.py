@@ -14,6 +14,7 @@ import keras
 from shardfeed._distribute import progress as _progress
 from shardfeed._tf.compiled import loop_for
 from shardfeed._tf.dataset import ShardedResidentDataset
+from shardfeed._tf.engines.peers import naming_lost_peers
 from shardfeed._tf.epochs import FitRun
 from shardfeed._tf.evaluation import evaluate_loop
 from shardfeed._tf.inputs import (
@@ -25,7 +26,6 @@ from shardfeed._tf.inputs import (
 )
 from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.model_steps import ModelSteps
-from shardfeed._tf.peers import naming_lost_peers
 from shardfeed._tf.world import one_call_at_a_time
 from shardfeed._training import backup as _backup
 from shardfeed._training import fit_args

@@ -17,7 +17,7 @@ from shardfeed._distribute.launch_env import LaunchEnv, detect_launch_env
 from shardfeed._distribute.tf_config import tf_config_from_mpi, worker_tf_config
 from shardfeed._launch import delegate
 from shardfeed._launch.process import System
-from shardfeed._tf.resolver import ensure_tf_config, tf_config_from_slurm
+from shardfeed._tf.engines.resolver import ensure_tf_config, tf_config_from_slurm
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from keras import layers
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
 from shardfeed._tf import compiled as _compiled
-from shardfeed._tf import gradients as _gradients
+from shardfeed._tf.engines import gradients as _gradients
 
 pytestmark = pytest.mark.multi_device
 

@@ -37,7 +37,7 @@ import shardfeed
 
 world = shardfeed.init()
 if sys.argv[1] == "broken":
-    from shardfeed._tf.horovod import HorovodEngine
+    from shardfeed._tf.engines.horovod import HorovodEngine
     HorovodEngine.reduce_gradients = lambda self, grads, *_: grads  # no allreduce
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 4)).astype("float32")

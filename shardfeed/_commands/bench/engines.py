@@ -37,7 +37,7 @@ def default_rows(workload: str) -> int:
 def _bytes_sent_per_step(model: Any, batch: int) -> int:
     """What one replica sends in a step's exchange: every dense gradient
     (float32), and for an `Embedding` the `batch` rows it looked up (repeats
-    included), their int32 indices and a row count (`_tf/gradients.py`)."""
+    included), their int32 indices and a row count (`_tf/engines/gradients.py`)."""
     import keras
     import numpy as np
 

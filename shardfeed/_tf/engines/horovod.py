@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._tf import gradients as _gradients
-from shardfeed._tf.metrics import metric_results, reported_metrics
+from shardfeed._tf.engines import gradients as _gradients
+from shardfeed._tf.engines.metrics import metric_results, reported_metrics
 from shardfeed._tf.world import World
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from shardfeed._tf import peers
+from shardfeed._tf.engines import peers
 
 ADDRESSES = ["10.231.0.1:23456", "10.231.0.2:23456"]
 ENV = {"TF_CONFIG": json.dumps({"cluster": {"worker": ADDRESSES}, "task": {"type": "worker"}})}

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shardfeed._tf import alltoall as _alltoall
-from shardfeed._tf.metrics import metric_results
+from shardfeed._tf.engines import alltoall as _alltoall
+from shardfeed._tf.engines.metrics import metric_results
 from shardfeed._tf.world import World, is_default_strategy
 
 
@@ -56,7 +56,7 @@ class Engine(Protocol):
 def engine_for(world: World) -> Engine:
     """The engine for `world`: Horovod's when Horovod runs, else the strategy's."""
     if world.backend == "horovod":
-        from shardfeed._tf.horovod import HorovodEngine
+        from shardfeed._tf.engines.horovod import HorovodEngine
 
         return HorovodEngine(world)
     return StrategyEngine(world)

@@ -1,4 +1,4 @@
-"""The engines' all-to-all of rows (`_tf/alltoall.py`) in one process.
+"""The engines' all-to-all of rows (`_tf/engines/alltoall.py`) in one process.
 
 Rows of any dtype cross as int32 words and come back byte-exact; the
 all-gather path that several workers use (`GatheredAllToAll`, run here over
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from _helpers import mirrored_strategy
 
-from shardfeed._tf import alltoall
+from shardfeed._tf.engines import alltoall
 
 pytestmark = pytest.mark.multi_device
 
