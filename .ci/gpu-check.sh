@@ -22,7 +22,7 @@
 #   OUT                      where bench.md / bench.json go (default build/gpu-check)
 #   SHARDFEED_GPU_WORKLOADS  which, in order (default "W1 W2 W4")
 #   SHARDFEED_GPU_VARIANTS   which (default jax-tuned,jax-nightly-tuned,shardfeed,floor)
-#   SHARDFEED_GPU_ROWS_SCALE rows scale (default 1; e.g. 0.005 for the CPU check)
+#   SHARDFEED_GPU_ROWS_SCALE rows scale (default 1; e.g. 0.001 for the CPU check)
 #   SHARDFEED_GPU_EPOCHS     timed epochs per variant (default 3)
 #   SHARDFEED_GPU_BUDGET_S   seconds for the whole check (default 450 = 7.5 min)
 #   SHARDFEED_GPU_PROBE_BUDGET_S  per tuning-probe configuration (default 45; a CPU

@@ -11,6 +11,8 @@ exchange moves rows across the processes to the replicas the neutral
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from _helpers_jax import run_jax_processes
@@ -18,11 +20,12 @@ from _helpers_jax import run_jax_processes
 from shardfeed._data import exchange as _exchange
 from shardfeed._data.plan import plan_shards
 
+# One job runs every case (argv[3]: JSON [placement, copy, fraction] triples), each
+# on its own dataset: one jax.distributed job, not one per case (CI time).
 CHILD = """
 import json, sys
 import jax, numpy as np
-port, pid, placement, copy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-fraction = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0
+port, pid, cases = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
                            initialization_timeout=60)
@@ -30,37 +33,48 @@ from jax.experimental import multihost_utils
 from shardfeed._data.options import LoadOptions
 from shardfeed._jax.dataset import ShardedResidentDataset
 n = 103
-# 16 bytes of staging a round: one row per pair, many rounds across the processes.
-options = LoadOptions(epoch_copy=copy == "copy", exchange_buffer_bytes=16,
-                      exchange_fraction=fraction)
-ds = ShardedResidentDataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n),
-                            per_replica_batch_size=3, seed=4, placement=placement,
-                            load_options=options)
-out = {"replicas": ds.world.num_replicas_in_sync, "held": ds.nbytes_on_device, "epochs": []}
-for e in range(2):
-    epoch = ds.epoch(e)
-    rows = [np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist()
-            for _, b in epoch]
-    out["epochs"].append({"rows": rows, "slot_rows": epoch.slot_rows().tolist()})
-    epoch.close()  # epoch 1 is written into epoch 0's copy (donated, on every process)
-evaluation = ds.epoch(0, training=False)
-out["evaluation"] = [
-    np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist() for _, b in evaluation
-]
-out["evaluation_slot_rows"] = evaluation.slot_rows().tolist()
-out["copy"] = ds.epoch_copy
-print("RESULT " + json.dumps(out))
+
+def run(placement, copy, fraction):
+    # 16 bytes of staging a round: one row per pair, many rounds across the processes.
+    options = LoadOptions(epoch_copy=copy == "copy", exchange_buffer_bytes=16,
+                          exchange_fraction=fraction)
+    ds = ShardedResidentDataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n),
+                                per_replica_batch_size=3, seed=4, placement=placement,
+                                load_options=options)
+    out = {"replicas": ds.world.num_replicas_in_sync, "held": ds.nbytes_on_device, "epochs": []}
+    for e in range(2):
+        epoch = ds.epoch(e)
+        rows = [np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist()
+                for _, b in epoch]
+        out["epochs"].append({"rows": rows, "slot_rows": epoch.slot_rows().tolist()})
+        epoch.close()  # epoch 1 is written into epoch 0's copy (donated, on every process)
+    evaluation = ds.epoch(0, training=False)
+    out["evaluation"] = [np.asarray(multihost_utils.process_allgather(b.y, tiled=True)).tolist()
+                         for _, b in evaluation]
+    out["evaluation_slot_rows"] = evaluation.slot_rows().tolist()
+    out["copy"] = ds.epoch_copy
+    return out
+
+print("RESULT " + json.dumps([run(*case) for case in cases]))
 """
+# The cases the tests below check: (placement, copy, exchange_fraction).
+CASES = [
+    ("shard", "copy", 1.0), ("shard", "gather", 1.0), ("replicate", "copy", 1.0),
+    ("replicate", "gather", 1.0), ("shard", "copy", 0.5), ("shard", "gather", 0.5),
+]  # fmt: skip
 
 
-def run_two_processes(placement: str, copy: str, fraction: float = 1.0) -> list[dict]:
-    return run_jax_processes(CHILD, [placement, copy, str(fraction)])
+@pytest.fixture(scope="module")
+def two_processes() -> dict[tuple[str, str, float], list[dict]]:
+    """Each case's results, one list per process, from one 2-process job."""
+    results = run_jax_processes(CHILD, [json.dumps(CASES)])
+    return {case: [r[i] for r in results] for i, case in enumerate(CASES)}
 
 
 @pytest.mark.parametrize("copy", ["copy", "gather"])
 @pytest.mark.parametrize("placement", ["shard", "replicate"])
-def test_global_order_across_two_processes(placement, copy):
-    results = run_two_processes(placement, copy)
+def test_global_order_across_two_processes(two_processes, placement, copy):
+    results = two_processes[placement, copy, 1.0]
     assert [r["copy"] for r in results] == [copy == "copy"] * 2
     assert [r["replicas"] for r in results] == [4, 4]
     # Each process holds only its own replicas' rows: 2 shards of 26 rows (x and y, 4 bytes each).
@@ -79,8 +93,8 @@ def test_global_order_across_two_processes(placement, copy):
 
 
 @pytest.mark.parametrize("copy", ["copy", "gather"])
-def test_a_partial_exchange_across_two_processes(copy):
-    results = run_two_processes("shard", copy, 0.5)
+def test_a_partial_exchange_across_two_processes(two_processes, copy):
+    results = two_processes["shard", copy, 0.5]
     loaded = _exchange.initial_layout(plan_shards(103, 4, 3))
     for e in range(2):
         emitted = [np.concatenate(r["epochs"][e]["rows"]) for r in results]

@@ -16,20 +16,6 @@ from _helpers_jax import run_jax_processes
 
 import shardfeed
 
-CHILD = """
-import json, sys
-sys.path.insert(0, "tests/_jax")
-import jax
-port, pid = int(sys.argv[1]), int(sys.argv[2])
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                           process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
-                           initialization_timeout=60)
-import shardfeed
-from _helpers_fit import train_and_predict
-print("RESULT " + json.dumps(train_and_predict(shardfeed, save_to=sys.argv[3])))
-"""
-
-
 BACKUP_CHILD = """
 import json, sys
 sys.path[:0] = ["tests/_jax", "tests"]
@@ -40,7 +26,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
                            initialization_timeout=60)
 import keras
 import shardfeed
-from _helpers_fit import backup_fit
+from _helpers_fit import backup_fit, train_and_predict
 from _helpers_resume import Preempt
 callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=4)]
 if mode == "preempt":
@@ -49,34 +35,37 @@ if mode == "preempt":
     except KeyboardInterrupt:
         print("RESULT " + json.dumps({"preempted": True}))
 else:
-    print("RESULT " + json.dumps(backup_fit(shardfeed, callbacks)))
+    # The resumed job also runs the fit/evaluate/predict/save check: one 2-process
+    # job fewer (CI time); each run builds its own seeded model and dataset.
+    resumed = backup_fit(shardfeed, callbacks)
+    print("RESULT " + json.dumps({"resumed": resumed,
+                                  "trained": train_and_predict(shardfeed, save_to=sys.argv[5])}))
 """
 
 
-def test_two_processes_resume_a_preempted_fit_like_an_uninterrupted_one(tmp_path):
+def test_two_processes_train_like_one_process_and_resume_a_preempted_fit(tmp_path):
     """Both workers preempted after step 10 of epoch 1 (the chief's backup at
-    step 8 on the shared directory), then two fresh workers resume there."""
-    backup = str(tmp_path / "backup")
+    step 8 on the shared directory), then two fresh workers resume there like
+    an uninterrupted fit, and then train, evaluate, predict and save like one
+    process with the same 4 replicas."""
+    backup, saved = str(tmp_path / "backup"), tmp_path / "model" / "model.keras"
+    saved.parent.mkdir()
     assert run_jax_processes(BACKUP_CHILD, [backup, "preempt"]) == [{"preempted": True}] * 2
-    results = run_jax_processes(BACKUP_CHILD, [backup, "resume"])
+    results = run_jax_processes(BACKUP_CHILD, [backup, "resume", str(saved)])
     with replicas(4):
         expected = backup_fit(shardfeed, [])
-    for result in results:
+    for result in (r["resumed"] for r in results):
         assert sorted(result["history"]) == sorted(expected["history"])
         for key, value in expected["history"].items():
             np.testing.assert_allclose(result["history"][key], value[1:], rtol=1e-5, err_msg=key)
         for ours, theirs in zip(result["weights"], expected["weights"], strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
-    assert results[0]["weights"] == results[1]["weights"]
+    assert results[0]["resumed"]["weights"] == results[1]["resumed"]["weights"]
     assert not (tmp_path / "backup").exists()  # the chief deleted it at the end
 
-
-def test_two_processes_train_like_one_process_with_the_same_replicas(tmp_path):
-    saved = tmp_path / "model.keras"
-    results = run_jax_processes(CHILD, [str(saved)])
     with replicas(4):
         expected = train_and_predict(shardfeed)
-    for result in results:
+    for result in (r["trained"] for r in results):
         assert result["replicas"] == 4
         for name in ("history", "evaluate"):
             for key, value in expected[name].items():
@@ -85,8 +74,9 @@ def test_two_processes_train_like_one_process_with_the_same_replicas(tmp_path):
         for ours, theirs in zip(result["weights"], expected["weights"], strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     # Both processes hold the same weights (replicated state, not two copies that drift).
-    assert results[0]["weights"] == results[1]["weights"]
+    trained = [r["trained"] for r in results]
+    assert trained[0]["weights"] == trained[1]["weights"]
     # `save_model` on both: the chief wrote one complete file of those weights.
     loaded = keras.models.load_model(saved)
-    assert [w.tolist() for w in loaded.get_weights()] == results[0]["weights"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]
+    assert [w.tolist() for w in loaded.get_weights()] == trained[0]["weights"]
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["model.keras"]

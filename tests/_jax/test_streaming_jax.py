@@ -271,46 +271,50 @@ def test_a_resumed_iterator_streams_the_resident_batches(replicas):
         np.testing.assert_array_equal(g, w)
 
 
-# The two-process checks: `sys.argv[1:3]` are the coordinator's port and the
-# process id (`run_jax_processes`), then what to run.
+# The two-process checks, both in one job (one jax.distributed job, not two: CI
+# time): `sys.argv[1:3]` are the coordinator's port and the process id
+# (`run_jax_processes`).
 PROCESSES = """
 import json, sys
 sys.path.insert(0, "tests/_jax")
 import jax
-port, pid, case = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, pid = int(sys.argv[1]), int(sys.argv[2])
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}",
                            initialization_timeout=60)
 import shardfeed
 from _helpers_fit import mlp, regression_data, train_and_predict
-if case == "stream":
-    options = shardfeed.LoadOptions(streaming=True, stream_chunk_bytes=3 * 8 * 36)
-    print("RESULT " + json.dumps([train_and_predict(shardfeed, load_options=options)
-                                  for _ in range(3)]))
-else:
-    x, y = regression_data(1003)
-    # Only rank 1 has little memory (free memory differs per host).
-    small = 2_000 if pid == 1 else None
-    def build(**kwargs):
-        return shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3,
-            load_options=shardfeed.LoadOptions(device_memory_bytes=small, **kwargs))
-    ds = build()
-    history = shardfeed.fit(mlp(), ds, epochs=1, verbose=0)
-    try:
-        build(streaming=False)
-        refused = None
-    except MemoryError as err:
-        refused = str(err)
-    print("RESULT " + json.dumps({"streaming": ds.is_streaming, "slot_rows": ds._slot_rows,
-                                  "loss": history.history["loss"], "refused": refused}))
+x, y = regression_data(1003)
+# Only rank 1 has little memory (free memory differs per host).
+small = 2_000 if pid == 1 else None
+def build(**kwargs):
+    return shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3,
+        load_options=shardfeed.LoadOptions(device_memory_bytes=small, **kwargs))
+ds = build()
+history = shardfeed.fit(mlp(), ds, epochs=1, verbose=0)
+try:
+    build(streaming=False)
+    refused = None
+except MemoryError as err:
+    refused = str(err)
+agree = {"streaming": ds.is_streaming, "slot_rows": ds._slot_rows,
+         "loss": history.history["loss"], "refused": refused}
+options = shardfeed.LoadOptions(streaming=True, stream_chunk_bytes=3 * 8 * 36)
+stream = [train_and_predict(shardfeed, load_options=options) for _ in range(3)]
+print("RESULT " + json.dumps({"agree": agree, "stream": stream}))
 """
 
 
-def test_two_processes_stream_when_one_rank_must(replicas):
+@pytest.fixture(scope="module")
+def two_processes() -> list[dict]:
+    return run_jax_processes(PROCESSES)
+
+
+def test_two_processes_stream_when_one_rank_must(two_processes, replicas):
     """Under `streaming="auto"` rank 1's shard does not fit: both ranks stream
     with the same chunks (rank 1 alone streamed and the job hung until its
     timeout), and `streaming=False` is refused on both, naming rank 1."""
-    results = run_jax_processes(PROCESSES, ["agree"])
+    results = [r["agree"] for r in two_processes]
     replicas(4)
     x, y = regression_data(1003)
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=8, seed=3)
@@ -323,12 +327,12 @@ def test_two_processes_stream_when_one_rank_must(replicas):
         assert "Received: rank 1: needed_bytes=" in result["refused"]
 
 
-def test_two_processes_fit_evaluate_predict_streamed_rows(replicas):
+def test_two_processes_fit_evaluate_predict_streamed_rows(two_processes, replicas):
     """Three streamed fit/evaluate/predict runs on each of two processes give
     the one-process results (the upload thread's `device_put` onto the mesh
     was a collective that crossed the main thread's: 6 of 8 runs hung or
     failed in `evaluate`'s weights check)."""
-    results = run_jax_processes(PROCESSES, ["stream"])
+    results = [r["stream"] for r in two_processes]
     replicas(4)
     expected = train_and_predict(shardfeed)
     for runs in results:
