@@ -16,8 +16,10 @@ from shardfeed._common.model_sync import check_in_sync
 from shardfeed._distribute import progress as _progress
 from shardfeed._jax import inputs as _inputs
 from shardfeed._jax import interrupts as _interrupts
+from shardfeed._jax.compiled import loop_for
 from shardfeed._jax.dataset import ShardedResidentDataset
-from shardfeed._jax.loop import Loop, gather_outputs, loop_for, python_logs
+from shardfeed._jax.loop import Loop, python_logs
+from shardfeed._jax.predictions import in_row_order
 from shardfeed._jax.world import current_world
 from shardfeed._training import eval_args
 from shardfeed._training.arguments import Transform, check_model, resolve_verbose
@@ -156,7 +158,7 @@ def predict(
         check_same_weights(loop, "predict")
         with _interrupts.handled():  # a Ctrl-C leaves the model valid
             results = list(loop.iterate("predict", epoch))
-        outputs = gather_outputs(results, epoch.slot_rows())
+        outputs = in_row_order(results, epoch.slot_rows())
     finally:
         epoch.close()
     if cap:

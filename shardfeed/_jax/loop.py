@@ -4,7 +4,7 @@ The model's `train_step`/`test_step`/`predict_step` (so an override runs), `k`
 steps per call under `lax.scan` with a traced start (one compile per call
 length); the state replicated on the mesh and the batch sharded along rows, so
 XLA's partitioner all-reduces the gradients; the state written back into the
-model after each call. `loop_for` keeps each model's loops across calls.
+model after each call. `compiled.loop_for` keeps each model's loops across calls.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.calls import Call, epoch_calls
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.loop_cache import ModelCache
-from shardfeed._training.options import FitOptions, auto_steps_per_execution, with_model_steps
+from shardfeed._training.options import auto_steps_per_execution
 
 Mode = Literal["train", "test", "predict"]
 
@@ -97,38 +96,6 @@ def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
         array = to_host(value)
         out[name] = float(array) if array.ndim == 0 else array
     return out
-
-
-# The loops of each model's current compile, per mesh and steps per call, so a
-# second `fit`/`evaluate`/`predict` compiles nothing (a `Loop`'s `jax.jit`
-# calls keep their traces). A `Loop` holds its model weakly: a dropped model
-# frees its weights and its traces. Datasets are arguments of the calls, never
-# held: a dropped dataset frees its device arrays; a new one whose batches
-# trace alike (an equal `BatchFn`, the same shapes) reuses the traces.
-_LOOPS: ModelCache[dict[Hashable, Loop]] = ModelCache(dict)
-
-
-def loop_for(
-    model: keras.Model,
-    world: World,
-    options: FitOptions,
-    class_weights: ClassWeights | None = None,
-) -> Loop:
-    """The loop of `model` on `world` with `options`' steps per call (the
-    model's `compile(steps_per_execution=k)` applied) and `fit`'s
-    `class_weights`: the one made by an earlier call for the model's current
-    compile, else a new one. `FitOptions(jit_compile=False)` or a model
-    compiled with `run_eagerly=True` runs the steps un-jitted (`Loop`'s
-    `jit`), as Keras' JAX trainer does."""
-    options = with_model_steps(options, model)
-    jit = options.jit_compile is not False and not getattr(model, "run_eagerly", False)
-    steps = options.steps_per_execution
-    loops = _LOOPS.of(model)
-    key = (world.mesh, world.world_size, steps, class_weights, jit)
-    loop = loops.get(key)
-    if loop is None:
-        loop = loops[key] = Loop(model, world, steps, class_weights, jit)
-    return loop
 
 
 # Layers whose convolutions XLA:CPU runs 6-21x slower inside a `while` loop
@@ -309,7 +276,7 @@ class Loop:
         class_weights: ClassWeights | None = None,
         jit: bool = True,
     ) -> None:
-        # Weakly: `_LOOPS` keeps loops for as long as their model lives.
+        # Weakly: `compiled.py`'s cache keeps loops for as long as their model lives.
         self._model = weakref.ref(model)
         self.world = world
         self.steps_per_execution = steps_per_execution
@@ -449,7 +416,7 @@ class Loop:
         if partial:
 
             # The model's step is looked up when tracing: the compiled call
-            # must not hold the model (`_LOOPS` keys it weakly), and may serve
+            # must not hold the model (`compiled.py`'s cache keys it weakly), and may serve
             # another model of the architecture (`_Shared`).
             def one(state: Any, batch: Any) -> Any:
                 loop = shared.tracing()
@@ -600,29 +567,3 @@ def _call_step(
         return step(state, _data(batch))
 
     return one_step
-
-
-def _rows_on_host(value: Any, partial: bool) -> np.ndarray:
-    """One call's output leaf as rows, every process's (a full call's
-    `[steps, global batch, ...]` is sharded over processes; the partial
-    step's is replicated)."""
-    if partial:
-        return to_host(value)
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        value = multihost_utils.process_allgather(value, tiled=True)
-    array = np.asarray(value)
-    return array.reshape(-1, *array.shape[2:])
-
-
-def gather_outputs(results: list[tuple[bool, Any]], slot_rows: np.ndarray) -> Any:
-    """`predict`'s outputs of every piece (`Loop.iterate`), one per row in the
-    original order, on every process (`slot_rows`: each emitted row's global
-    row number)."""
-    partials = [partial for partial, _ in results]
-    per_call_leaves = [jax.tree.leaves(outputs) for _, outputs in results]
-    order = np.argsort(slot_rows, kind="stable")
-    leaves = []
-    for leaf_per_call in zip(*per_call_leaves, strict=True):
-        parts = [_rows_on_host(v, p) for p, v in zip(partials, leaf_per_call, strict=True)]
-        leaves.append(np.concatenate(parts)[order])
-    return jax.tree.unflatten(jax.tree.structure(results[0][1]), leaves)

@@ -21,11 +21,11 @@ from shardfeed._tf.inputs import (
     as_dataset,
     check_dataset,
     check_model,
+    check_sparse_labels,
     check_targets,
     resolve_transform,
     resolve_verbose,
 )
-from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.loop import Loop
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.world import current_world, one_call_at_a_time

@@ -1,6 +1,7 @@
 """What `fit`, `evaluate` and `predict` accept on TensorFlow: `_training/arguments.py`'s
 checks and `wrap_arrays` bound to TensorFlow's dataset class, arrays going onto the
-model's strategy (the shared names re-exported here)."""
+model's strategy (the shared names re-exported here), and the sparse-label check
+with TensorFlow's gather."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from shardfeed._tf.compiled import check_model_scope
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.world import current_world
 from shardfeed._training import arguments as _arguments
+from shardfeed._training import sparse_labels as _sparse_labels
 from shardfeed._training.arguments import (
     DEFAULT_EVAL_BATCH_SIZE,
     FIT_TRANSFORMS,
@@ -28,6 +30,7 @@ __all__ = [
     "as_dataset",
     "check_dataset",
     "check_model",
+    "check_sparse_labels",
     "check_targets",
     "resolve_transform",
     "resolve_verbose",
@@ -63,4 +66,13 @@ def as_dataset(
     return _arguments.wrap_arrays(
         ShardedResidentDataset, data, y, sample_weight, per_replica_batch_size,
         world.num_replicas_in_sync, template, transform, strategy=world.strategy,
+    )
+
+
+def check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, name: str) -> None:
+    """`sparse_labels.check_sparse_labels` with the dataset's `element_spec`,
+    the ranges gathered from every replica by the engine."""
+    engine = dataset.engine
+    _sparse_labels.check_sparse_labels(
+        model, dataset, name, dataset.element_spec, engine.all_gather
     )

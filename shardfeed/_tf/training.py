@@ -22,9 +22,9 @@ from shardfeed._tf.inputs import (
     as_dataset,
     check_dataset,
     check_model,
+    check_sparse_labels,
     resolve_verbose,
 )
-from shardfeed._tf.label_check import check_sparse_labels
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.world import one_call_at_a_time
 from shardfeed._training import backup as _backup

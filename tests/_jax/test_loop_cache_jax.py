@@ -117,7 +117,7 @@ def test_a_dropped_model_frees_its_weights_and_traces():
 
 
 def _lowered_train_call(model: keras.Model, ds: ShardedResidentDataset, k: int) -> str:
-    from shardfeed._jax.loop import loop_for
+    from shardfeed._jax.compiled import loop_for
 
     loop = loop_for(model, ds.world, FitOptions(steps_per_execution=k))
     epoch = ds.epoch(0)
@@ -153,7 +153,7 @@ def test_a_one_step_call_has_no_loop_in_its_program():
 
 
 def test_a_convolution_on_cpu_runs_up_to_8_steps_per_call_unrolled_by_default():
-    from shardfeed._jax.loop import loop_for
+    from shardfeed._jax.compiled import loop_for
 
     x, y = _images(640)  # batch 2 * 4: 80 steps
     with replicas(2):

@@ -22,7 +22,7 @@ TRAINING = pathlib.Path(shardfeed.__file__).parent / "_training"
 TF = pathlib.Path(shardfeed.__file__).parent / "_tf"
 # TF training modules (as in pyproject's "Training sees data only through ...").
 TF_TRAINING = (
-    "augmenting calls compiled epochs evaluation inputs label_check loop model_steps "
+    "augmenting calls compiled epochs evaluation inputs loop model_steps "
     "predictions saving step_optimizers sync traces training"
 ).split()
 
@@ -58,7 +58,7 @@ INTERFACE = {
 # Reads allowed beside the interface, each with its reason. The engine runs the
 # dataset's replicas and is built once with its world (one per dataset); the loop
 # cache and the sparse-label check take it from there rather than build their own.
-EXEMPT: set[tuple[str, str]] = {("compiled.py", "engine"), ("label_check.py", "engine")}
+EXEMPT: set[tuple[str, str]] = {("compiled.py", "engine"), ("inputs.py", "engine")}
 
 _NAMES = {"dataset", "ds"}  # the training layer's names for a dataset
 _ATTRIBUTES = {"dataset", "_dataset"}  # `self.dataset`, `loop.dataset`, `epoch._dataset`

@@ -148,8 +148,8 @@ class _JaxFloor(Variant):
     name = "floor"
 
     def setup(self) -> None:
+        from shardfeed._jax.compiled import loop_for
         from shardfeed._jax.dataset import ShardedResidentDataset
-        from shardfeed._jax.loop import loop_for
         from shardfeed._training.options import FitOptions
 
         b = self.workload.batch_size
