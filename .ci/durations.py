@@ -23,7 +23,8 @@ def main(folder: Path, setup_s: str | None = None, horovod: str = "", top: int =
             tiers[path.stem] += seconds
             parts = (case.get("classname") or "").split(".")
             module = next((p for p in parts if p.startswith("test_")), parts[-1])
-            files[f"{path.stem}: {module}"] += seconds
+            if module:  # a module skipped whole is a case without a class name
+                files[f"{path.stem}: {module}"] += seconds
     # The tiers last: fresh-ci and CI summaries show a log's last lines.
     print(f"The {top} slowest test files:")
     for name, seconds in files.most_common(top):
