@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +30,7 @@ from shardfeed._distribute import progress as _progress
 from shardfeed._jax import exchange as _exchange
 from shardfeed._jax.augment import augment_key, augmented
 from shardfeed._jax.epoch_arrays import EpochArrays
-from shardfeed._jax.world import REPLICA_AXIS
-
-if TYPE_CHECKING:
-    from shardfeed._jax.dataset import ShardedResidentDataset
-
+from shardfeed._jax.world import REPLICA_AXIS, World
 
 # A traced step is a device value: refused from the device (`_check_full_step`).
 PAST_FULL_STEPS = (
@@ -234,6 +230,20 @@ class BatchFn:
         return Batch(x, y, sw)
 
 
+class EpochSource(Protocol):
+    """What an epoch reads of its dataset (`ShardedResidentDataset`, which
+    imports this module: typed here, so `epoch` never imports `dataset`)."""
+
+    @property
+    def world(self) -> World: ...
+    @property
+    def tables(self) -> tuple[Any, ...]: ...
+    def epoch_data(self, plan: ShardPlan, epoch: int, training: bool) -> EpochData: ...
+    def batch_fn(self, per_replica_batch_size: int, augment: bool) -> BatchFn: ...
+    def opened(self, epoch: ResidentEpoch) -> None: ...
+    def recycle(self, columns: tuple[Any, ...]) -> None: ...
+
+
 class ResidentEpoch(EpochSizes):
     """One epoch of a JAX `ShardedResidentDataset`: steps and their batches.
 
@@ -257,7 +267,7 @@ class ResidentEpoch(EpochSizes):
 
     def __init__(
         self,
-        dataset: ShardedResidentDataset,
+        dataset: EpochSource,
         plan: ShardPlan,
         epoch: int,
         training: bool,
@@ -390,7 +400,7 @@ class ResidentEpoch(EpochSizes):
 
 
 def copied(
-    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows,
+    dataset: EpochSource, plan: ShardPlan, rows: _order.EpochRows,
     spare: tuple[jax.Array, ...] | None = None,
     placed: tuple[list[np.ndarray], np.ndarray] | None = None,
 ) -> EpochData:
@@ -410,7 +420,7 @@ def copied(
 
 
 def gathered(
-    dataset: ShardedResidentDataset, plan: ShardPlan, rows: list[np.ndarray],
+    dataset: EpochSource, plan: ShardPlan, rows: list[np.ndarray],
     slot_of: np.ndarray | None,
 ) -> EpochData:
     """The epoch as positions in the resident rows: replica `g`'s positions
@@ -443,7 +453,7 @@ def _partial(plan: ShardPlan, per_replica: list[np.ndarray]) -> np.ndarray:
 
 
 def epoch_columns(
-    dataset: ShardedResidentDataset, plan: ShardPlan, rows: _order.EpochRows,
+    dataset: EpochSource, plan: ShardPlan, rows: _order.EpochRows,
     spare: tuple[jax.Array, ...] | None = None, positions: list[np.ndarray] | None = None,
 ) -> tuple[jax.Array, ...]:
     """Each replica's copy of the epoch's rows in step order, on its device:

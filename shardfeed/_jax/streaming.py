@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import jax
 import numpy as np
@@ -25,11 +25,28 @@ from shardfeed._data.options import LoadOptions
 from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.sources import Column
 from shardfeed._jax import storage as _storage
-from shardfeed._jax.epoch import EpochArrays, ResidentEpoch
+from shardfeed._jax.epoch import BatchFn, EpochArrays, ResidentEpoch
 from shardfeed._jax.world import REPLICA_AXIS, World, replicated
 
-if TYPE_CHECKING:
-    from shardfeed._jax.dataset import ShardedResidentDataset
+
+class StreamSource(Protocol):
+    """What a streamed epoch reads of its dataset (`ShardedResidentDataset`,
+    which imports this module: typed here, so `streaming` never imports `dataset`)."""
+
+    @property
+    def world(self) -> World: ...
+    @property
+    def columns(self) -> Any: ...
+    @property
+    def load_options(self) -> LoadOptions: ...
+    @property
+    def shuffle(self) -> bool | Literal["local"]: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def moves_rows(self) -> bool: ...
+    def batch_fn(self, per_replica_batch_size: int, augment: bool) -> BatchFn: ...
+    def opened(self, epoch: ResidentEpoch) -> None: ...
 
 
 def slot_rows(
@@ -142,7 +159,7 @@ class StreamedEpoch(ResidentEpoch):
 
     def __init__(
         self,
-        dataset: ShardedResidentDataset,
+        dataset: StreamSource,
         plan: ShardPlan,
         epoch: int,
         training: bool,

@@ -7,16 +7,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import progress as _progress
 from shardfeed._tf.epoch import ResidentEpoch
+from shardfeed._tf.functions import Mode
 from shardfeed._training.calls import Call, epoch_calls
 
 if TYPE_CHECKING:
-    from shardfeed._tf.loop import Loop
-    from shardfeed._tf.traces import Mode
+    from shardfeed._tf.model_steps import ModelSteps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +38,25 @@ class EpochInputs:
     replicas: Any
 
 
+class CallingLoop(Protocol):
+    """What an epoch's calls read of their loop (`Loop`, above this module:
+    typed here, so `calls` never imports `loop`)."""
+
+    @property
+    def model_steps(self) -> ModelSteps: ...
+    def steps_per_call(self, num_steps: int) -> int: ...
+    def run(self, inputs: EpochInputs, mode: Mode, start: int, stop: int) -> tuple[Any, int]: ...
+    def logs(self, loss: float) -> dict[str, float]: ...
+    def own_logs(self, value: Any) -> dict[str, Any]: ...
+
+
 class EpochCalls:
     """One epoch's calls (see `Loop.epoch`): an iterable of `Call`s and the
     `run` that executes one, holding the epoch open until `close`."""
 
     def __init__(
         self,
-        loop: Loop,
+        loop: CallingLoop,
         inputs: EpochInputs,
         training: bool,
         first: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +21,7 @@ from shardfeed._data.plan import EpochSizes, ShardPlan
 from shardfeed._data.position import check_int
 from shardfeed._distribute import progress as _progress
 from shardfeed._tf.augment import step_seed
-from shardfeed._tf.order import Order
+from shardfeed._tf.order import Order, Residency
 
 # A tensor step's range is checked in the graph, which prints the step
 # between these two (Assert's data: "[constraint... step=] [6] [, full_steps...]").
@@ -37,10 +37,46 @@ _PAST_FULL_STEPS_FIX = (
 )
 
 if TYPE_CHECKING:
-    from shardfeed._tf.dataset import ShardedResidentDataset
+    from collections.abc import Callable
+
+    from shardfeed._tf.storage import ReplicaStore
+    from shardfeed._tf.world import World
 
 
-def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, replica: Any) -> Any:
+class EpochSource(Protocol):
+    """What an epoch reads of its dataset (`ShardedResidentDataset`, which
+    imports this module: typed here, so `epoch` never imports `dataset`)."""
+
+    @property
+    def augment(self) -> Callable[[Any, Any], Any] | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def plan(self) -> ShardPlan: ...
+    @property
+    def eval_plan(self) -> ShardPlan: ...
+    @property
+    def residency(self) -> Residency: ...
+    @property
+    def stores(self) -> tuple[ReplicaStore, ...]: ...
+    @property
+    def columns(self) -> Any: ...
+    @property
+    def world(self) -> World: ...
+
+    # The epochs open now, closed when a new one invalidates them (`open_epoch`).
+    _open_epochs: weakref.WeakSet[ResidentEpoch]
+
+    def gather(
+        self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor, with_targets: bool = True
+    ) -> Batch: ...
+    def gather_rows(
+        self, handles: tuple[tf.Tensor, ...], indices: tf.Tensor, with_targets: bool = True
+    ) -> Batch: ...
+    def transformed(self, x: Any) -> Any: ...
+
+
+def augmented(dataset: EpochSource, x: Any, epoch: Any, step: Any, replica: Any) -> Any:
     """`dataset.augment(x, seed)` for `step` of `epoch` on global `replica`
     (tensors or ints; the seed is `augment.step_seed`'s), `x` unchanged
     without `augment`. The compiled loop and `ResidentEpoch` draw alike."""
@@ -51,7 +87,7 @@ def augmented(dataset: ShardedResidentDataset, x: Any, epoch: Any, step: Any, re
 
 
 def open_epoch(
-    dataset: ShardedResidentDataset,
+    dataset: EpochSource,
     epoch: int,
     training: bool,
     first_step: int,
@@ -116,7 +152,7 @@ class ResidentEpoch(EpochSizes):
 
     def __init__(
         self,
-        dataset: ShardedResidentDataset,
+        dataset: EpochSource,
         plan: ShardPlan,
         epoch: int,
         training: bool,

@@ -1,13 +1,23 @@
 """How shardfeed makes a TensorFlow function (`compiled`: no AutoGraph, as
 Keras compiles its steps) and its step loops (`steps_from`: a `tf.while_loop`
-from a tensor first step)."""
+from a tensor first step), and the names of the loop's compiled calls (`Mode`,
+`Piece`: here, below `loop`, `calls` and `traces`, which all use them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import tensorflow as tf
+
+Mode = Literal["train", "test", "predict"]
+
+
+# A compiled call's kind: `steps` runs a `[k, batch]` slice of the epoch's steps,
+# `partial` the partial last step alone (row counts per replica); one replica
+# under XLA trains `gathered` (a call's rows gathered with TensorFlow's kernel,
+# then XLA's step loop over them, `rows`).
+Piece = Literal["steps", "partial", "gathered", "rows"]
 
 
 def compiled(fn: Callable[..., Any], jit_compile: bool | None = None) -> Any:

@@ -38,8 +38,8 @@ from shardfeed._tf.calls import EpochCalls, EpochInputs, gather_pieces
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
-from shardfeed._tf.functions import compiled, steps_from
-from shardfeed._tf.traces import Mode, Piece, Traces
+from shardfeed._tf.functions import Mode, Piece, compiled, steps_from
+from shardfeed._tf.traces import Traces
 from shardfeed._training.calls import epoch_calls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Protocol
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops  # the gradient registry
@@ -16,20 +16,31 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 from shardfeed._common import errors as _errors
 from shardfeed._tf import loss_trackers
 from shardfeed._tf.engines.engine import Engine
-from shardfeed._tf.functions import compiled
+from shardfeed._tf.functions import Mode, Piece, compiled
 
 if TYPE_CHECKING:
+    import keras
+
     from shardfeed._tf.epoch import ResidentEpoch
-    from shardfeed._tf.loop import Loop
+    from shardfeed._tf.model_steps import ModelSteps
+    from shardfeed._training.options import FitOptions
 
-Mode = Literal["train", "test", "predict"]
 
+class TracedLoop(Protocol):
+    """What the compiled calls read of the loop bound to them (`Loop`, above
+    this module: typed here, so `traces` never imports `loop`)."""
 
-# A compiled call's kind: `steps` runs a `[k, batch]` slice of the epoch's steps,
-# `partial` the partial last step alone (row counts per replica); one replica
-# under XLA trains `gathered` (a call's rows gathered with TensorFlow's kernel,
-# then XLA's step loop over them, `rows`).
-Piece = Literal["steps", "partial", "gathered", "rows"]
+    @property
+    def model(self) -> keras.Model: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def options(self) -> FitOptions: ...
+    @property
+    def jit_compile(self) -> bool: ...
+    @property
+    def model_steps(self) -> ModelSteps: ...
+    def body(self, mode: Mode, piece: Piece) -> Callable[..., Any]: ...
 
 
 # How many times a loop's partial last step runs eagerly before it is traced
@@ -58,7 +69,7 @@ class Traces:
     """
 
     def __init__(self, engine: Engine, whole_loop_jit: bool, eager: bool = False) -> None:
-        self._bound: tuple[Loop, ResidentEpoch] | None = None
+        self._bound: tuple[TracedLoop, ResidentEpoch] | None = None
         self._eager = eager
         self._whole_loop_jit = whole_loop_jit
         self._calls: dict[tuple[str, Piece], Callable[..., Any]] = {}
@@ -139,7 +150,7 @@ class Traces:
 
         return _Function(call, f"Loop.{mode}_{piece}")
 
-    def _binding(self) -> tuple[Loop, ResidentEpoch]:
+    def _binding(self) -> tuple[TracedLoop, ResidentEpoch]:
         if self._bound is None:
             raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
         return self._bound
@@ -163,7 +174,7 @@ class Traces:
         return compiled(_Function(call, f"Loop.{getattr(fn, '__name__', 'step')}"))
 
     @contextlib.contextmanager
-    def bound(self, loop: Loop, epoch: ResidentEpoch) -> Iterator[None]:
+    def bound(self, loop: TracedLoop, epoch: ResidentEpoch) -> Iterator[None]:
         """Runs the compiled functions with `loop`'s bodies over `epoch` inside
         the block (nested blocks, e.g. an `evaluate` in a callback, restore
         the outer).
@@ -202,7 +213,7 @@ class _Function:
         return self._run(*args)
 
 
-def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: Loop) -> ValueError | None:
+def _xla_refusal(err: tf.errors.InvalidArgumentError, loop: TracedLoop) -> ValueError | None:
     """`err` explained when it is XLA refusing an op it has no kernel for.
 
     `FitOptions(jit_compile="auto")` turns XLA on for models without

@@ -7,13 +7,20 @@ training modules in `shardfeed/_tf`, and fails on any attribute of a
 `ShardedResidentDataset` outside `INTERFACE`, and checks that each name in
 `INTERFACE` is a documented property or method of the class (not a bare
 instance attribute that would expose its storage).
+
+Inside each backend (`_tf`, `_jax`) no two modules import each other, even
+through `TYPE_CHECKING` imports (which `lint-imports` leaves out): a module
+below types what it reads of one above by a `Protocol`.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import pathlib
+
+import pytest
 
 import shardfeed
 from shardfeed._tf.dataset import ShardedResidentDataset
@@ -156,3 +163,25 @@ def test_the_scan_sees_reads_into_storage(tmp_path):
         "probe.py:7 ds.exchange",
         "probe.py:9 data.dtype",
     ]
+
+
+def _circles(graph, package: str) -> list[str]:
+    """Each pair of `package`'s modules that import each other (a chain each
+    way), as the two chains."""
+    modules = sorted(m for m in graph.modules if m.startswith(package + "."))
+    found = []
+    for a, b in itertools.combinations(modules, 2):
+        there = graph.find_shortest_chain(importer=a, imported=b)
+        back = graph.find_shortest_chain(importer=b, imported=a)
+        if there and back:
+            found.append(" -> ".join(there) + " | " + " -> ".join(back))
+    return found
+
+
+@pytest.mark.parametrize("package", ["shardfeed._tf", "shardfeed._jax"])
+def test_no_import_circles_inside_a_backend_type_checking_included(package):
+    import grimp  # import-linter's graph builder (requirements-ci.txt)
+
+    graph = grimp.build_graph("shardfeed", exclude_type_checking_imports=False, cache_dir=None)
+    assert graph.chain_exists(importer=f"{package}.dataset", imported=f"{package}.epoch")
+    assert _circles(graph, package) == []
