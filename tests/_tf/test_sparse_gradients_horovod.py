@@ -22,7 +22,7 @@ WORKER = r"""
 import sys
 import numpy as np
 import shardfeed
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/_tf"]  # _helpers, and the module's own folder
 from test_sparse_gradients import _ratings, _towers
 
 world = shardfeed.init()

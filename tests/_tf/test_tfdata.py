@@ -451,7 +451,7 @@ def test_two_workers_each_hold_their_rows_byte_equal(tmp_path):
     shardfeed_bin = Path(sys.executable).parent / "shardfeed"
     proc = subprocess.run(
         [str(shardfeed_bin), "launch", "--num-workers", "2", "--engine", "multiworker",
-         "--timeout-s", "200", str(script), str(tmp_path), str(ROOT / "tests")],
+         "--timeout-s", "200", str(script), str(tmp_path), str(ROOT / "tests" / "_tf")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
