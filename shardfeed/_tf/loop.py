@@ -39,7 +39,7 @@ from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engines.engine import Engine
 from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
 from shardfeed._tf.functions import Mode, Piece, compiled, steps_from
-from shardfeed._tf.traces import Traces
+from shardfeed._tf.traces import Bound, Traces, xla_refusals
 from shardfeed._training.calls import epoch_calls
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.options import FitOptions, auto_steps_per_execution
@@ -300,11 +300,11 @@ class Loop:
                 # so the loop's body and its last step share one trace of the
                 # model's `train_step` (Keras traces it at most twice; a
                 # strategy's merge call cannot run inside such a nested
-                # function). It takes the bound epoch from `Traces.nested`.
+                # function).
                 if self._own_train_fn is None:
                     self._own_train_fn = self.traces.nested(self._own.train_on_rows)
-                fn = self._own_train_fn
-                return lambda handles, rows, i, r, *_: fn(handles, rows, where, i, r)
+                fn, bound = self._own_train_fn, Bound(self, epoch)
+                return lambda handles, rows, i, r, *_: fn(bound, handles, rows, where, i, r)
             return lambda handles, rows, i, r, *_: self._own.train_on_rows(
                 epoch, handles, rows, where, i, r
             )
@@ -458,7 +458,7 @@ class Loop:
                 ahead = rows_of(*after, before)
             offset = tf.constant([0, w], tf.int64)
             skip = tf.maximum(first, a) - w
-            before = train_rows(rows, skip, where + offset, replicas)
+            before = train_rows(Bound(self, epoch), rows, skip, where + offset, replicas)
             if after is not None:
                 rows = ahead if overlap else rows_of(*after, before)
         return self._loss_sum.read_value()
@@ -489,8 +489,12 @@ class Loop:
         compiled call of `mode` (the partial last step alone, where the mode
         takes it apart); returns its value and the real rows it ran."""
         plan, order, engine = inputs.plan, inputs.order, self.engine
-        call = self.traces.call
-        with self.traces.bound(self, order):
+        bound = Bound(self, order)
+
+        def call(mode: Mode, piece: Piece) -> Callable[..., Any]:
+            return functools.partial(self.traces.call(mode, piece), bound)
+
+        with xla_refusals(self):
             if start == plan.full_steps_per_epoch and self._partial_apart(mode, plan):
                 last = engine.distribute([i[0] for i in order.indices(start, start + 1)])
                 real_rows, all_rows = self._real_rows(plan), sum(plan.last_step_rows)

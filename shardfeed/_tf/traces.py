@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,6 +49,45 @@ class TracedLoop(Protocol):
 EAGER_PARTIAL_CALLS = 3
 
 
+class Bound:
+    """The loop and epoch a compiled call runs with (`Traces.call`): its first
+    argument, a Python value that traces alike whichever loop and epoch it
+    holds, so one trace serves every loop sharing the `Traces`. A trace holds
+    it weakly: no model or dataset is kept alive by a cached trace."""
+
+    __slots__ = ("__weakref__", "epoch", "loop")
+
+    def __init__(self, loop: TracedLoop, epoch: ResidentEpoch) -> None:
+        self.loop = loop
+        self.epoch = epoch
+
+    def __tf_tracing_type__(self, context: Any) -> _BoundType:
+        return _BoundType(weakref.ref(self))
+
+
+class _BoundType(tf.types.experimental.TraceType):
+    """`Bound`'s trace type: every `Bound` is of one type (TensorFlow's
+    documented pattern for a Python value given to a trace as it is)."""
+
+    def __init__(self, bound: weakref.ref[Bound]) -> None:
+        self._bound = bound
+
+    def is_subtype_of(self, other: Any) -> bool:
+        return isinstance(other, _BoundType)
+
+    def most_specific_common_supertype(self, others: Any) -> _BoundType | None:
+        return self if all(isinstance(o, _BoundType) for o in others) else None
+
+    def placeholder_value(self, placeholder_context: Any = None) -> Bound | None:
+        return self._bound()  # the call being traced holds it
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BoundType)
+
+    def __hash__(self) -> int:
+        return hash(_BoundType)
+
+
 class Traces:
     """The compiled calls shared by every `Loop` whose traces are interchangeable.
 
@@ -60,16 +100,13 @@ class Traces:
     every call again, and from warning about it.
 
     `call(mode, piece)` is the one builder: a compiled function per kind of
-    call, made on first use, which runs `Loop.body(mode, piece)` of the loop
-    `bound` to it, with the epoch bound beside it as the body's first argument.
-    A trace made with one loop and epoch is right for every loop sharing the
-    `Traces` (the epoch gives only the gather's shape of things, its rows come
-    as handles). It holds neither between calls, so no model or dataset is
-    kept alive by it.
+    call, made on first use, called as `fn(Bound(loop, epoch), *tensors)`; it
+    runs `loop.body(mode, piece)(epoch, *tensors)`. A trace made with one
+    loop and epoch is right for every loop sharing the `Traces` (the epoch
+    gives only the gather's shape of things, its rows come as handles).
     """
 
     def __init__(self, engine: Engine, whole_loop_jit: bool, eager: bool = False) -> None:
-        self._bound: tuple[TracedLoop, ResidentEpoch] | None = None
         self._eager = eager
         self._whole_loop_jit = whole_loop_jit
         self._calls: dict[tuple[str, Piece], Callable[..., Any]] = {}
@@ -120,19 +157,19 @@ class Traces:
         step under a strategy or Horovod."""
         eager_calls = 0
 
-        def call(*args: Any) -> Any:
+        def call(bound: Bound, *args: Any) -> Any:
             nonlocal eager_calls
-            loop, epoch = self._binding()
+            loop = bound.loop
             if (
                 eager_calls >= EAGER_PARTIAL_CALLS
                 or loop.model_steps.own(mode)
                 or not loop.engine.can_compile_whole_loop
             ):
-                return traced(*args)
+                return traced(bound, *args)
             eager_calls += 1
             # Weighed as traced: the trackers' batch size is not static there.
             with loss_trackers.keras_weights(loop.model):
-                return loop.body(mode, "partial")(epoch, *args)
+                return loop.body(mode, "partial")(bound.epoch, *args)
 
         return call
 
@@ -140,60 +177,45 @@ class Traces:
         """A function of its own per `Traces` and call (`_Function`), running
         the bound loop's body."""
 
-        def call(*args: Any) -> Any:
-            loop, epoch = self._binding()
-            body = loop.body(mode, piece)  # ours, or the model's own step
+        def call(bound: Bound, *args: Any) -> Any:
+            body = bound.loop.body(mode, piece)  # ours, or the model's own step
             if self._eager:  # nothing is traced, so nothing is filed
-                return body(epoch, *args)
-            with _trace_gradients_dropped(), loss_trackers.keras_weights(loop.model):
-                return body(epoch, *args)
+                return body(bound.epoch, *args)
+            with _trace_gradients_dropped(), loss_trackers.keras_weights(bound.loop.model):
+                return body(bound.epoch, *args)
 
         return _Function(call, f"Loop.{mode}_{piece}")
 
-    def _binding(self) -> tuple[TracedLoop, ResidentEpoch]:
-        if self._bound is None:
-            raise RuntimeError("A compiled loop function ran outside `Traces.bound`.")
-        return self._bound
-
     def nested(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """`fn(epoch, *args)` as a function of its own inside the compiled
-        calls, called with the bound epoch: traced once per signature,
-        wherever the calls use it (eager: `fn` itself). What its traces file
-        in TensorFlow's gradient registry is removed, as for the calls' own
-        traces."""
+        calls, called as `(Bound(loop, epoch), *args)`: traced once per
+        signature, wherever the calls use it (eager: `fn` itself). What its
+        traces file in TensorFlow's gradient registry is removed, as for the
+        calls' own traces."""
 
-        def call(*args: Any) -> Any:
-            epoch = self._binding()[1]
+        def call(bound: Bound, *args: Any) -> Any:
             if self._eager:
-                return fn(epoch, *args)
+                return fn(bound.epoch, *args)
             with _trace_gradients_dropped():
-                return fn(epoch, *args)
+                return fn(bound.epoch, *args)
 
         if self._eager:
             return call
         return compiled(_Function(call, f"Loop.{getattr(fn, '__name__', 'step')}"))
 
-    @contextlib.contextmanager
-    def bound(self, loop: TracedLoop, epoch: ResidentEpoch) -> Iterator[None]:
-        """Runs the compiled functions with `loop`'s bodies over `epoch` inside
-        the block (nested blocks, e.g. an `evaluate` in a callback, restore
-        the outer).
 
-        Raises:
-            ValueError: When XLA cannot compile an op of the model (instead of
-                TensorFlow's "Detected unsupported operations"), naming the
-                ops and the fix.
-        """
-        outer, self._bound = self._bound, (loop, epoch)
-        try:
-            yield
-        except tf.errors.InvalidArgumentError as err:
-            refusal = _xla_refusal(err, loop)
-            if refusal is None:
-                raise
-            raise refusal from err
-        finally:
-            self._bound = outer
+@contextlib.contextmanager
+def xla_refusals(loop: TracedLoop) -> Iterator[None]:
+    """Inside the block, XLA refusing an op of the model (TensorFlow's
+    "Detected unsupported operations") is raised as a `ValueError` naming the
+    ops and the fix."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as err:
+        refusal = _xla_refusal(err, loop)
+        if refusal is None:
+            raise
+        raise refusal from err
 
 
 class _Function:
