@@ -1,7 +1,7 @@
 """The compiled loops of each (model, dataset, options): built once, freed with either.
 
 Owns building the model's optimizer, compiled loss and metrics before the
-first trace, checking that model and dataset share a strategy, and the one cache
+first trace, and the one cache
 of `Loop`s and their traces per model compile, so repeated
 `fit`/`evaluate`/`predict` calls do not retrace.
 """
@@ -15,13 +15,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from shardfeed._common import errors as _errors
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engines.engine import Engine
+from shardfeed._tf.inputs import check_strategy
 from shardfeed._tf.loop import Loop, run_eagerly
 from shardfeed._tf.model_steps import ModelSteps
 from shardfeed._tf.traces import Traces
-from shardfeed._tf.world import initialized_world, is_default_strategy
 from shardfeed._training.class_weights import ClassWeights
 from shardfeed._training.loop_cache import ModelCache
 from shardfeed._training.options import FitOptions
@@ -65,67 +64,12 @@ def loop_for(
     loop = loops.get(key)
     if loop is None:
         engine = dataset.engine
-        _check_strategy(model, dataset)
+        check_strategy(model, dataset)
         _build(model, dataset, engine)
         loop = Loop(model, dataset, engine, options, class_weights, compiled.traces.get(key))
         compiled.traces[key] = loop.traces
         loops[key] = loop
     return loop
-
-
-def _check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
-    """Refuses a model and a dataset on different strategies, naming the one
-    built outside the strategy's scope (the one on the default strategy)."""
-    model_strategy = model.distribute_strategy
-    data_strategy = dataset.world.strategy
-    if model_strategy is data_strategy:
-        return
-    received = (
-        f"model.distribute_strategy={type(model_strategy).__name__}, "
-        f"dataset strategy={type(data_strategy).__name__}"
-    )
-    constraint = "The model and the dataset must use the same `tf.distribute` strategy."
-    if is_default_strategy(data_strategy):
-        raise ValueError(
-            _errors.message(
-                constraint + " The dataset was built outside the strategy's scope.",
-                received,
-                "Build the dataset inside the scope the model was built in: `with "
-                "world.scope(): dataset = shardfeed.ShardedResidentDataset(...)` (or pass "
-                "`ShardedResidentDataset(..., strategy=model.distribute_strategy)`).",
-            )
-        )
-    if is_default_strategy(model_strategy):
-        constraint += " The model was built, compiled or loaded outside the strategy's scope."
-    raise ValueError(
-        _errors.message(
-            constraint,
-            received,
-            "Build, compile or load the model inside the dataset's strategy scope, "
-            "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
-            "`with world.scope(): model = keras.models.load_model(path)`.",
-        )
-    )
-
-
-def check_model_scope(model: keras.Model) -> None:
-    """Refuses a model outside the strategy `shardfeed.init` started, for
-    arrays given to `evaluate`/`predict` (they would run on the model's
-    default strategy: one device, and alone on each worker)."""
-    world = initialized_world()
-    if world is None or is_default_strategy(world.strategy):
-        return
-    if is_default_strategy(model.distribute_strategy):
-        raise ValueError(
-            _errors.message(
-                "The model must be built, compiled or loaded inside the scope of the "
-                "strategy `shardfeed.init()` started.",
-                f"model.distribute_strategy={type(model.distribute_strategy).__name__}, "
-                f"shardfeed.init() strategy={type(world.strategy).__name__}",
-                "Build or load it inside that scope: `with world.scope(): model = "
-                "keras.models.load_model(path)`.",
-            )
-        )
 
 
 def _build(model: keras.Model, dataset: ShardedResidentDataset, engine: Engine) -> None:

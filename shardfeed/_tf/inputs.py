@@ -1,7 +1,7 @@
 """What `fit`, `evaluate` and `predict` accept on TensorFlow: `_training/arguments.py`'s
 checks and `wrap_arrays` bound to TensorFlow's dataset class, arrays going onto the
-model's strategy (the shared names re-exported here), and the sparse-label check
-with TensorFlow's gather."""
+model's strategy (the shared names re-exported here), the sparse-label check
+with TensorFlow's gather, and that model and dataset share a strategy."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import keras
 
-from shardfeed._tf.compiled import check_model_scope
+from shardfeed._common import errors as _errors
 from shardfeed._tf.dataset import ShardedResidentDataset
-from shardfeed._tf.world import current_world
+from shardfeed._tf.world import current_world, initialized_world, is_default_strategy
 from shardfeed._training import arguments as _arguments
 from shardfeed._training import sparse_labels as _sparse_labels
 from shardfeed._training.arguments import (
@@ -76,3 +76,58 @@ def check_sparse_labels(model: keras.Model, dataset: ShardedResidentDataset, nam
     _sparse_labels.check_sparse_labels(
         model, dataset, name, dataset.element_spec, engine.all_gather
     )
+
+
+def check_strategy(model: keras.Model, dataset: ShardedResidentDataset) -> None:
+    """Refuses a model and a dataset on different strategies, naming the one
+    built outside the strategy's scope (the one on the default strategy)."""
+    model_strategy = model.distribute_strategy
+    data_strategy = dataset.world.strategy
+    if model_strategy is data_strategy:
+        return
+    received = (
+        f"model.distribute_strategy={type(model_strategy).__name__}, "
+        f"dataset strategy={type(data_strategy).__name__}"
+    )
+    constraint = "The model and the dataset must use the same `tf.distribute` strategy."
+    if is_default_strategy(data_strategy):
+        raise ValueError(
+            _errors.message(
+                constraint + " The dataset was built outside the strategy's scope.",
+                received,
+                "Build the dataset inside the scope the model was built in: `with "
+                "world.scope(): dataset = shardfeed.ShardedResidentDataset(...)` (or pass "
+                "`ShardedResidentDataset(..., strategy=model.distribute_strategy)`).",
+            )
+        )
+    if is_default_strategy(model_strategy):
+        constraint += " The model was built, compiled or loaded outside the strategy's scope."
+    raise ValueError(
+        _errors.message(
+            constraint,
+            received,
+            "Build, compile or load the model inside the dataset's strategy scope, "
+            "e.g. `world = shardfeed.init()` (or `world = dataset.world`), then "
+            "`with world.scope(): model = keras.models.load_model(path)`.",
+        )
+    )
+
+
+def check_model_scope(model: keras.Model) -> None:
+    """Refuses a model outside the strategy `shardfeed.init` started, for
+    arrays given to `evaluate`/`predict` (they would run on the model's
+    default strategy: one device, and alone on each worker)."""
+    world = initialized_world()
+    if world is None or is_default_strategy(world.strategy):
+        return
+    if is_default_strategy(model.distribute_strategy):
+        raise ValueError(
+            _errors.message(
+                "The model must be built, compiled or loaded inside the scope of the "
+                "strategy `shardfeed.init()` started.",
+                f"model.distribute_strategy={type(model.distribute_strategy).__name__}, "
+                f"shardfeed.init() strategy={type(world.strategy).__name__}",
+                "Build or load it inside that scope: `with world.scope(): model = "
+                "keras.models.load_model(path)`.",
+            )
+        )
