@@ -36,7 +36,7 @@ from shardfeed._jax import interrupts as _interrupts
 from shardfeed._jax.world import REPLICA_AXIS, World
 from shardfeed._training.calls import Call, epoch_calls
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.options import auto_steps_per_execution
+from shardfeed._training.options import auto_steps_per_execution, has_convolution
 
 Mode = Literal["train", "test", "predict"]
 
@@ -98,17 +98,6 @@ def python_logs(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Layers whose convolutions XLA:CPU runs 6-21x slower inside a `while` loop
-# (a rolled `lax.scan`, even of length 1) than outside one
-# (shardfeed/_commands/bench/NOTES.md). A layer calling `keras.ops.conv` itself is not seen.
-_CONVOLUTIONS = (
-    keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
-)
-
-
 # "auto" steps per call of an unrolled loop, at most (and about ten calls per
 # epoch below that): on CPU the keras-io MNIST convnet and timeseries FCN ran
 # 8 unrolled steps per call 12-36% faster per step than 1, and 16-32 no
@@ -122,7 +111,7 @@ def unrolls_steps(model: keras.Model, world: World) -> bool:
     slow (on GPUs the rolled `lax.scan` is kept: its compile does not grow
     with the steps per call; measured on CPU only)."""
     on_cpu = all(d.platform == "cpu" for d in world.devices)
-    return on_cpu and any(isinstance(layer, _CONVOLUTIONS) for layer in model._flatten_layers())
+    return on_cpu and has_convolution(model)
 
 
 # Compiled calls shared by models of one architecture: KerasTuner's trials and

@@ -42,16 +42,7 @@ from shardfeed._tf.functions import Mode, Piece, compiled, steps_from
 from shardfeed._tf.traces import Bound, Traces, xla_refusals
 from shardfeed._training.calls import epoch_calls
 from shardfeed._training.class_weights import ClassWeights
-from shardfeed._training.options import FitOptions, auto_steps_per_execution
-
-_CONV_LAYERS = (
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv2D,
-    keras.layers.Conv2DTranspose,
-)
+from shardfeed._training.options import FitOptions, auto_steps_per_execution, has_convolution
 
 
 def _map_leaves(fn: Callable[[Any], Any], batch: Batch) -> Batch:
@@ -63,10 +54,6 @@ def _map_leaves(fn: Callable[[Any], Any], batch: Batch) -> Batch:
         return keras.tree.map_structure(lambda t: None if t is None else fn(t), structure)
 
     return Batch(*(over(field) for field in batch))
-
-
-def _has_conv(model: keras.Model) -> bool:
-    return any(isinstance(layer, _CONV_LAYERS) for layer in model._flatten_layers())
 
 
 # Keras' own words when `compile(jit_compile=True, run_eagerly=True)`.
@@ -94,7 +81,7 @@ def resolve_jit_compile(jit_compile: bool | str, model: keras.Model) -> bool:
         return False
     if tf.config.list_logical_devices("GPU"):
         return True
-    return not _has_conv(model)
+    return not has_convolution(model)
 
 
 class Loop:

@@ -131,3 +131,20 @@ def with_model_steps(options: FitOptions, model: Any) -> FitOptions:
 def auto_steps_per_execution(steps: int) -> int:
     """About ten calls per epoch, between 1 and 512 steps per call."""
     return max(1, min(512, math.ceil(steps / 10)))
+
+
+def has_convolution(model: Any) -> bool:
+    """Whether the model has one of Keras' convolution layers: XLA:CPU ran
+    them slower inside a compiled step loop (TensorFlow's "auto" `jit_compile`,
+    JAX's unrolled steps; shardfeed/_commands/bench/NOTES.md). A layer calling
+    `keras.ops.conv` itself is not seen."""
+    import keras  # here: `FitOptions` is imported before any Keras backend is chosen
+
+    layers = keras.layers
+    convolutions = (
+        layers.Conv1D, layers.Conv2D, layers.Conv3D,
+        layers.Conv1DTranspose, layers.Conv2DTranspose, layers.Conv3DTranspose,
+        layers.DepthwiseConv1D, layers.DepthwiseConv2D,
+        layers.SeparableConv1D, layers.SeparableConv2D,
+    )  # fmt: skip
+    return any(isinstance(layer, convolutions) for layer in model._flatten_layers())

@@ -888,3 +888,24 @@ def test_fit_warns_as_keras_when_the_data_runs_out_at_the_users_call():
     # As Keras: once per epoch, each at this call (was at `_tf/training.py`,
     # which runs the epochs).
     assert [w.filename for w in caught] == [__file__, __file__]
+
+
+@pytest.mark.parametrize(
+    ("layer", "shape"),
+    [
+        (layers.Conv1DTranspose(2, 3), (8, 1)),
+        (layers.Conv3DTranspose(2, 3), (4, 4, 4, 1)),
+        (layers.DepthwiseConv1D(3), (8, 1)),
+        (layers.SeparableConv1D(2, 3), (8, 1)),
+        (layers.Conv2D(2, 3), (6, 6, 1)),
+    ],
+)
+def test_auto_jit_compile_is_off_on_cpu_for_every_convolution(layer, shape):
+    # One list of convolutions for both backends (`_training/options.has_convolution`):
+    # TensorFlow's own list missed the 1-D and 3-D transposed, depthwise and
+    # separable ones, and turned XLA on for them on CPUs.
+    from shardfeed._tf.loop import resolve_jit_compile
+
+    model = keras.Sequential([keras.Input(shape), layer])
+    assert resolve_jit_compile("auto", model) is False
+    assert resolve_jit_compile("auto", keras.Sequential([keras.Input((4,)), layers.Dense(2)]))
