@@ -132,7 +132,6 @@ class Loop:
         # (`model_steps.py`).
         self.model_steps = _model_steps.ModelSteps.of(model)
         self._own = _model_steps.OwnSteps(self)
-        self._own_train_fn: Any = None  # `_replica_step`'s nested own train step
         # Our own step on one replica under XLA gathers a call's rows up front
         # (`train_gathered`; the memory counted for it is the resident
         # dataset's: a streamed one's ring slots take the memory there);
@@ -288,8 +287,6 @@ class Loop:
                 # model's `train_step` (Keras traces it at most twice; a
                 # strategy's merge call cannot run inside such a nested
                 # function).
-                if self._own_train_fn is None:
-                    self._own_train_fn = self.traces.nested(self._own.train_on_rows)
                 fn, bound = self._own_train_fn, Bound(self, epoch)
                 return lambda handles, rows, i, r, *_: fn(bound, handles, rows, where, i, r)
             return lambda handles, rows, i, r, *_: self._own.train_on_rows(
@@ -304,6 +301,11 @@ class Loop:
             self._loss_sum.assign_add(total * n)
 
         return train
+
+    @functools.cached_property
+    def _own_train_fn(self) -> Callable[..., Any]:
+        """`_replica_step`'s nested own train step (`Traces.nested`)."""
+        return self.traces.nested(self._own.train_on_rows)
 
     def _forward(self, x: Any) -> Any:
         return self.model(x, training=False)
