@@ -30,14 +30,13 @@ import tensorflow as tf
 
 from shardfeed._data.plan import ShardPlan
 from shardfeed._distribute import progress as _progress
-from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import model_steps as _model_steps
 from shardfeed._tf import predictions as _predictions
 from shardfeed._tf import step_optimizers as _step_optimizers
 from shardfeed._tf.calls import EpochCalls, EpochInputs, gather_pieces
 from shardfeed._tf.dataset import ShardedResidentDataset
 from shardfeed._tf.engines.engine import Engine
-from shardfeed._tf.epoch import Batch, ResidentEpoch, open_epoch
+from shardfeed._tf.epoch import Batch, ResidentEpoch, augmented, open_epoch
 from shardfeed._tf.functions import Mode, Piece, compiled, steps_from
 from shardfeed._tf.traces import Bound, Traces, xla_refusals
 from shardfeed._training.calls import epoch_calls
@@ -214,12 +213,20 @@ class Loop:
         self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
         return total
 
-    def train_batch(self, epoch: ResidentEpoch, handles, indices):
-        """A training step's batch, with its class weights (only training
-        batches get them, as in Keras)."""
-        x, y, sw = epoch.gather(handles, indices)
+    def train_batch(self, epoch: ResidentEpoch, handles, indices, where=None, i=0, r=None):
+        """A training step's batch (`indices` of the epoch's rows): gathered,
+        weighed (`training_batch`)."""
+        return self.training_batch(*epoch.gather(handles, indices), where, i, r)
+
+    def training_batch(self, x, y, sw, where=None, i=0, r=None):
+        """A gathered training batch with its class weights (only training
+        batches get them, as in Keras) and, given `where` (`[epoch, first
+        step of the call]`, an int64 tensor: a Python int would retrace per
+        call), augmented for step `i` of the call on global replica `r`."""
         if self.class_weights is not None:
             sw = self.class_weights.weights(y)
+        if where is not None:
+            x = augmented(self.dataset, x, where[0], where[1] + tf.cast(i, tf.int64), r)
         return x, y, sw
 
     def _test_step(self, x, y, sw) -> tf.Tensor:
@@ -294,8 +301,7 @@ class Loop:
             )
 
         def train(handles, rows, i, r, real_rows=None, all_rows=None):
-            x, y, sw = self.train_batch(epoch, handles, rows)
-            x = _augmenting.augmented(self.dataset, x, where, i, r)
+            x, y, sw = self.train_batch(epoch, handles, rows, where, i, r)
             total = tf.cast(self.train_step(x, y, sw, real_rows, all_rows), tf.float32)
             n = rows.shape[0] if real_rows is None else tf.cast(real_rows, tf.float32)
             self._loss_sum.assign_add(total * n)
@@ -461,10 +467,7 @@ class Loop:
 
         def step(i):
             x, y, sw = _map_leaves(lambda t: t[i], rows)
-            x = epoch.transformed(x)
-            if self.class_weights is not None:
-                sw = self.class_weights.weights(y)
-            x = _augmenting.augmented(self.dataset, x, where, i, replicas)
+            x, y, sw = self.training_batch(epoch.transformed(x), y, sw, where, i, replicas)
             total = self.train_step(x, y, sw)
             self._loss_sum.assign_add(tf.cast(total, tf.float32) * batch)
 
@@ -489,7 +492,7 @@ class Loop:
                 real_rows, all_rows = self._real_rows(plan), sum(plan.last_step_rows)
                 if mode == "train":
                     total = all_rows if self.whole_loop_jit else tf.constant(all_rows, tf.int32)
-                    where = _augmenting.position(inputs.epoch, start)
+                    where = tf.constant([inputs.epoch, start], tf.int64)
                     value = call(mode, "partial")(
                         inputs.handles, last, real_rows, total, where, inputs.replicas
                     )
@@ -505,7 +508,7 @@ class Loop:
             first = tf.constant(start - begin, tf.int32)
             if mode == "train":
                 piece: Piece = "gathered" if self.gathers_per_call else "steps"
-                where = _augmenting.position(inputs.epoch, begin)
+                where = tf.constant([inputs.epoch, begin], tf.int64)
                 value = call(mode, piece)(inputs.handles, indices, first, where, inputs.replicas)
             else:
                 value = call(mode, "steps")(inputs.handles, indices, first)
@@ -591,9 +594,14 @@ class Loop:
         if training and self.model_steps.train:
             self._own.create_variables(order)  # once, before the first training trace
         inputs = EpochInputs(
-            order, plan, epoch, self.handles(order), _augmenting.replica_ids(self.engine)
+            order, plan, epoch, self.handles(order), self._replica_ids()
         )
         return EpochCalls(self, inputs, training, first, last, step_offset, totals)
+
+    def _replica_ids(self) -> Any:
+        """Each local replica's global id, placed on its replica (augmentation's seeds)."""
+        ids = self.engine.world.global_replica_ids
+        return self.engine.distribute([tf.constant(r, tf.int64) for r in ids])
 
     def logs(self, loss: float) -> dict[str, float]:
         """Current logs: our exact loss, then the model's compiled metrics."""

@@ -16,7 +16,6 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-from shardfeed._tf import augmenting as _augmenting
 from shardfeed._tf import step_optimizers as _step_optimizers
 from shardfeed._tf.epoch import ResidentEpoch
 from shardfeed._tf.functions import compiled
@@ -107,8 +106,7 @@ class OwnSteps:
 
     def train_on_rows(self, epoch, handles, rows, where, i, r):
         loop = self.loop
-        x, y, sw = loop.train_batch(epoch, handles, rows)
-        x = _augmenting.augmented(loop.dataset, x, where, i, r)
+        x, y, sw = loop.train_batch(epoch, handles, rows, where, i, r)
         with _step_optimizers.synchronised(self.engine, loop.options.sparse_as_dense):
             return _averageable(self.model.train_step(keras_data(x, y, sw)))
 

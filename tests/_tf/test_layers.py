@@ -29,7 +29,7 @@ TRAINING = pathlib.Path(shardfeed.__file__).parent / "_training"
 TF = pathlib.Path(shardfeed.__file__).parent / "_tf"
 # TF training modules (as in pyproject's "Training sees data only through ...").
 TF_TRAINING = (
-    "augmenting calls compiled epochs evaluation inputs loop model_steps "
+    "calls compiled epochs evaluation inputs loop model_steps "
     "predictions saving step_optimizers sync traces training"
 ).split()
 
