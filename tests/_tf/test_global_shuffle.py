@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers import strategy_of
 from keras import layers
 
 import shardfeed
@@ -25,13 +26,7 @@ ROWS = 1001  # uneven shards on 2, 3 and 4 replicas, and a partial last step
 SMALL_BUFFER = LoadOptions(exchange_buffer_bytes=4_000)  # many rounds per exchange
 
 
-def _strategy(n):
-    if n == 1:
-        return tf.distribute.get_strategy()
-    # Strategies in one process share collective keys; move the base per strategy
-    # (see test_mirrored.py).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+_strategy = strategy_of
 
 
 def _data(rows=ROWS):

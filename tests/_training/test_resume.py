@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers import strategy_of
 from _helpers_resume import DELETE as _DELETE
 from _helpers_resume import Preempt
 from _helpers_resume import edit_state as _state
@@ -81,12 +82,7 @@ def _model():
     return model
 
 
-def _strategy(n):
-    if n == 1:
-        return tf.distribute.get_strategy()
-    # Strategies built in one process share collective group keys (see test_mirrored.py).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+_strategy = strategy_of
 
 
 def _fit(
