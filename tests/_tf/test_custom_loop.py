@@ -14,15 +14,14 @@ the fix. The loops themselves live in `_custom_loop.py` (also the workers).
 
 from __future__ import annotations
 
-import sys
-
 import _custom_loop as cl
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers_horovod import TWO_WORKER_ENGINES
 from _helpers_resume import assert_bad_states_refused
 from test_mirrored import _strategy
-from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
+from test_multiworker import ROOT, _run, two_workers
 
 import shardfeed
 from shardfeed import LoadOptions, ResidentEpoch, ShardedResidentDataset
@@ -238,23 +237,12 @@ def test_bad_states_are_refused_with_the_fix():
     assert_bad_states_refused(it, good, steps=13, num_rows=203)
 
 
-def _launch(engine, out):
-    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                sys.executable, str(ROOT / "tests" / "_custom_loop.py"), "--out", str(out)]
-    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
-            "--timeout-s", str(TIMEOUT_S - 20), str(ROOT / "tests" / "_custom_loop.py"),
-            "--out", str(out)]
-
-
 @pytest.mark.multi_process
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
-)
+@pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_custom_loop_ends_at_fits_weights(engine, tmp_path):
     out = tmp_path / "res"
-    _run(_launch(engine, out), ROOT)
+    _run(two_workers(engine, ROOT / "tests" / "_custom_loop.py", "--out", str(out)), ROOT)
     results = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
     for res in results:
         np.testing.assert_allclose(res["custom"], res["fit"], rtol=RTOL, atol=ATOL)
