@@ -30,6 +30,7 @@ def main() -> int:
 
     import keras
     import tensorflow as tf
+    from _helpers_global_shuffle import build_model, data, scale
 
     import shardfeed
     from shardfeed import LoadOptions, ShardedResidentDataset, files
@@ -46,26 +47,13 @@ def main() -> int:
 
     world = shardfeed.init()
     rows = 1001
-    rng = np.random.default_rng(0)
-    x = {
-        "a": rng.normal(size=(rows, 6)).astype("float32"),
-        "b": rng.integers(0, 256, size=(rows, 2)).astype("uint8"),
-    }
-    y = (x["a"] @ rng.normal(size=(6, 1))).astype("float32")
-    w = rng.uniform(0.5, 1.5, size=rows).astype("float32")
+    x, y, w = data(rows)
     if args.npy:
         x["a"] = files.concat([files.npy(os.path.join(args.npy, f"a{i}.npy")) for i in (0, 1)])
 
-    def scale(x):
-        return {"a": x["a"], "b": tf.cast(x["b"], "float32") / 255.0}
-
     small = LoadOptions(exchange_buffer_bytes=4_000)
     with world.scope():
-        keras.utils.set_random_seed(7)
-        a, b = keras.Input((6,), name="a"), keras.Input((2,), name="b")
-        h = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([a, b]))
-        model = keras.Model({"a": a, "b": b}, keras.layers.Dense(1)(h))
-        model.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"])
+        model = build_model()
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=args.batch, seed=11, placement=args.placement,
             transform=scale, load_options=small, shuffle=not args.in_order,

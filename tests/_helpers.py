@@ -15,3 +15,10 @@ def mirrored_strategy(num_devices: int) -> tf.distribute.MirroredStrategy:
     """
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
     return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(num_devices)])
+
+
+def strategy_of(num_devices: int) -> tf.distribute.Strategy:
+    """The default strategy (one device, CPU:0) for 1, else `mirrored_strategy`."""
+    if num_devices == 1:
+        return tf.distribute.get_strategy()
+    return mirrored_strategy(num_devices)

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers import mirrored_strategy
 from keras import layers
 
 import shardfeed
@@ -258,8 +259,7 @@ def test_keras_preprocessing_layers_work_as_augment():
 def test_replicas_draw_different_augmentations():
     """Two replicas holding the same rows (placement="replicate") with the
     same batch: each records the draw it got; they differ."""
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    strategy = mirrored_strategy(2)
     images = np.ones((16, 6, 6, 3), "uint8")
     labels = np.zeros(16, "int32")
     with strategy.scope():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers_horovod import NO_HOROVOD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,11 +122,7 @@ def test_ports_run_under_shardfeed_launch(script, tmp_path):
 
 @pytest.mark.multi_process
 @pytest.mark.horovod
-@pytest.mark.skipif(
-    not (BIN / "horovodrun").exists(),
-    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); "
-    "the Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
-)
+@NO_HOROVOD
 @pytest.mark.parametrize("script", PORTS)
 def test_ports_run_under_horovodrun(script, tmp_path):
     horovodrun = [str(BIN / "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2"]
@@ -199,11 +196,7 @@ def test_horovod_tf2_port_under_shardfeed_launch(tmp_path):
 
 @pytest.mark.multi_process
 @pytest.mark.horovod
-@pytest.mark.skipif(
-    not (BIN / "horovodrun").exists(),
-    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); "
-    "the Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
-)
+@NO_HOROVOD
 def test_horovod_tf2_port_under_horovodrun(tmp_path):
     horovodrun = [str(BIN / "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2"]
     cmd = [*horovodrun, sys.executable, *_hvd_port_args(tmp_path, 60)]

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from _helpers_procs import is_gone
 
 import shardfeed
 from shardfeed._commands.bench import engines as _engines
@@ -123,14 +124,6 @@ def test_bench_engines_flag_adds_the_engines_to_json_and_markdown(tmp_path, monk
     assert markdown in capsys.readouterr().out
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # killed, not yet reaped
-    except FileNotFoundError:
-        return True
-
-
 def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch):
     # A launcher stand-in that starts a worker and waits for it, as
     # `shardfeed launch` and horovodrun do.
@@ -141,9 +134,9 @@ def test_engine_past_its_timeout_has_every_process_killed(tmp_path, monkeypatch)
         _engines.run_engines(_rows("W2"), EPOCHS, horovod_python=None, timeout_s=1)
     worker = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while not _gone(worker) and time.monotonic() < deadline:
+    while not is_gone(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _gone(worker), "the worker outlived its engine's timeout"
+    assert is_gone(worker), "the worker outlived its engine's timeout"
 
 
 def test_shuffles_table_reports_the_exchange_beside_local_and_replicate():

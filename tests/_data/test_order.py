@@ -19,7 +19,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from _helpers import strategy_of
 from _helpers_order import (
     CASES,
     RESUME_CASE,
@@ -41,13 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "_order_worker_jax.py"
 
 
-def _strategy(n: int) -> tf.distribute.Strategy:
-    if n == 1:
-        return tf.distribute.get_strategy()
-    # Strategies in one process share collective keys; move the base per strategy
-    # (see test_mirrored.py).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+_strategy = strategy_of
 
 
 def _tf_record(name: str) -> list:

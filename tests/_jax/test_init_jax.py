@@ -19,9 +19,10 @@ import socket
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from _helpers_init import BUILT_BEFORE_INIT, no_world_from_init, rows
 from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
+from _helpers_procs import is_gone
 
 import shardfeed
 from shardfeed import _launch
@@ -361,14 +362,6 @@ def _assert_the_launcher_names(err: str, failure: str) -> None:
     assert any(failure in line for line in launcher), launcher
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.multi_process
 def test_two_jax_processes_under_shardfeed_launch(tmp_path, monkeypatch):
     code, out, err, _ = _launch_job(tmp_path, monkeypatch, "ok")
@@ -388,7 +381,7 @@ def test_killing_one_jax_worker_stops_every_rank(tmp_path, monkeypatch):
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
-    assert [pid for pid in pids if not _gone(pid)] == []
+    assert [pid for pid in pids if not is_gone(pid)] == []
 
 
 @pytest.mark.multi_process
@@ -403,7 +396,7 @@ def test_an_exception_on_one_jax_worker_stops_every_rank_in_seconds(tmp_path, mo
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
-    assert [pid for pid in pids if not _gone(pid)] == []
+    assert [pid for pid in pids if not is_gone(pid)] == []
 
 
 @pytest.mark.multi_process
@@ -421,7 +414,7 @@ def test_killing_one_jax_worker_under_mpirun_stops_every_rank(tmp_path, monkeypa
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
-    assert [pid for pid in pids if not _gone(pid)] == []
+    assert [pid for pid in pids if not is_gone(pid)] == []
 
 
 @pytest.mark.multi_process
@@ -443,7 +436,7 @@ def test_sys_exit_on_one_jax_worker_ends_with_its_status_within_the_shutdown_tim
     assert "SIGABRT" not in err
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
-    assert [pid for pid in pids if not _gone(pid)] == []
+    assert [pid for pid in pids if not is_gone(pid)] == []
 
 
 # One rank sleeps (alive) where the others wait for it: rank 1 in a callback
@@ -559,41 +552,22 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(
     assert elapsed < 60
     pids = [int(p.read_text()) for p in Path(tmp_path).glob("pid*")]
     assert len(pids) == 2
-    assert [pid for pid in pids if not _gone(pid)] == []
+    assert [pid for pid in pids if not is_gone(pid)] == []
 
 
 # -- init ordering -----------------------------------------------------------------------------
 
-BUILT_BEFORE_INIT = (
-    "A dataset holds its rows on the replicas of the world it was built in, and this one was "
-    "built before `shardfeed.init()`, which has since started another: training it would use "
-    "1 replica(s) while the model's world has 4. Received: dataset.world: world_size=1, "
-    "num_replicas_in_sync=1; shardfeed.init(): world_size=1, num_replicas_in_sync=4. Call "
-    "shardfeed.init() before building the dataset (first thing in the script), then build the "
-    "dataset again."
-)
-
 
 @pytest.fixture
 def no_init():
-    """No world from `shardfeed.init()` during the test, and the previous one after."""
-    from shardfeed._jax import world as _world
-
-    saved = list(_world._initialized)
-    _world._initialized.clear()
-    yield
-    _world._initialized[:] = saved
-
-
-def _rows(n=64):
-    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
-    return x, x.sum(axis=1, keepdims=True)
+    with no_world_from_init():
+        yield
 
 
 def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
     import keras
 
-    x, y = _rows()
+    x, y = rows()
     ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
     assert ds.world.num_replicas_in_sync == 1  # one device, as Keras on JAX without init
     world = shardfeed.init()
@@ -610,7 +584,7 @@ def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(n
 
 
 def test_a_dataset_built_before_an_init_with_the_same_world_is_kept(no_init):
-    x, y = _rows()
+    x, y = rows()
     ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
     shardfeed.init(engine="single")
     assert ds.world.num_replicas_in_sync == 1
@@ -622,7 +596,7 @@ def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeyp
     for name, value in {"SHARDFEED_RANK": "1", "SHARDFEED_WORLD_SIZE": "2",
                         "SHARDFEED_LOCAL_RANK": "1"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    x, y = _rows()
+    x, y = rows()
     with pytest.raises(RuntimeError) as info:
         shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
     assert str(info.value) == (

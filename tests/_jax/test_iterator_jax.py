@@ -21,6 +21,7 @@ import pytest
 from _helpers_fit import mlp, regression_data
 from _helpers_fit import replicas as world_of
 from _helpers_jax import run_python
+from _helpers_resume import assert_bad_states_refused
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -182,40 +183,14 @@ def test_bad_states_are_refused_with_the_fix(replicas):
     good = it.get_state()
     assert good == {"epoch": 0, "step": 0, "seed": SEED, "num_rows": ROWS,
                     "global_batch_size": BATCH}
-    with pytest.raises(ValueError) as err:
-        it.set_state({"epoch": 0})
-    assert str(err.value) == (
-        "The state must be a dict with exactly the keys ['epoch', 'step', 'seed', "
-        "'num_rows', 'global_batch_size']. Received: state keys=['epoch']. Pass what "
-        "`ResidentIterator.get_state()` returned."
-    )
+    assert_bad_states_refused(it, good, steps=26, num_rows=ROWS)
     with pytest.raises(ValueError) as err:
         it.set_state([("epoch", 0)])
     assert "Received: state keys=list." in str(err.value)
-    with pytest.raises(ValueError) as err:
-        it.set_state({**good, "step": 26})
-    assert str(err.value) == (
-        "`state['step']` must be an integer in [0, 25]. Received: state['step']=26. "
-        "Pass a saved state of this dataset (its epochs have 26 steps)."
-    )
-    with pytest.raises(ValueError) as err:
-        it.set_state({**good, "epoch": 1.0})
-    assert str(err.value) == (
-        "`state['epoch']` must be an integer in [0, 4611686018427387904]. Received: "
-        "state['epoch']=1.0. Pass a saved state."
-    )
     with pytest.raises(ValueError, match=r"Received: state\['epoch'\]=-1\. "):
         it.set_state({**good, "epoch": -1})
     with pytest.raises(ValueError, match=r"Received: state\['step'\]=True\. "):
         it.set_state({**good, "step": True})
-    with pytest.raises(ValueError) as err:
-        it.set_state({**good, "num_rows": 104})
-    assert str(err.value) == (
-        "The state is a position in another dataset: its seed, rows and global batch must "
-        "be this dataset's. Received: state['num_rows']=104, this dataset's num_rows=103. "
-        "Restore into an iterator of the dataset the state was saved from (same rows, "
-        "seed and global batch)."
-    )
     for key, value in [("seed", 8), ("seed", None), ("global_batch_size", 8),
                        ("global_batch_size", "4")]:
         with pytest.raises(ValueError, match=(
@@ -379,7 +354,7 @@ def test_overwritten_arrays_are_refused_before_the_call_that_killed_the_process(
     # SIGSEGV (JAX 0.10.2, 2 devices, either case). In a child process, so a
     # crash cannot take the other tests with it.
     code = (
-        "import sys; sys.path.insert(0, 'tests/_jax')\n"
+        "import sys; sys.path[:0] = ['tests/_jax', 'tests']\n"
         "from test_iterator_jax import closed_arrays_refusal\n"
         "print(closed_arrays_refusal('copy', reopened=True))\n"
         "print(closed_arrays_refusal('gathered', reopened=True))\n"

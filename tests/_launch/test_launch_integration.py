@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers_procs import assert_all_gone
 
 from shardfeed import _launch
 from shardfeed._launch import delegate
@@ -76,23 +77,8 @@ def worker(tmp_path):
     return path
 
 
-def _is_gone(pid: int) -> bool:
-    """True when `pid` no longer runs (missing, or a zombie waiting for init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def _assert_all_gone(tmp_path: Path) -> None:
-    pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
-    pids += [int(p.read_text()) for p in tmp_path.glob("child*")]
-    assert pids
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not all(_is_gone(pid) for pid in pids):
-        time.sleep(0.05)
-    assert [pid for pid in pids if not _is_gone(pid)] == []
+    assert_all_gone(tmp_path, ["pid*", "child*"], within_s=5, poll_s=0.05)
 
 
 def _run(worker, tmp_path, modes, **kwargs):

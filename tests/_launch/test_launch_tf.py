@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers_procs import assert_all_gone
 
 from shardfeed import _launch
 from shardfeed._launch import local, netns
@@ -126,21 +127,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _is_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def _assert_all_gone(out: Path) -> None:
-    pids = [int(p.read_text()) for p in out.glob("pid*")]
-    assert pids
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all(_is_gone(pid) for pid in pids):
-        time.sleep(0.1)
-    assert [pid for pid in pids if not _is_gone(pid)] == []
+    assert_all_gone(out, ["pid*"], within_s=10, poll_s=0.1)
 
 
 def _wait_for(paths: list[Path], process: subprocess.Popen) -> None:

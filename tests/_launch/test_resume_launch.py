@@ -36,44 +36,14 @@ ROWS = 600
 WORKER = r"""
 import json, os, signal, sys
 from pathlib import Path
-import keras, numpy as np, tensorflow as tf
+import keras, numpy as np
 import shardfeed
 
 out, backup, kill = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "kill"
+sys.path.insert(0, sys.argv[4])  # tests/: the row-id model
+from _helpers_row_ids import IdModel
+
 world = shardfeed.init()
-
-
-class RowHash(keras.metrics.Metric):
-    def __init__(self, name="rows", **kwargs):
-        super().__init__(name=name, dtype="float64", **kwargs)
-        self.stats = self.add_variable(
-            shape=(3,), initializer="zeros", dtype="float64", aggregation="sum", name="stats"
-        )
-
-    def update_state(self, ids):
-        ids = tf.cast(ids, "float64")
-        n = tf.cast(tf.size(ids), "float64")
-        self.stats.assign_add(tf.stack([n, tf.reduce_sum(ids), tf.reduce_sum(ids**2)]))
-
-    def result(self):
-        return {"row_count": self.stats[0], "row_sum": self.stats[1], "row_sumsq": self.stats[2]}
-
-
-class IdModel(keras.Model):
-    def __init__(self):
-        super().__init__(name="ids")
-        self.hidden = keras.layers.Dense(8, activation="relu", name="hidden")
-        self.out = keras.layers.Dense(1, name="out")
-        self.row_hash = RowHash()
-
-    def call(self, x):
-        return self.out(self.hidden(x[:, :-1]))
-
-    def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        self.row_hash.update_state(x[:, -1])
-        return super().compute_metrics(x, y, y_pred, sample_weight)
-
-
 rng = np.random.default_rng(0)
 x = rng.normal(size=(600, 4)).astype("float32")
 y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
@@ -143,6 +113,7 @@ def _launch(workers, out, backup, mode):
         str(out),
         str(backup),
         mode,
+        str(ROOT / "tests"),
     ]
     return subprocess.run(
         cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S

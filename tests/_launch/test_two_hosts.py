@@ -28,6 +28,7 @@ from pathlib import Path
 
 import _helpers_two_hosts as hosts
 import pytest
+from _helpers_horovod import NO_HOROVOD
 
 pytestmark = [
     pytest.mark.multi_process,
@@ -362,11 +363,7 @@ def test_slurm_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path)
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.tensorflow
-@pytest.mark.skipif(
-    not (MPI_BIN / "horovodrun").exists(),
-    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); the "
-    "Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
-)
+@NO_HOROVOD
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 def test_horovodrun_recipe_across_two_hosts_trains_to_the_same_weights(two, tmp_path, controller):
     """launch/horovodrun-multihost.sh as written, with CONTROLLER=--gloo or --mpi, run

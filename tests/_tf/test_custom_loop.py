@@ -14,14 +14,14 @@ the fix. The loops themselves live in `_custom_loop.py` (also the workers).
 
 from __future__ import annotations
 
-import sys
-
 import _custom_loop as cl
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers_horovod import TWO_WORKER_ENGINES
+from _helpers_resume import assert_bad_states_refused
 from test_mirrored import _strategy
-from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
+from test_multiworker import ROOT, _run, two_workers
 
 import shardfeed
 from shardfeed import LoadOptions, ResidentEpoch, ShardedResidentDataset
@@ -234,49 +234,15 @@ def test_bad_states_are_refused_with_the_fix():
     good = it.get_state()
     assert good == {"epoch": 0, "step": 0, "seed": cl.SEED, "num_rows": cl.ROWS,
                     "global_batch_size": cl.BATCH}
-    with pytest.raises(ValueError) as err:
-        it.set_state({"epoch": 0})
-    assert str(err.value) == (
-        "The state must be a dict with exactly the keys ['epoch', 'step', 'seed', "
-        "'num_rows', 'global_batch_size']. Received: state keys=['epoch']. Pass what "
-        "`ResidentIterator.get_state()` returned."
-    )
-    with pytest.raises(ValueError) as err:
-        it.set_state({**good, "step": 13})
-    assert str(err.value) == (
-        "`state['step']` must be an integer in [0, 12]. Received: state['step']=13. "
-        "Pass a saved state of this dataset (its epochs have 13 steps)."
-    )
-    with pytest.raises(ValueError, match=r"Received: state\['epoch'\]=1.0"):
-        it.set_state({**good, "epoch": 1.0})
-    with pytest.raises(ValueError) as err:
-        it.set_state({**good, "num_rows": 204})
-    assert str(err.value) == (
-        "The state is a position in another dataset: its seed, rows and global batch must "
-        "be this dataset's. Received: state['num_rows']=204, this dataset's num_rows=203. "
-        "Restore into an iterator of the dataset the state was saved from (same rows, "
-        "seed and global batch)."
-    )
-    assert it.get_state() == good  # a refused state moves nothing
-
-
-def _launch(engine, out):
-    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                sys.executable, str(ROOT / "tests" / "_custom_loop.py"), "--out", str(out)]
-    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
-            "--timeout-s", str(TIMEOUT_S - 20), str(ROOT / "tests" / "_custom_loop.py"),
-            "--out", str(out)]
+    assert_bad_states_refused(it, good, steps=13, num_rows=203)
 
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
-)
+@pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_custom_loop_ends_at_fits_weights(engine, tmp_path):
     out = tmp_path / "res"
-    _run(_launch(engine, out), ROOT)
+    _run(two_workers(engine, ROOT / "tests" / "_custom_loop.py", "--out", str(out)), ROOT)
     results = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
     for res in results:
         np.testing.assert_allclose(res["custom"], res["fit"], rtol=RTOL, atol=ATOL)

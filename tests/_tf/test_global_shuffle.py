@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras import layers
+from _helpers import strategy_of
+from _helpers_global_shuffle import build_model, data, scale
 
 import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
@@ -25,37 +26,7 @@ ROWS = 1001  # uneven shards on 2, 3 and 4 replicas, and a partial last step
 SMALL_BUFFER = LoadOptions(exchange_buffer_bytes=4_000)  # many rounds per exchange
 
 
-def _strategy(n):
-    if n == 1:
-        return tf.distribute.get_strategy()
-    # Strategies in one process share collective keys; move the base per strategy
-    # (see test_mirrored.py).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
-
-
-def _data(rows=ROWS):
-    rng = np.random.default_rng(0)
-    x = {
-        "a": rng.normal(size=(rows, 6)).astype("float32"),
-        "b": rng.integers(0, 256, size=(rows, 2)).astype("uint8"),
-    }
-    y = (x["a"] @ rng.normal(size=(6, 1))).astype("float32")
-    w = rng.uniform(0.5, 1.5, size=rows).astype("float32")
-    return x, y, w
-
-
-def _scale(x):
-    return {"a": x["a"], "b": tf.cast(x["b"], "float32") / 255.0}
-
-
-def _model():
-    keras.utils.set_random_seed(7)
-    a, b = keras.Input((6,), name="a"), keras.Input((2,), name="b")
-    h = layers.Dense(16, activation="relu")(layers.Concatenate()([a, b]))
-    model = keras.Model({"a": a, "b": b}, layers.Dense(1)(h))
-    model.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"])
-    return model
+_strategy = strategy_of
 
 
 class _EpochWeights(keras.callbacks.Callback):
@@ -68,12 +39,12 @@ class _EpochWeights(keras.callbacks.Callback):
 
 
 def _train(replicas, b, placement, options=None, shuffle=True):
-    x, y, w = _data()
+    x, y, w = data(ROWS)
     with _strategy(replicas).scope():
-        model = _model()
+        model = build_model()
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=b, seed=11, placement=placement,
-            transform=_scale, load_options=options, shuffle=shuffle,
+            transform=scale, load_options=options, shuffle=shuffle,
         )
     record = _EpochWeights()
     shardfeed.fit(model, ds, epochs=3, verbose=0, callbacks=[record])
@@ -124,18 +95,18 @@ def test_rows_in_order_on_sharded_replicas_train_as_one_replica_with_n_b(replica
     assert [s.variables[0].shape[0] for s in ds.stores] == [
         ds.plan.shard_rows(r) for r in range(replicas)
     ]
-    x, _, _ = _data()
+    x, _, _ = data(ROWS)
     with ds.world.scope():
-        model = _model()
+        model = build_model()
     model.set_weights(sharded[-1])
     got = shardfeed.predict(model, ds)
     np.testing.assert_allclose(
-        got, model.predict(_scale(x), batch_size=ROWS, verbose=0), rtol=1e-5, atol=1e-6
+        got, model.predict(scale(x), batch_size=ROWS, verbose=0), rtol=1e-5, atol=1e-6
     )
 
 
 def test_rows_in_order_that_cannot_move_warn_once_and_say_what_to_pass(caplog):
-    x, y, _ = _data(100)
+    x, y, _ = data(100)
     streamed = LoadOptions(streaming=True)
     shard_bytes = 50 * (6 * 4 + 4)
     tight = LoadOptions(device_memory_bytes=int(shard_bytes * 1.5 / 0.8))  # no room to stage
@@ -190,14 +161,14 @@ def test_each_row_used_exactly_once_per_epoch_with_all_its_columns(replicas, dro
 
 
 def test_evaluate_and_predict_after_an_exchange_see_every_row_in_order():
-    x, y, w = _data()
+    x, y, w = data(ROWS)
     with _strategy(3).scope():
-        model = _model()
-        ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=32, seed=2, transform=_scale)
+        model = build_model()
+        ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=32, seed=2, transform=scale)
     shardfeed.fit(model, ds, epochs=2, verbose=0)
     assert ds.exchange.reports  # the rows moved
     got = shardfeed.predict(model, ds)
-    want = model.predict(_scale(x), batch_size=ROWS, verbose=0)
+    want = model.predict(scale(x), batch_size=ROWS, verbose=0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     loss = shardfeed.evaluate(model, ds, return_dict=True)["loss"]
     # Keras' weighted mse: sum of w * squared error over all rows, / rows.
@@ -232,7 +203,7 @@ def test_partial_exchange_mixes_a_fraction_and_uses_each_row_once(fraction):
 def test_npy_shards_are_read_once_and_train_three_epochs_in_the_global_order(
     tmp_path, monkeypatch
 ):
-    x, y, w = _data()
+    x, y, w = data(ROWS)
     paths = []
     for i, (start, stop) in enumerate([(0, 400), (400, ROWS)]):  # two shard files
         np.save(tmp_path / f"a{i}.npy", x["a"][start:stop])
@@ -247,10 +218,10 @@ def test_npy_shards_are_read_once_and_train_three_epochs_in_the_global_order(
     monkeypatch.setattr(_formats_base.RawArray, "_read_into", counting)
     source = files.concat([files.npy(p) for p in paths])
     with _strategy(2).scope():
-        model = _model()
+        model = build_model()
         ds = ShardedResidentDataset(
             {"a": source, "b": x["b"]}, y, w, per_replica_batch_size=32, seed=11,
-            transform=_scale,
+            transform=scale,
         )
     loaded = len(reads)
     assert sum(stop - start for _, start, stop in reads) == ROWS  # each row read once
@@ -264,7 +235,7 @@ def test_npy_shards_are_read_once_and_train_three_epochs_in_the_global_order(
 
 
 def test_refusals_name_the_way_out():
-    x, y, _ = _data(100)
+    x, y, _ = data(100)
     with pytest.raises(ValueError) as err:
         ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0, shuffle="random")
     assert str(err.value) == (
@@ -313,7 +284,7 @@ def test_refusals_name_the_way_out():
 def test_memory_plan_counts_what_the_dataset_checks(replicas, placement, shuffle, buffer_bytes):
     """`memory_plan` on one worker predicts the dataset's own fit check: the
     same bytes per device (shards and staging) against the same usable bytes."""
-    x, y, _ = _data()
+    x, y, _ = data(ROWS)
     device_memory = 200_000
     options = LoadOptions(device_memory_bytes=device_memory, exchange_buffer_bytes=buffer_bytes)
     ds = ShardedResidentDataset(
@@ -334,7 +305,7 @@ def test_memory_plan_counts_what_the_dataset_checks(replicas, placement, shuffle
 def test_one_sharded_replica_takes_the_global_order_without_an_exchange():
     """On one replica the shard is every row: `shuffle=True` is the same
     permutation `placement="replicate"` draws, with no exchange and no staging."""
-    x, y, _ = _data(100)
+    x, y, _ = data(100)
     shard = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=3)
     replicate = ShardedResidentDataset(
         x["a"], y, per_replica_batch_size=10, seed=3, placement="replicate"
@@ -347,7 +318,7 @@ def test_one_sharded_replica_takes_the_global_order_without_an_exchange():
 
 
 def test_describe_says_sharded_rows_move_with_the_global_shuffle():
-    x, y, _ = _data(100)
+    x, y, _ = data(100)
     moving = ShardedResidentDataset(x["a"], y, per_replica_batch_size=10, seed=0,
                                     strategy=_strategy(2))
     assert "loaded replica 0 on " in repr(moving)

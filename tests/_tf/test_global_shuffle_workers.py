@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _run
+from _helpers_horovod import TWO_WORKER_ENGINES
+from test_multiworker import ROOT, _run, two_workers
 
 from shardfeed._data import agreement
 
@@ -27,11 +28,7 @@ ROWS = 1001
 
 
 def _launch(engine, *args):
-    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                sys.executable, str(WORKER), *args]
-    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
-            "--timeout-s", str(TIMEOUT_S - 20), str(WORKER), *args]
+    return two_workers(engine, WORKER, *args)
 
 
 def _load(prefix, ranks):
@@ -65,9 +62,7 @@ def test_two_workers_sharded_rows_in_order_equal_one_process(tmp_path):
         np.testing.assert_array_equal(ids[:80], np.r_[40:80, 120:160])
 
 
-@pytest.mark.parametrize(
-    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
-)
+@pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_sharded_global_order_equal_one_process(engine, single, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

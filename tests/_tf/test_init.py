@@ -11,6 +11,7 @@ import sys
 import types
 
 import pytest
+from _helpers_init import BUILT_BEFORE_INIT, no_world_from_init, rows
 
 from shardfeed._data import memory as _memory
 from shardfeed._distribute import launch_env as _launch_env
@@ -141,20 +142,8 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
 
 @pytest.fixture
 def no_init():
-    """No world from `shardfeed.init()` during the test, and the previous one after."""
-    from shardfeed._tf import world as _world
-
-    saved = list(_world._initialized)
-    _world._initialized.clear()
-    yield
-    _world._initialized[:] = saved
-
-
-def _rows(n=64):
-    import numpy as np
-
-    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
-    return x, x.sum(axis=1, keepdims=True)
+    with no_world_from_init():
+        yield
 
 
 def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
@@ -162,7 +151,7 @@ def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(n
 
     import shardfeed
 
-    x, y = _rows()
+    x, y = rows()
     ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
     assert ds.world.num_replicas_in_sync == 1  # the default strategy: one device
     world = shardfeed.init("mirrored")  # the 4 logical CPUs of conftest
@@ -172,14 +161,7 @@ def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(n
         model.compile("sgd", "mse")
     with pytest.raises(RuntimeError) as info:
         shardfeed.fit(model, ds, epochs=1, verbose=0)
-    assert str(info.value) == (
-        "A dataset holds its rows on the replicas of the world it was built in, and this one "
-        "was built before `shardfeed.init()`, which has since started another: training it "
-        "would use 1 replica(s) while the model's world has 4. Received: dataset.world: "
-        "world_size=1, num_replicas_in_sync=1; shardfeed.init(): world_size=1, "
-        "num_replicas_in_sync=4. Call shardfeed.init() before building the dataset (first thing "
-        "in the script), then build the dataset again."
-    )
+    assert str(info.value) == BUILT_BEFORE_INIT
 
 
 def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeypatch):
@@ -187,7 +169,7 @@ def test_a_worker_of_a_launch_that_never_called_init_is_refused(no_init, monkeyp
 
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
                        '"task": {"type": "worker", "index": 0}}')  # fmt: skip
-    x, y = _rows()
+    x, y = rows()
     with pytest.raises(RuntimeError) as info:
         shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=4, seed=1)
     assert str(info.value) == (

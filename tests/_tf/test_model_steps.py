@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers_horovod import TWO_WORKER_ENGINES
 from _helpers_model_steps import (
     ROWS,
     Counting,
@@ -26,7 +27,7 @@ from _helpers_model_steps import (
     regression_data,
 )
 from test_mirrored import _strategy
-from test_multiworker import BIN, NO_HOROVOD, ROOT, TIMEOUT_S, _env, _run
+from test_multiworker import NO_HOROVOD, ROOT, TIMEOUT_S, _env, _run, two_workers
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -305,18 +306,12 @@ def _load(prefix, ranks):
 
 
 def _two_workers(engine, *args):
-    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                sys.executable, str(WORKER), *args]
-    return [str(BIN / "shardfeed"), "launch", "--num-workers", "2", "--engine", engine,
-            "--timeout-s", str(TIMEOUT_S - 20), str(WORKER), *args]
+    return two_workers(engine, WORKER, *args)
 
 
 @pytest.mark.multi_process
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
-)
+@pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_equal_one_process(engine, tmp_path):
     single = tmp_path / "single"
     _run([sys.executable, str(WORKER), "--batch", str(2 * BATCH), "--out", str(single)], ROOT)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers_horovod import NO_HOROVOD, TWO_WORKER_ENGINES
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
@@ -75,6 +76,15 @@ def _launch(num_workers, *args, engine="multiworker"):
         str(TIMEOUT_S - 20),
         *args,
     ]
+
+
+def two_workers(engine, script, *args):
+    """The command that runs `script` with `args` on two workers of `engine` (for the
+    other test files' worker scripts)."""
+    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
+        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                sys.executable, str(script), *args]  # fmt: skip
+    return _launch(2, str(script), *args, engine=engine)
 
 
 def _results(prefix, ranks):
@@ -136,13 +146,6 @@ def test_mpirun_builds_the_cluster_from_mpi_ranks(single, tmp_path):
     _assert_matches(single, _results(out, 2))
 
 
-NO_HOROVOD = pytest.mark.skipif(
-    not (BIN / "horovodrun").exists(),
-    reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); "
-    "the Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
-)
-
-
 @pytest.mark.horovod
 @NO_HOROVOD
 def test_horovod_two_ranks_equal_one_process(single, tmp_path):
@@ -151,9 +154,7 @@ def test_horovod_two_ranks_equal_one_process(single, tmp_path):
     _assert_matches(single, _results(out, 2))
 
 
-@pytest.mark.parametrize(
-    "engine", ["multiworker", pytest.param("horovod", marks=[pytest.mark.horovod, NO_HOROVOD])]
-)
+@pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_file_dataset_each_worker_reads_its_shard_uneven_rows(engine, tmp_path):
     data = tmp_path / "data"
     _run([sys.executable, str(TRAIN), "--rows", "1001", "--write-data", str(data)], ROOT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from _helpers import mirrored_strategy
 from _helpers_saving import (
     check_refuses_other_suffixes_before_writing,
     check_sigterm_during_a_save_leaves_no_partial_file,
@@ -63,8 +63,7 @@ def test_a_model_loaded_outside_the_scope_says_how_to_load_it_inside(tmp_path):
     shardfeed.fit(model, ShardedResidentDataset(x, y, per_replica_batch_size=20, seed=0), verbose=0)
     path = tmp_path / "m.keras"
     shardfeed.save_model(model, path)
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    strategy = mirrored_strategy(2)
     with strategy.scope():
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, seed=0)
     outside = keras.models.load_model(path)

@@ -8,7 +8,7 @@ import logging
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from _helpers import mirrored_strategy
 from keras import layers
 
 import shardfeed
@@ -135,8 +135,7 @@ def test_a_shard_that_does_not_fit_streams_automatically(caplog):
 
 @pytest.mark.multi_device
 def test_streaming_on_two_replicas_with_uneven_shards_is_exact():
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    strategy = mirrored_strategy(2)
     x, y = _data()
     with strategy.scope():
         model = _model()

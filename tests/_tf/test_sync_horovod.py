@@ -15,20 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers_horovod import NO_HOROVOD
 
-pytestmark = [pytest.mark.multi_process, pytest.mark.horovod, pytest.mark.slow]
+pytestmark = [pytest.mark.multi_process, pytest.mark.horovod, pytest.mark.slow, NO_HOROVOD]
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TIMEOUT_S = 300
-
-pytestmark.append(
-    pytest.mark.skipif(
-        not (BIN / "horovodrun").exists(),
-        reason="Horovod is not installed in this environment (TF 2.21 has no Horovod build); "
-        "the Horovod CI tier runs this test in the venv .ci/horovod_env.sh prepares",
-    )
-)
 
 WORKER = r"""
 import sys

@@ -15,7 +15,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from _helpers import mirrored_strategy
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -328,8 +328,7 @@ def test_a_batch_larger_than_the_data_trains_one_short_step():
 @pytest.mark.multi_device
 def test_a_global_batch_larger_than_the_data_on_two_replicas():
     """100 rows, 2 replicas x 64: one step of 50 + 50 rows, Keras' one batch of 100."""
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    strategy = mirrored_strategy(2)
     x, y = _data()
     theirs = _model()
     with strategy.scope():

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _helpers import mirrored_strategy
+from _helpers_keras_workers import classifier_script, run_two_workers
 
 import shardfeed
 from shardfeed import ShardedResidentDataset
@@ -602,42 +603,23 @@ def test_repeated_evaluate_on_two_devices_does_not_retrace(tf_warnings):
     np.testing.assert_allclose(got, plain.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
-TWO_WORKERS = r"""
-import json, sys
-from pathlib import Path
-import keras, numpy as np, shardfeed
-out = Path(sys.argv[1])
-world = shardfeed.init()
-rng = np.random.default_rng(0)
-x = rng.normal(size=(512, 4)).astype("float32")
-y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
-with world.scope():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
-    model.compile(optimizer="sgd", loss="binary_crossentropy",
-                  metrics=["accuracy", keras.metrics.F1Score(threshold=0.5)])
-    ds = shardfeed.ShardedResidentDataset(x, y, per_replica_batch_size=32, seed=0)
+TWO_WORKERS = classifier_script(
+    '["accuracy", keras.metrics.F1Score(threshold=0.5)]',
+    r"""
 history = shardfeed.fit(model, ds, epochs=2, verbose=0, validation_data=(x[:100], y[:100]))
 scores = [shardfeed.evaluate(model, x[:300], y[:300], return_dict=True) for _ in range(6)]
 predictions = shardfeed.predict(model, x[:300])
 result = {"f1": np.asarray(history.history["f1_score"]).tolist(),
           "loss": scores[-1]["loss"], "predictions": predictions[:5].tolist()}
 (out / f"result{world.rank}.json").write_text(json.dumps(result))
-"""
+""",
+)
 
 
 @pytest.mark.slow
 @pytest.mark.multi_process
 def test_two_workers_do_not_retrace(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(TWO_WORKERS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "SHARDFEED_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "shardfeed._commands.cli", "launch", "-n", "2"]
-    cmd += ["--timeout-s", str(TIMEOUT_S - 30), "python", str(script), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
+    output = run_two_workers(TWO_WORKERS, tmp_path, TIMEOUT_S)
     assert "retracing" not in output, [line for line in output.splitlines() if "retrac" in line]
     results = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in (0, 1)]
     assert results[0] == results[1]  # the same global numbers on both ranks

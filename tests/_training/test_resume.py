@@ -19,51 +19,17 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers import strategy_of
 from _helpers_resume import DELETE as _DELETE
 from _helpers_resume import Preempt
 from _helpers_resume import edit_state as _state
+from _helpers_row_ids import IdModel
 
 import shardfeed
 from shardfeed import FitOptions, LoadOptions, ShardedResidentDataset
 
 ROWS = 600
 SEED = 3
-
-
-class RowHash(keras.metrics.Metric):
-    """Count, sum and sum of squares of the row ids a model trained on."""
-
-    def __init__(self, name="rows", **kwargs):
-        super().__init__(name=name, dtype="float64", **kwargs)
-        self.stats = self.add_variable(
-            shape=(3,), initializer="zeros", dtype="float64", aggregation="sum", name="stats"
-        )
-
-    def update_state(self, ids):
-        ids = tf.cast(ids, "float64")
-        self.stats.assign_add(
-            tf.stack([tf.cast(tf.size(ids), "float64"), tf.reduce_sum(ids), tf.reduce_sum(ids**2)])
-        )
-
-    def result(self):
-        return {"row_count": self.stats[0], "row_sum": self.stats[1], "row_sumsq": self.stats[2]}
-
-
-class IdModel(keras.Model):
-    """A small MLP on all but the last input column (the row id)."""
-
-    def __init__(self):
-        super().__init__(name="ids")
-        self.hidden = keras.layers.Dense(8, activation="relu", name="hidden")
-        self.out = keras.layers.Dense(1, name="out")
-        self.row_hash = RowHash()
-
-    def call(self, x):
-        return self.out(self.hidden(x[:, :-1]))
-
-    def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        self.row_hash.update_state(x[:, -1])
-        return super().compute_metrics(x, y, y_pred, sample_weight)
 
 
 def _data():
@@ -81,12 +47,7 @@ def _model():
     return model
 
 
-def _strategy(n):
-    if n == 1:
-        return tf.distribute.get_strategy()
-    # Strategies built in one process share collective group keys (see test_mirrored.py).
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    return tf.distribute.MirroredStrategy([f"/CPU:{i}" for i in range(n)])
+_strategy = strategy_of
 
 
 def _fit(
