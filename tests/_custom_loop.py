@@ -1,6 +1,6 @@
 """Custom training loops over `ResidentEpoch`, shared by the tests (not a test module).
 
-Imported by `tests/_tf/test_custom_loop.py` (one process, 1 device or 3 logical
+Imported by `tests/_tf/test_iterator.py` (one process, 1 device or 3 logical
 devices) and run as a worker script (`shardfeed launch -n 2`, `horovodrun -np
 2`): each loop trains the same seeded model on the same rows, so its weights
 can be compared with `shardfeed.fit`'s. Run as a script it writes, per rank,

@@ -1,6 +1,6 @@
 """Helpers shared by the resume tests of both backends (`tests/_training/test_resume.py`
 on TensorFlow, `tests/_jax/test_backup_jax.py` on JAX; the custom loops' iterator
-states in `tests/_tf/test_custom_loop.py` and `tests/_jax/test_iterator_jax.py`):
+states in `tests/_tf/test_iterator.py` and `tests/_jax/test_iterator_jax.py`):
 Keras, pytest and the standard library only."""
 
 from __future__ import annotations

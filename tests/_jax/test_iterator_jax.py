@@ -1,6 +1,6 @@
 """`ResidentIterator` on JAX: a resumable position over training epochs, as on TensorFlow.
 
-The proof (after tests/_tf/test_custom_loop.py and Grain's resume test): a loop
+The proof (after tests/_tf/test_iterator.py and Grain's resume test): a loop
 stopped mid-epoch, its state saved as JSON, then a fresh dataset and
 iterator given the state, hand out exactly the batches an uninterrupted
 loop hands out, on 1 and 2 devices, shuffle global/local/off, with and

@@ -1,6 +1,6 @@
 """The thin GPU tier: paths only a GPU exercises, run for real where one exists.
 
-Their logic is tested on CPU (tests/_tf/test_init.py, tests/_tf/test_dataset.py);
+Their logic is tested on CPU (tests/_tf/test_initialize.py, tests/_tf/test_dataset.py);
 here they run against a real device: rows land in GPU memory, the free-memory
 query answers, and training on the GPU matches Keras.
 """
@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(
         not tf.config.list_physical_devices("GPU"),
         reason="no GPU visible to TensorFlow (CI and developer machines here are CPU-only); "
-        "the logic of these paths is tested on CPU in test_init.py and test_dataset.py",
+        "the logic of these paths is tested on CPU in test_initialize.py and test_dataset.py",
     ),
 ]
 
