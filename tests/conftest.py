@@ -99,6 +99,16 @@ else:
     )
 
 
+@pytest.fixture
+def no_init():
+    """No world from an earlier `shardfeed.init` of this process, and none left
+    after the test (the init-ordering tests of both backends)."""
+    from _helpers_init import no_world_from_init
+
+    with no_world_from_init():
+        yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not ON_JAX:
         if os.environ.get("SHARDFEED_NEUTRAL_ONCE") == "1":

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _helpers_init import BUILT_BEFORE_INIT, no_world_from_init, rows
+from _helpers_init import BUILT_BEFORE_INIT, rows
 from _helpers_jax import ASSERT_NO_TENSORFLOW, REPO, run_python
 from _helpers_procs import is_gone
 
@@ -556,12 +556,6 @@ def test_a_stuck_jax_worker_is_named_and_the_job_stopped(
 
 
 # -- init ordering -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_init():
-    with no_world_from_init():
-        yield
 
 
 def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers_horovod import TWO_WORKER_ENGINES
-from test_multiworker import ROOT, _run, two_workers
+from _helpers_workers import ROOT, run_checked, two_workers
 
 from shardfeed._data import agreement
 
@@ -38,7 +38,7 @@ def _load(prefix, ranks):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "res"
-    _run([sys.executable, str(WORKER), "--batch", "64", "--out", str(out)], ROOT)
+    run_checked([sys.executable, str(WORKER), "--batch", "64", "--out", str(out)], ROOT)
     return _load(out, 1)[0]
 
 
@@ -47,11 +47,11 @@ def test_two_workers_sharded_rows_in_order_equal_one_process(tmp_path):
     global batch is one process's batch of 2b, so the weights are its
     weights; the workers agree that the rows may move (one all-gather)."""
     single_out = tmp_path / "single"
-    _run([sys.executable, str(WORKER), "--batch", "64", "--in-order", "--out",
+    run_checked([sys.executable, str(WORKER), "--batch", "64", "--in-order", "--out",
           str(single_out)], ROOT)
     (one,) = _load(single_out, 1)
     out = tmp_path / "res"
-    _run(_launch("multiworker", "--batch", "32", "--in-order", "--out", str(out)), ROOT)
+    run_checked(_launch("multiworker", "--batch", "32", "--in-order", "--out", str(out)), ROOT)
     results = _load(out, 2)
     for res in results:
         np.testing.assert_allclose(res["weights"], one["weights"], rtol=1e-5, atol=1e-6)
@@ -71,7 +71,7 @@ def test_two_workers_sharded_global_order_equal_one_process(engine, single, tmp_
     np.save(data / "a0.npy", a[:501])
     np.save(data / "a1.npy", a[501:])
     out = tmp_path / "res"
-    _run(_launch(engine, "--batch", "32", "--npy", str(data), "--out", str(out)), ROOT)
+    run_checked(_launch(engine, "--batch", "32", "--npy", str(data), "--out", str(out)), ROOT)
     results = _load(out, 2)
     for rank, res in enumerate(results):
         np.testing.assert_allclose(res["weights"], single["weights"], rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ import sys
 import types
 
 import pytest
-from _helpers_init import BUILT_BEFORE_INIT, no_world_from_init, rows
+from _helpers_init import BUILT_BEFORE_INIT, rows
 
 from shardfeed._data import memory as _memory
 from shardfeed._distribute import launch_env as _launch_env
@@ -138,12 +138,6 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
 
 
 # -- init ordering (TensorFlow; the JAX twins are in tests/_jax/test_init_jax.py) ----------
-
-
-@pytest.fixture
-def no_init():
-    with no_world_from_init():
-        yield
 
 
 def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):

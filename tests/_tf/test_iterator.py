@@ -18,10 +18,10 @@ import _custom_loop as cl
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers import mirrored_strategy
 from _helpers_horovod import TWO_WORKER_ENGINES
 from _helpers_resume import assert_bad_states_refused
-from test_mirrored import _strategy
-from test_multiworker import ROOT, _run, two_workers
+from _helpers_workers import ROOT, run_checked, two_workers
 
 import shardfeed
 from shardfeed import LoadOptions, ResidentEpoch, ShardedResidentDataset
@@ -32,7 +32,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 def _world(replicas):
     """The default strategy, or MirroredStrategy over `replicas` logical CPUs."""
-    return current_world(None if replicas == 1 else _strategy(replicas))
+    return current_world(None if replicas == 1 else mirrored_strategy(replicas))
 
 
 REPLICAS = [1, pytest.param(3, marks=pytest.mark.multi_device)]
@@ -242,7 +242,7 @@ def test_bad_states_are_refused_with_the_fix():
 @pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_custom_loop_ends_at_fits_weights(engine, tmp_path):
     out = tmp_path / "res"
-    _run(two_workers(engine, ROOT / "tests" / "_custom_loop.py", "--out", str(out)), ROOT)
+    run_checked(two_workers(engine, ROOT / "tests" / "_custom_loop.py", "--out", str(out)), ROOT)
     results = [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
     for res in results:
         np.testing.assert_allclose(res["custom"], res["fit"], rtol=RTOL, atol=ATOL)

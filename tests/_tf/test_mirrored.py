@@ -22,9 +22,6 @@ from shardfeed import FitOptions, ShardedResidentDataset
 pytestmark = pytest.mark.multi_device
 
 
-_strategy = mirrored_strategy
-
-
 def _data(rows, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, 6)).astype("float32")
@@ -69,7 +66,7 @@ def test_replicas_equal_one_replica_with_the_global_batch(replicas, rows):
     x, y, w = _data(rows)
     b = 32
     reference, ref_hist = _single(x, y, w, b * replicas, epochs=2, regularized=True)
-    with _strategy(replicas).scope():
+    with mirrored_strategy(replicas).scope():
         model = _model(regularized=True)
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=b, shuffle=False, placement="replicate"
@@ -91,7 +88,7 @@ def test_global_shuffle_matches_one_replica_with_the_same_seed():
         epochs=2,
         verbose=0,
     )
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         model = _model()
         ds = ShardedResidentDataset(
             x, y, w, per_replica_batch_size=32, seed=5, placement="replicate"
@@ -102,7 +99,7 @@ def test_global_shuffle_matches_one_replica_with_the_same_seed():
 
 def test_each_replica_holds_only_its_rows_on_its_device():
     x, y, _ = _data(1001)
-    with _strategy(4).scope():
+    with mirrored_strategy(4).scope():
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=100, shuffle=False)
     assert [s.row_stop - s.row_start for s in ds.stores] == [251, 250, 250, 250]
     for i, store in enumerate(ds.stores):
@@ -127,7 +124,7 @@ def test_each_replica_holds_only_its_rows_on_its_device():
 )
 def test_uneven_shards_train_and_evaluate_exactly(rows, replicas):
     x, y, w = _data(rows)
-    with _strategy(replicas).scope():
+    with mirrored_strategy(replicas).scope():
         model = _model()
         batch = max(1, min(50, rows // replicas))
         ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=batch, seed=0)
@@ -147,7 +144,7 @@ def test_uneven_shards_train_and_evaluate_exactly(rows, replicas):
 
 def test_validation_logs_are_global_on_uneven_shards():
     x, y, _w = _data(1003)
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         model = _model()
         ds = ShardedResidentDataset(x[:800], y[:800], per_replica_batch_size=50, seed=0)
     hist = shardfeed.fit(model, ds, epochs=1, validation_data=(x[800:], y[800:]), verbose=0)
@@ -161,7 +158,7 @@ def test_validation_logs_are_global_on_uneven_shards():
 def test_model_and_dataset_must_share_the_strategy():
     x, y, _ = _data(100)
     model = _model()
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         ds = ShardedResidentDataset(x, y, per_replica_batch_size=10, shuffle=False)
     with pytest.raises(ValueError) as err:
         shardfeed.fit(model, ds)
@@ -177,7 +174,7 @@ def test_model_and_dataset_must_share_the_strategy():
 
 def test_predict_and_evaluate_fewer_rows_than_replicas():
     x, y, _ = _data(3)
-    with _strategy(4).scope():
+    with mirrored_strategy(4).scope():
         model = _model()
     plain = _model()
     plain.set_weights(model.get_weights())
@@ -194,7 +191,7 @@ def test_arrays_evaluated_on_replicas_say_nothing_of_training_drops(caplog):
     # out, and the dataset says so; predict and evaluate cover every row, so
     # they said it without cause.
     x, y, _ = _data(333)
-    strategy = _strategy(2)
+    strategy = mirrored_strategy(2)
     with strategy.scope():
         model = _model()
     with caplog.at_level(logging.WARNING, logger="shardfeed"):
@@ -216,7 +213,7 @@ def test_fits_in_two_threads_on_one_dataset_equal_the_same_fits_in_turn():
     import threading
 
     x, y, w = _data(300)
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         ds = ShardedResidentDataset(x, y, w, per_replica_batch_size=16, seed=3)
         alone = [_model(), _model()]
         for model in alone:

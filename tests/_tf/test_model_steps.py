@@ -18,7 +18,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from _helpers_horovod import TWO_WORKER_ENGINES
+from _helpers import mirrored_strategy
+from _helpers_horovod import NO_HOROVOD, TWO_WORKER_ENGINES
 from _helpers_model_steps import (
     ROWS,
     Counting,
@@ -26,8 +27,7 @@ from _helpers_model_steps import (
     gan_model,
     regression_data,
 )
-from test_mirrored import _strategy
-from test_multiworker import NO_HOROVOD, ROOT, TIMEOUT_S, _env, _run, two_workers
+from _helpers_workers import ROOT, TIMEOUT_S, run_checked, two_workers, worker_env
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -169,7 +169,7 @@ def test_two_replicas_equal_one_with_the_global_batch():
     x, y = regression_data()
     reference = custom_train_step_model()
     ref = shardfeed.fit(reference, _dataset(x, y, batch=2 * BATCH), epochs=2, verbose=0)
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         model = custom_train_step_model()
         ds = _dataset(x, y, placement="replicate")
     # The last step's 4 rows split 2 and 2: each replica's mean over its rows,
@@ -191,7 +191,7 @@ def test_test_step_on_an_empty_replica_batch():
         keras_model.evaluate(x[s], y[s], batch_size=BATCH, return_dict=True, verbose=0)
         for s in (slice(0, 17), slice(17, 33))
     ]
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         model = _eval_model()
         ds = _dataset(x, y)
     model.set_weights(keras_model.get_weights())
@@ -219,7 +219,7 @@ def test_replica_outputs_are_averaged_as_keras_does():
             return {"replica": tf.cast(replica, tf.float32), "rows": tf.shape(x)[0]}
 
     x, y = regression_data(96)
-    with _strategy(2).scope():
+    with mirrored_strategy(2).scope():
         keras.utils.set_random_seed(0)
         model = Returns()
         model.compile(optimizer="sgd", loss="mse")
@@ -314,10 +314,11 @@ def _two_workers(engine, *args):
 @pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_two_workers_equal_one_process(engine, tmp_path):
     single = tmp_path / "single"
-    _run([sys.executable, str(WORKER), "--batch", str(2 * BATCH), "--out", str(single)], ROOT)
+    command = [sys.executable, str(WORKER), "--batch", str(2 * BATCH), "--out", str(single)]
+    run_checked(command, ROOT)
     (want,) = _load(single, 1)
     out = tmp_path / "two"
-    _run(_two_workers(engine, "--batch", str(BATCH), "--out", str(out)), ROOT)
+    run_checked(_two_workers(engine, "--batch", str(BATCH), "--out", str(out)), ROOT)
     # 2 epochs of 4 steps on each replica; the strategy's counter sums the
     # replicas, Horovod's is each rank's own.
     calls = 2 * 2 * 4 if engine == "multiworker" else 2 * 4
@@ -334,7 +335,7 @@ def test_two_workers_equal_one_process(engine, tmp_path):
 def test_horovod_refuses_a_train_step_that_bypasses_the_optimizer(tmp_path):
     cmd = _two_workers("horovod", "--batch", str(BATCH), "--out", str(tmp_path / "x"),
                        "--assign-updates")
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert proc.returncode != 0
     assert "Under Horovod, a `train_step` must update the weights through a Keras " \

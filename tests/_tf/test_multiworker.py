@@ -9,44 +9,26 @@ its workers.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from _helpers_horovod import NO_HOROVOD, TWO_WORKER_ENGINES
+from _helpers_workers import (
+    BIN,
+    ROOT,
+    TIMEOUT_S,
+    launch_command,
+    run_checked,
+    worker_env,
+)
 
 pytestmark = [pytest.mark.multi_process, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
-BIN = Path(sys.executable).parent
-TIMEOUT_S = 240
-
-
-def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    for name in (
-        "TF_CONFIG",
-        "SHARDFEED_RANK",
-        "SHARDFEED_WORLD_SIZE",
-        "SHARDFEED_LOCAL_RANK",
-        "SHARDFEED_LOCAL_SIZE",
-    ):
-        env.pop(name, None)
-    return env
-
-
-def _run(cmd, cwd):
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 def _train_args(out, batch, *extra):
@@ -64,29 +46,6 @@ def _train_args(out, batch, *extra):
     ]
 
 
-def _launch(num_workers, *args, engine="multiworker"):
-    return [
-        str(BIN / "shardfeed"),
-        "launch",
-        "--num-workers",
-        str(num_workers),
-        "--engine",
-        engine,
-        "--timeout-s",
-        str(TIMEOUT_S - 20),
-        *args,
-    ]
-
-
-def two_workers(engine, script, *args):
-    """The command that runs `script` with `args` on two workers of `engine` (for the
-    other test files' worker scripts)."""
-    if engine == "horovod":  # `horovodrun -np 2` itself, as users start it
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                sys.executable, str(script), *args]  # fmt: skip
-    return _launch(2, str(script), *args, engine=engine)
-
-
 def _results(prefix, ranks):
     return [dict(np.load(f"{prefix}.rank{r}.npz")) for r in range(ranks)]
 
@@ -95,7 +54,7 @@ def _results(prefix, ranks):
 def single(tmp_path_factory):
     """One process, per-replica batch 64: the reference for 2 x 32."""
     out = tmp_path_factory.mktemp("single") / "res"
-    _run([sys.executable, *_train_args(out, 64, "--placement", "replicate")], ROOT)
+    run_checked([sys.executable, *_train_args(out, 64, "--placement", "replicate")], ROOT)
     return _results(out, 1)[0]
 
 
@@ -116,7 +75,7 @@ def _assert_matches(reference, results):
 
 def test_two_workers_equal_one_process_with_the_global_batch(single, tmp_path):
     out = tmp_path / "res"
-    _run(_launch(2, *_train_args(out, 32, "--placement", "replicate")), ROOT)
+    run_checked(launch_command(2, *_train_args(out, 32, "--placement", "replicate")), ROOT)
     _assert_matches(single, _results(out, 2))
 
 
@@ -128,10 +87,10 @@ def test_mpirun_builds_the_cluster_from_mpi_ranks(single, tmp_path):
     """`mpirun -np 2 python examples/train.py` on a file dataset: each rank reads
     only its rows from the .npy files and the result equals one process."""
     data = tmp_path / "data"
-    _run([sys.executable, str(TRAIN), "--rows", "3001", "--write-data", str(data)], ROOT)
+    run_checked([sys.executable, str(TRAIN), "--rows", "3001", "--write-data", str(data)], ROOT)
     out = tmp_path / "res"
     mpirun = shutil.which("mpirun", path=str(BIN)) or shutil.which("mpirun")
-    _run(
+    run_checked(
         [
             mpirun,
             "--allow-run-as-root",
@@ -150,17 +109,18 @@ def test_mpirun_builds_the_cluster_from_mpi_ranks(single, tmp_path):
 @NO_HOROVOD
 def test_horovod_two_ranks_equal_one_process(single, tmp_path):
     out = tmp_path / "res"
-    _run(_launch(2, *_train_args(out, 32, "--placement", "replicate"), engine="horovod"), ROOT)
+    args = _train_args(out, 32, "--placement", "replicate")
+    run_checked(launch_command(2, *args, engine="horovod"), ROOT)
     _assert_matches(single, _results(out, 2))
 
 
 @pytest.mark.parametrize("engine", TWO_WORKER_ENGINES)
 def test_file_dataset_each_worker_reads_its_shard_uneven_rows(engine, tmp_path):
     data = tmp_path / "data"
-    _run([sys.executable, str(TRAIN), "--rows", "1001", "--write-data", str(data)], ROOT)
+    run_checked([sys.executable, str(TRAIN), "--rows", "1001", "--write-data", str(data)], ROOT)
     out = tmp_path / "res"
-    _run(
-        _launch(
+    run_checked(
+        launch_command(
             2,
             str(TRAIN),
             "--rows",
@@ -226,7 +186,7 @@ def test_a_dying_worker_stops_the_job_with_its_rank_and_code(tmp_path):
             "50",
         ],
         cwd=ROOT,
-        env=_env(),
+        env=worker_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

@@ -21,8 +21,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _helpers_horovod import NO_HOROVOD
+from _helpers_workers import ROOT, launch_command, run_checked
 from _ranks_worker import assert_fit_case_outcomes
-from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
 
 import shardfeed
 from shardfeed import LoadOptions, ShardedResidentDataset, files
@@ -46,7 +47,7 @@ def _job(tmp_path, *cases, engine="multiworker", bounded_s=BOUNDED_S):
     out = tmp_path / "res"
     argv = [word for case in cases for word in ("--case", *case)]
     start = time.monotonic()
-    _run(_launch(2, str(WORKER), *argv, "--out", str(out), engine=engine), ROOT)
+    run_checked(launch_command(2, str(WORKER), *argv, "--out", str(out), engine=engine), ROOT)
     assert time.monotonic() - start < bounded_s
     ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
     assert [len(outcomes) for outcomes in ranks] == [len(cases)] * 2

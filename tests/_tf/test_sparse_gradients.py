@@ -12,12 +12,11 @@ which all-reduces the densified table instead.
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from _helpers import mirrored_strategy
-from keras import layers
+from _helpers_sparse import ITEMS, USERS, WIDTH, ratings, towers
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -25,34 +24,6 @@ from shardfeed._tf import compiled as _compiled
 from shardfeed._tf.engines import gradients as _gradients
 
 pytestmark = pytest.mark.multi_device
-
-USERS, ITEMS, WIDTH = 61, 97, 5
-
-
-def _ratings(rows, seed=0):
-    rng = np.random.default_rng(seed)
-    x = np.stack([rng.integers(0, USERS, rows), rng.integers(0, ITEMS, rows)], 1)
-    y = rng.uniform(0, 1, (rows, 1))
-    return x.astype("int32"), y.astype("float32")
-
-
-def _towers(with_dense=False):
-    """Keras' collaborative-filtering model at a small scale: user and item
-    embeddings and biases, a dot product, a sigmoid (`with_dense`: a Dense
-    head too, so dense and sparse gradients cross in the same step)."""
-    keras.utils.set_random_seed(3)
-    ids = keras.Input((2,), dtype="int32")
-    user, item = ids[:, 0], ids[:, 1]
-    dot = layers.Dot(axes=1)(
-        [layers.Embedding(USERS, WIDTH)(user), layers.Embedding(ITEMS, WIDTH)(item)]
-    )
-    logit = layers.Add()([dot, layers.Embedding(USERS, 1)(user), layers.Embedding(ITEMS, 1)(item)])
-    if with_dense:
-        logit = layers.Dense(1)(logit)
-    model = keras.Model(ids, layers.Activation("sigmoid")(logit))
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
-    return model
-
 
 def _train_chunk_ops(model, dataset, in_xla=None):
     """(op type, input shapes) of every op in the traced training call's step
@@ -97,9 +68,9 @@ def _train_chunk_ops(model, dataset, in_xla=None):
 
 
 def _fit_two_replicas(options, rows=256, with_dense=False):
-    x, y = _ratings(rows)
+    x, y = ratings(rows)
     with mirrored_strategy(2).scope():
-        model = _towers(with_dense)
+        model = towers(with_dense)
         dataset = ShardedResidentDataset(
             x, y, per_replica_batch_size=16, shuffle=False, placement="replicate"
         )
@@ -147,11 +118,11 @@ def test_sparse_as_dense_all_reduces_the_tables():
 )
 def test_two_replicas_equal_one_with_the_global_batch(with_dense, sparse_as_dense, jit_compile):
     rows = 250  # 7 full global steps of 32 and a partial one of 26 rows
-    x, y = _ratings(rows)
+    x, y = ratings(rows)
     options = FitOptions(
         steps_per_execution=3, jit_compile=jit_compile, sparse_as_dense=sparse_as_dense
     )
-    reference = _towers(with_dense)
+    reference = towers(with_dense)
     ref_history = shardfeed.fit(
         reference,
         ShardedResidentDataset(x, y, per_replica_batch_size=32, shuffle=False),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_multiworker import NO_HOROVOD, ROOT, _launch, _run
-from test_sparse_gradients import _ratings, _towers
+from _helpers_horovod import NO_HOROVOD
+from _helpers_sparse import ratings, towers
+from _helpers_workers import ROOT, launch_command, run_checked
 
 import shardfeed
 from shardfeed import FitOptions, ShardedResidentDataset
@@ -22,13 +23,13 @@ WORKER = r"""
 import sys
 import numpy as np
 import shardfeed
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/_tf"]  # _helpers, and the module's own folder
-from test_sparse_gradients import _ratings, _towers
+sys.path[:0] = [sys.argv[1]]  # tests/: _helpers_sparse
+from _helpers_sparse import ratings, towers
 
 world = shardfeed.init()
-x, y = _ratings(250)
+x, y = ratings(250)
 with world.scope():
-    model = _towers()
+    model = towers()
     ds = shardfeed.ShardedResidentDataset(
         x, y, per_replica_batch_size=16, shuffle=False, placement="replicate"
     )
@@ -40,15 +41,16 @@ np.savez(f"{sys.argv[2]}.rank{world.rank}.npz", *model.get_weights())
 
 @pytest.mark.parametrize("mode", ["sparse", "dense"])
 def test_two_ranks_equal_one_process(mode, tmp_path):
-    x, y = _ratings(250)
-    reference = _towers()
+    x, y = ratings(250)
+    reference = towers()
     options = FitOptions(steps_per_execution=3, sparse_as_dense=mode == "dense")
     ds = ShardedResidentDataset(x, y, per_replica_batch_size=32, shuffle=False)
     shardfeed.fit(reference, ds, epochs=2, verbose=0, options=options)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "res"
-    _run(_launch(2, str(script), str(ROOT / "tests"), str(out), mode, engine="horovod"), ROOT)
+    args = (str(script), str(ROOT / "tests"), str(out), mode)
+    run_checked(launch_command(2, *args, engine="horovod"), ROOT)
     for rank in range(2):
         weights = np.load(f"{out}.rank{rank}.npz")
         for i, expected in enumerate(reference.get_weights()):
