@@ -141,9 +141,14 @@ STEP_LINE = re.compile(r"^(.*?)Step #(\d+)\tLoss: ([0-9.]+)$", re.M)
 EPOCH_LINE = re.compile(r"^(.*?)Epoch 1, Loss: ([0-9.]+), Accuracy: ([0-9.]+)(.*)$", re.M)
 
 
-def _hvd_port_args(tmp_path, steps):
+# 42 steps: 21 per replica on 2 replicas, so rank 0 prints steps 0, 10 and 20 (the last the
+# check reads); the 22nd to 30th steps of 60 (as before) printed and checked nothing more.
+HVD_STEPS, HVD_STEPS_PER_REPLICA = 42, 21
+
+
+def _hvd_port_args(tmp_path):
     checkpoints = str(tmp_path / "checkpoints")
-    return [str(ROOT / HVD_PORT), "--rows", "2048", "--steps", str(steps),
+    return [str(ROOT / HVD_PORT), "--rows", "2048", "--steps", str(HVD_STEPS),
             "--checkpoint-dir", checkpoints]
 
 
@@ -182,15 +187,15 @@ def _check_tutorial(out, num_workers=1):
 
 @pytest.mark.multi_device
 def test_horovod_tf2_port_on_two_logical_devices(tmp_path):
-    out = _run(*_hvd_port_args(tmp_path, 60), "--cpu-devices", "2")
-    _check_hvd_port(out, tmp_path, 30)  # steps // num_replicas_in_sync, as hvd.size()
+    out = _run(*_hvd_port_args(tmp_path), "--cpu-devices", "2")
+    _check_hvd_port(out, tmp_path, HVD_STEPS_PER_REPLICA)  # steps // num_replicas_in_sync
 
 
 @pytest.mark.multi_process
 def test_horovod_tf2_port_under_shardfeed_launch(tmp_path):
     launch = [sys.executable, "-m", "shardfeed._commands.cli", "launch", "-n", "2"]
-    cmd = [*launch, "--timeout-s", "360", "python", *_hvd_port_args(tmp_path, 60)]
-    printed = _check_hvd_port(_launched(cmd, tmp_path), tmp_path, 30)
+    cmd = [*launch, "--timeout-s", "360", "python", *_hvd_port_args(tmp_path)]
+    printed = _check_hvd_port(_launched(cmd, tmp_path), tmp_path, HVD_STEPS_PER_REPLICA)
     assert printed[0][0] == "[rank 0] "  # the chief prints; rank 1 prints no step
 
 
@@ -199,8 +204,8 @@ def test_horovod_tf2_port_under_shardfeed_launch(tmp_path):
 @NO_HOROVOD
 def test_horovod_tf2_port_under_horovodrun(tmp_path):
     horovodrun = [str(BIN / "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2"]
-    cmd = [*horovodrun, sys.executable, *_hvd_port_args(tmp_path, 60)]
-    _check_hvd_port(_launched(cmd, tmp_path), tmp_path, 30)  # hvd.DistributedGradientTape
+    cmd = [*horovodrun, sys.executable, *_hvd_port_args(tmp_path)]
+    _check_hvd_port(_launched(cmd, tmp_path), tmp_path, HVD_STEPS_PER_REPLICA)  # hvd's tape
 
 
 def test_custom_training_tutorial_on_one_device(tmp_path):
