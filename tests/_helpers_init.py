@@ -1,5 +1,5 @@
 """Helpers shared by the init-ordering tests of both backends (`tests/_tf/test_initialize.py`
-on TensorFlow, `tests/_jax/test_init_jax.py` on JAX): no TensorFlow import, so the
+on TensorFlow, `tests/_jax/test_initialize_jax.py` on JAX): no TensorFlow import, so the
 JAX tier can import them too."""
 
 from __future__ import annotations

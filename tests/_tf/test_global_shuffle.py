@@ -85,7 +85,7 @@ def test_sharded_global_order_trains_as_replicated_and_as_one_replica(replicas):
 
 
 # 3: uneven shards, rounds over several pairs. 2 replicas run the same exchange with one
-# pair: in test_global_shuffle_workers.py (two workers) and the JAX tier (test_fit_jax.py).
+# pair: in test_global_shuffle_workers.py (two workers) and the JAX tier (test_training_jax.py).
 @pytest.mark.parametrize("replicas", [3])
 def test_rows_in_order_on_sharded_replicas_train_as_one_replica_with_n_b(replicas):
     """`shuffle=False`: global batch k is one replica's batch k of N*b (rows

@@ -137,7 +137,7 @@ def test_logical_cpu_devices_share_the_host(monkeypatch):
     ]
 
 
-# -- init ordering (TensorFlow; the JAX twins are in tests/_jax/test_init_jax.py) ----------
+# -- init ordering (TensorFlow; the JAX twins are in tests/_jax/test_initialize_jax.py) ----------
 
 
 def test_a_dataset_built_before_init_is_refused_once_init_starts_more_replicas(no_init):
